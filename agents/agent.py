@@ -1,0 +1,242 @@
+"""The agent process: one node of the overlay, driven by the scheduler, all state crossing the wire.
+
+It registers, dials its neighbours, and for every round of a job: computes (or sleeps for the
+configured compute time), asks which plan version the round uses, runs the chunk engine, checks
+the result against the exact expected sum, and reports. Passive link samples are batched to the
+scheduler; the fidelity guard's numbers go with each job's stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import resource
+import time
+from typing import Any
+
+import numpy as np
+
+from emulation.link import MBIT, LinkShaper
+from emulation.token_bucket import TokenBucket
+from emulation.topology import Topology
+from emulation.trace import Trace
+from overlay.control import ControlConn
+from overlay.peers import Overlay
+from scheduler.plan import Plan
+
+from .engine import ChunkEngine
+from .workload import contribution, expected
+
+log = logging.getLogger("wansync.agent")
+
+REPORT_EVERY_S = 0.25
+LAG_TICK_S = 0.01
+
+
+class LoopLag:
+    """How late the event loop wakes a 10 ms sleeper: a CPU-starved process shows it first."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(LAG_TICK_S)
+            self.samples.append(time.perf_counter() - t - LAG_TICK_S)
+
+    def take_p99(self) -> float:
+        s, self.samples = self.samples, []
+        return float(np.percentile(s, 99)) if s else 0.0
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class Agent:
+    def __init__(self, node: int, cluster: str, scheduler: tuple[str, int], topo: Topology, *,
+                 trace: Trace | None = None, shaped: bool = True, host: str = "127.0.0.1",
+                 listen_port: int = 0) -> None:
+        self.node = node
+        self.cluster = cluster
+        self.scheduler = scheduler
+        self.topo = topo
+        self.trace = trace or Trace()
+        self.host = host
+        self.listen_port = listen_port
+        routes = topo.routes()
+        self.engine = ChunkEngine(node, routes)
+        uplink = (TokenBucket(topo.uplink_mbps[node] * MBIT)
+                  if shaped and node in topo.uplink_mbps else None)
+        self.shapers: dict[int, LinkShaper] = {}
+        if shaped:
+            self.shapers = {b: LinkShaper(s, uplink=uplink, seed=node * 1000 + b)
+                            for (a, b), s in topo.links.items() if a == node}
+        downlink = (TokenBucket(topo.downlink_mbps[node] * MBIT)
+                    if shaped and node in topo.downlink_mbps else None)
+        self.samples: list[list[float]] = []
+        self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.shapers,
+                               downlink=downlink, host=host, on_sample=self._sample)
+        self.engine.overlay = self.overlay
+        self.plans: dict[int, Plan] = {}
+        self.ctl: ControlConn | None = None
+        self._replies: dict[tuple[int, int], asyncio.Future] = {}
+        self._lag = LoopLag()
+        self._trace_task: asyncio.Task | None = None
+        self.params = None  # the model this agent keeps (updated with each round's result)
+
+    def _sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
+        self.samples.append([src, dst, nbytes, seconds])
+
+    async def run(self) -> None:
+        port = await self.overlay.listen(self.listen_port)
+        self.ctl = ctl = await ControlConn.connect(*self.scheduler)
+        ctl.send({"t": "HELLO", "node": self.node, "cluster": self.cluster, "role": "agent"})
+        reply = await ctl.recv()
+        if reply is None or reply["t"] != "HELLO":
+            raise ConnectionError(f"node {self.node}: the scheduler refused us (cluster {self.cluster!r})")
+        ctl.send({"t": "REGISTER", "node": self.node, "host": self.host, "port": port,
+                  "neighbors": self.topo.neighbors(self.node), "pid": os.getpid()})
+        self._lag.start()
+        reporter = asyncio.create_task(self._report_loop())
+        jobs: set[asyncio.Task] = set()
+        try:
+            while True:
+                msg = await ctl.recv()
+                if msg is None or msg["t"] == "SHUTDOWN":
+                    break
+                t = msg["t"]
+                if t == "PEERS":
+                    self.overlay.connect({int(n): (h, p) for n, (h, p) in msg["peers"].items()})
+                elif t == "JOB":
+                    task = asyncio.create_task(self._job(msg))
+                    jobs.add(task)
+                    task.add_done_callback(jobs.discard)
+                elif t == "TOPO_REPLY":
+                    fut = self._replies.pop((msg["job"], msg["round"]), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                elif t == "ABORT":
+                    fut = self._replies.pop((msg["job"], msg["round"]), None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(RuntimeError(f"scheduler aborted job {msg['job']} round {msg['round']}"))
+        finally:
+            reporter.cancel()
+            for task in jobs:
+                task.cancel()
+            self._lag.stop()
+            if self._trace_task is not None:
+                self._trace_task.cancel()
+            await self.overlay.close()
+            ctl.close()
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            self._flush_samples()
+
+    def _flush_samples(self) -> None:
+        if self.samples and self.ctl is not None:
+            batch, self.samples = self.samples, []
+            try:
+                self.ctl.send({"t": "REPORT", "node": self.node, "samples": batch})
+            except ConnectionError:
+                pass
+
+    def _start_trace(self, t0: float) -> None:
+        """Replay the shared trace from t0 for every job, so every scheme sees the same WAN."""
+        if self._trace_task is not None:
+            self._trace_task.cancel()
+        for b, sh in self.shapers.items():
+            sh.set_rate(self.topo.links[(self.node, b)].rate_mbps)
+        mine = [e for e in self.trace.events if e.src == self.node and e.dst in self.shapers]
+        if mine:
+            self._trace_task = asyncio.create_task(self._apply_trace(t0, mine))
+
+    async def _apply_trace(self, t0: float, events: list) -> None:
+        for e in events:
+            wait = t0 + e.t - time.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self.shapers[e.dst].set_rate(e.rate_mbps)
+
+    async def _job(self, msg: dict[str, Any]) -> None:
+        assert self.ctl is not None
+        job, rounds, nparams = msg["job"], msg["rounds"], msg["params"]
+        await self.overlay.wait_connected(60)
+        self._start_trace(msg.get("t0") or time.time())
+        cpu0, wall0 = _cpu_s(), time.time()
+        guard0 = {b: sh.guard() for b, sh in self.shapers.items()}
+        meter0 = {b: s.meter.snapshot() for b, s in self.overlay.senders.items()}
+        self._lag.take_p99()
+        self.params = np.zeros(nparams, dtype=np.float32)
+        for rnd in range(rounds):
+            tc = time.time()
+            contrib = contribution(rnd, 0, self.node, nparams)
+            if msg["compute_s"] > 0:
+                await asyncio.sleep(msg["compute_s"])
+            t_compute = time.time() - tc
+            fut = asyncio.get_running_loop().create_future()
+            self._replies[(job, rnd)] = fut
+            self.ctl.send({"t": "TOPO_REQUEST", "job": job, "round": rnd, "have": sorted(self.plans)})
+            reply = await fut
+            if "plan" in reply:
+                self.plans[reply["version"]] = Plan.from_wire(reply["plan"])
+            plan = self.plans[reply["version"]]
+            self.overlay.forget_before(job, rnd - 1)
+            self.engine.drop_stale(job, rnd)
+            t_start = time.time()
+            st = self.engine.begin_round(job, rnd, 0, plan, contrib)
+            error = ""
+            try:
+                result = await st.done
+                ok = True
+            except Exception as exc:  # a RoundError: reported, never silently wrong
+                result, ok, error = st.result, False, str(exc)
+            t_end = time.time()
+            self.engine.end_round(st)
+            if ok:
+                want = expected(rnd, 0, plan.participants, nparams, plan.weights)
+                ok = bool(np.array_equal(result, want))
+                if not ok:
+                    error = f"{int(np.count_nonzero(result != want))} elements differ from the exact sum"
+                    log.error("node %d round %d: %s", self.node, rnd, error)
+                self.params -= np.float32(0.01 / len(plan.participants)) * result  # the agent's own update
+            self._flush_samples()
+            done = {"t": "ROUND_DONE", "node": self.node, "job": job, "round": rnd, "attempt": 0,
+                    "version": plan.version, "digest": hashlib.blake2b(result.tobytes(), digest_size=16).digest(),
+                    "ok": ok, "t_start": t_start, "t_end": t_end, "t_compute": t_compute}
+            if error:
+                done["error"] = error
+            self.ctl.send(done)
+        self.ctl.send({"t": "STATS", "node": self.node, "job": job,
+                       "stats": self._stats(cpu0, wall0, guard0, meter0)})
+
+    def _stats(self, cpu0: float, wall0: float, guard0: dict, meter0: dict) -> dict[str, Any]:
+        wall = time.time() - wall0
+        links = {}
+        for b, s in self.overlay.senders.items():
+            m, m0 = s.meter.snapshot(), meter0[b]
+            entry: dict[str, Any] = {k: m[k] - m0[k] for k in ("bytes", "chunks", "busy_s", "segments", "resent")}
+            if b in self.shapers:
+                g, g0 = self.shapers[b].guard(), guard0[b]
+                exp = g["expected_bytes"] - g0["expected_bytes"]
+                sent = g["sent_bytes"] - g0["sent_bytes"]
+                entry.update(configured_mbps=g["rate_mbps"], backlog_s=g["busy_s"] - g0["busy_s"],
+                             achieved_ratio=min(1.0, sent / exp) if exp > 0 else 1.0)
+            links[str(b)] = entry
+        return {"links": links, "loop_lag_p99_s": self._lag.take_p99(),
+                "cpu_s": _cpu_s() - cpu0, "wall_s": wall, "stashed_frames": self.engine.stashed_frames,
+                "protocol_errors": len(self.overlay.errors)}
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime

@@ -1,0 +1,230 @@
+"""The chunk engine: executes any valid Plan, chunk by chunk, without knowing which scheme made it.
+
+Per chunk a node knows its role from the plan: the aggregation children it waits for, the parent
+it forwards its partial sum to (only once every child arrived: aggregate-forward), and, coming
+down, the broadcast children it passes the final value on to. Partial sums are added in place
+with numpy as their segments land; final values land directly in the result tensor. Every frame
+carries its contributor set, so a doubled, stale or missing contribution is caught, not summed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int
+from overlay.peers import Overlay
+from overlay.routing import Routes
+from scheduler.plan import Plan
+
+log = logging.getLogger("wansync.engine")
+
+RoundKey = tuple[int, int, int, int]  # job, round, attempt, version
+
+
+class RoundError(RuntimeError):
+    """The round cannot end exact (a contribution doubled or missing); it must be aborted."""
+
+
+@dataclass
+class _Role:
+    """What this node does for one chunk group."""
+
+    group: int
+    parent: int | None
+    agg_children: frozenset[int]
+    bcast_parent: int | None
+    bcast_children: tuple[int, ...]
+
+
+@dataclass
+class RoundState:
+    job: int
+    round: int
+    attempt: int
+    plan: Plan
+    acc: np.ndarray
+    result: np.ndarray
+    roles: dict[int, _Role]  # by group index
+    chunk_group: list[int]
+    everyone: int  # bitmap of all participants
+    waiting: list[int]  # per chunk: agg children not yet complete
+    contributors: list[int]  # per chunk: bitmap summed into acc so far
+    agg_bytes: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
+    final_bytes: list[int] = field(default_factory=list)
+    finals: int = 0
+    started: bool = False
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    t_first_final: float | None = None
+
+    @property
+    def key(self) -> RoundKey:
+        return (self.job, self.round, self.attempt, self.plan.version)
+
+
+class ChunkEngine:
+    """One per agent: the overlay's sink for chunks addressed to this node."""
+
+    def __init__(self, node: int, routes: Routes) -> None:
+        self.node = node
+        self.routes = routes
+        self.overlay: Overlay | None = None
+        self.rounds: dict[RoundKey, RoundState] = {}
+        self._stash: dict[tuple[int, int, int, int], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
+        self.stashed_frames = 0
+        self.on_error: Callable[[RoundKey, Exception], None] | None = None
+
+    # --- round lifecycle -----------------------------------------------------------------------------
+    def begin_round(self, job: int, rnd: int, attempt: int, plan: Plan, contribution: np.ndarray) -> RoundState:
+        """Own contribution goes in, leaf chunks go out, held frames for this round are replayed."""
+        me = self.node
+        if me not in plan.participants:
+            raise ValueError(f"node {me} is not a participant of plan v{plan.version}")
+        if contribution.shape != (plan.params,) or contribution.dtype != np.float32:
+            raise ValueError(f"contribution must be float32 of {plan.params} elements")
+        w = plan.weights[me]
+        acc = contribution.copy() if w == 1.0 else (contribution * np.float32(w))
+        chunk_group = [0] * len(plan.layout)
+        roles: dict[int, _Role] = {}
+        waiting = [0] * len(plan.layout)
+        for gi, g in enumerate(plan.groups):
+            kids = frozenset(g.agg_children(me))
+            roles[gi] = _Role(gi, g.parent[me], kids, g.bcast_parent(me), tuple(g.children.get(me, ())))
+            for c in g.chunks:
+                chunk_group[c] = gi
+                waiting[c] = len(kids)
+        st = RoundState(job, rnd, attempt, plan, acc, np.empty_like(acc), roles, chunk_group,
+                        bitmap_int(bitmap(plan.participants)), waiting, [1 << me] * len(plan.layout),
+                        final_bytes=[0] * len(plan.layout))
+        self.rounds[st.key] = st
+        for h, data in self._stash.pop(st.key, []):
+            self._segment(st, h, memoryview(data))
+        st.started = True
+        for c in range(len(plan.layout)):
+            if st.waiting[c] == 0:
+                self._complete_agg(st, c)
+        return st
+
+    def end_round(self, st: RoundState) -> None:
+        self.rounds.pop(st.key, None)
+
+    def drop_stale(self, job: int, rnd: int) -> None:
+        """Forget held frames of rounds that can no longer start."""
+        for k in [k for k in self._stash if (k[0], k[1]) < (job, rnd)]:
+            self.stashed_frames -= len(self._stash.pop(k))
+
+    # --- ChunkSink -------------------------------------------------------------------------------------
+    def chunk_buffer(self, h: dict[str, Any]) -> memoryview | None:
+        st = self.rounds.get((h["job"], h["round"], h["attempt"], h["version"]))
+        if st is None:
+            return None  # held until this node has the round and its plan
+        c = h["chunk"]
+        if not 0 <= c < len(st.plan.layout):
+            raise ProtocolError(f"chunk {c} is not in plan v{st.plan.version}", field="chunk", msg_type="CHUNK")
+        off, n = st.plan.layout[c]
+        if h["total"] != n * 4:
+            raise ProtocolError(f"chunk {c} has {n * 4} bytes, not {h['total']}", field="total", msg_type="CHUNK")
+        role = st.roles[st.chunk_group[c]]
+        if h["kind"] == "agg":
+            if h["origin"] not in role.agg_children:
+                raise ProtocolError(f"node {h['origin']} is not an aggregation child of {self.node} for chunk {c}",
+                                    field="origin", msg_type="CHUNK")
+            return memoryview(np.empty(h["nbytes"] // 4, np.float32)).cast("B")
+        if h["kind"] == "bcast":
+            if h["origin"] != role.bcast_parent:
+                raise ProtocolError(f"node {h['origin']} is not the broadcast parent of {self.node} for chunk {c}",
+                                    field="origin", msg_type="CHUNK")
+            start = off * 4 + h["off"]
+            return memoryview(st.result).cast("B")[start:start + h["nbytes"]]
+        raise ProtocolError(f"kind {h['kind']!r} is not used by plan v{st.plan.version}", field="kind",
+                            msg_type="CHUNK")
+
+    def chunk_segment(self, h: dict[str, Any], payload: memoryview) -> None:
+        key = (h["job"], h["round"], h["attempt"], h["version"])
+        st = self.rounds.get(key)
+        if st is None:
+            self._stash[key].append((h, bytes(payload)))
+            self.stashed_frames += 1
+            return
+        try:
+            self._segment(st, h, payload)
+        except RoundError as exc:
+            self._fail(st, exc)
+
+    # --- internals -------------------------------------------------------------------------------------
+    def _segment(self, st: RoundState, h: dict[str, Any], payload: memoryview) -> None:
+        c = h["chunk"]
+        off, n = st.plan.layout[c]
+        lo = off + h["off"] // 4
+        hi = lo + h["nbytes"] // 4
+        if h["kind"] == "agg":
+            origin = h["origin"]
+            got = st.agg_bytes[(c, origin)]
+            if got == 0:
+                theirs = bitmap_int(h["contributors"])
+                if theirs & st.contributors[c]:
+                    raise RoundError(f"chunk {c}: contributors {theirs:#x} from node {origin} overlap "
+                                     f"{st.contributors[c]:#x} already summed")
+                if theirs & ~st.everyone:
+                    raise RoundError(f"chunk {c}: node {origin} sent contributions of non-participants")
+                st.contributors[c] |= theirs
+            part = np.frombuffer(payload, dtype=np.float32)
+            np.add(st.acc[lo:hi], part, out=st.acc[lo:hi])
+            got += h["nbytes"]
+            st.agg_bytes[(c, origin)] = got
+            if got == n * 4:
+                st.waiting[c] -= 1
+                if st.waiting[c] == 0 and st.started:
+                    self._complete_agg(st, c)
+        else:  # bcast: bytes are already in place (chunk_buffer pointed into result)
+            if payload.obj is not st.result:  # replayed from the stash: not yet in place
+                st.result[lo:hi] = np.frombuffer(payload, dtype=np.float32)
+            st.final_bytes[c] += h["nbytes"]
+            if st.final_bytes[c] == n * 4:
+                if bitmap_int(h["contributors"]) != st.everyone:
+                    raise RoundError(f"chunk {c}: final value holds contributors "
+                                     f"{bitmap_int(h['contributors']):#x}, expected {st.everyone:#x}")
+                self._final(st, c)
+
+    def _complete_agg(self, st: RoundState, c: int) -> None:
+        role = st.roles[st.chunk_group[c]]
+        off, n = st.plan.layout[c]
+        if role.parent is not None:
+            self._send(st, c, "agg", st.acc[off:off + n], st.contributors[c], role.parent)
+            return
+        if st.contributors[c] != st.everyone:
+            self._fail(st, RoundError(f"chunk {c}: root {self.node} aggregated {st.contributors[c]:#x}, "
+                                      f"expected {st.everyone:#x}"))
+            return
+        st.result[off:off + n] = st.acc[off:off + n]
+        self._final(st, c)
+
+    def _final(self, st: RoundState, c: int) -> None:
+        role = st.roles[st.chunk_group[c]]
+        off, n = st.plan.layout[c]
+        for child in role.bcast_children:
+            self._send(st, c, "bcast", st.result[off:off + n], st.everyone, child)
+        st.finals += 1
+        if st.finals == len(st.plan.layout) and not st.done.done():
+            st.done.set_result(st.result)
+
+    def _send(self, st: RoundState, c: int, kind: str, data: np.ndarray, contributors: int, dst: int) -> None:
+        assert self.overlay is not None
+        header = {"t": "CHUNK", "job": st.job, "round": st.round, "attempt": st.attempt,
+                  "version": st.plan.version, "chunk": c, "kind": kind, "origin": self.node,
+                  "contributors": bitmap_bytes(contributors),
+                  "t_send": 0.0}
+        self.overlay.send_chunk(header, memoryview(data).cast("B"), self.routes.route(self.node, dst))
+
+    def _fail(self, st: RoundState, exc: Exception) -> None:
+        log.error("node %d round %s: %s", self.node, st.key, exc)
+        if not st.done.done():
+            st.done.set_exception(exc)
+        if self.on_error is not None:
+            self.on_error(st.key, exc)

@@ -1,0 +1,260 @@
+"""Emulated WAN topologies: which node pairs are overlay links, and each direction's rate and delay.
+
+Built-ins: `uniform` and `hetero` (full meshes) and `internet2`, the 9-node, 13-link overlay of
+the NetStorm paper. Any topology also loads from a TOML or JSON file; a bad file raises
+`TopologyError` naming the offending field. Node ids are 0..n-1 (the paper's node k is our k-1).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from overlay.routing import Routes, adjacency
+
+from .link import LinkSpec
+
+# NetStorm's Internet2 overlay (digest §4, 1-indexed there): 13 links, node 6 (our 5) has degree 4.
+INTERNET2_LINKS = [(1, 2), (1, 3), (2, 3), (2, 5), (3, 4), (4, 5), (4, 6), (5, 7), (6, 7), (6, 8),
+                   (6, 9), (7, 8), (8, 9)]
+INTERNET2_DELAY_S = 0.030
+PAPER_RATE_RANGE = (20, 155)  # Mbit/s, integer draws as in the authors' scripts
+
+
+class TopologyError(ValueError):
+    """A topology (file or arguments) that cannot be built; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    nodes: int
+    links: Mapping[tuple[int, int], LinkSpec]  # directed; every overlay link appears both ways
+    uplink_mbps: Mapping[int, float] = field(default_factory=dict)
+    downlink_mbps: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for (a, b) in self.links:
+            if (b, a) not in self.links:
+                raise TopologyError(f"links: {a}->{b} has no reverse direction {b}->{a}")
+        adj = adjacency(self.links)
+        if self.nodes > 1 and (len(adj) < self.nodes or self._components(adj) > 1):
+            raise TopologyError(f"nodes: the {self.nodes} nodes are not all connected by links")
+
+    @staticmethod
+    def _components(adj: Mapping[int, set[int]]) -> int:
+        seen: set[int] = set()
+        count = 0
+        for start in adj:
+            if start in seen:
+                continue
+            count += 1
+            stack = [start]
+            while stack:
+                u = stack.pop()
+                if u not in seen:
+                    seen.add(u)
+                    stack.extend(adj[u] - seen)
+        return count
+
+    @property
+    def full_mesh(self) -> bool:
+        return len(self.links) == self.nodes * (self.nodes - 1)
+
+    def neighbors(self, node: int) -> list[int]:
+        return sorted(b for (a, b) in self.links if a == node)
+
+    def undirected(self) -> list[tuple[int, int]]:
+        return sorted((a, b) for (a, b) in self.links if a < b)
+
+    def routes(self) -> Routes:
+        return Routes(adjacency(self.links))
+
+    def scaled(self, scale: float) -> Topology:
+        """Delays shrink with --scale (rates do not), so a scaled run keeps the full-size shape."""
+        links = {k: replace(v, delay_s=v.delay_s * scale, jitter_s=v.jitter_s * scale)
+                 for k, v in self.links.items()}
+        return replace(self, links=links)
+
+    def with_rates(self, rates: Mapping[tuple[int, int], float]) -> Topology:
+        links = {k: replace(v, rate_mbps=rates.get(k, v.rate_mbps)) for k, v in self.links.items()}
+        return replace(self, links=links)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "nodes": self.nodes,
+            "links": [{"src": a, "dst": b, "rate_mbps": s.rate_mbps, "delay_ms": s.delay_s * 1e3,
+                       "jitter_ms": s.jitter_s * 1e3} for (a, b), s in sorted(self.links.items())],
+            "caps": [{"node": n, "uplink_mbps": self.uplink_mbps.get(n),
+                      "downlink_mbps": self.downlink_mbps.get(n)}
+                     for n in sorted(set(self.uplink_mbps) | set(self.downlink_mbps))],
+        }
+
+
+def uniform(nodes: int, rate_mbps: float = 100.0, delay_s: float = INTERNET2_DELAY_S) -> Topology:
+    links = {(a, b): LinkSpec(rate_mbps, delay_s) for a in range(nodes) for b in range(nodes) if a != b}
+    return Topology("uniform", nodes, links)
+
+
+def hetero(nodes: int, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_RATE_RANGE[1], seed: int = 1,
+           delay_s: float = INTERNET2_DELAY_S) -> Topology:
+    """Full mesh; every direction of every pair draws its own integer rate in [lo, hi]."""
+    rng = random.Random(seed)
+    links = {(a, b): LinkSpec(float(rng.randint(int(lo), int(hi))), delay_s)
+             for a in range(nodes) for b in range(nodes) if a != b}
+    return Topology("hetero", nodes, links)
+
+
+def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_RATE_RANGE[1],
+              delay_s: float = INTERNET2_DELAY_S) -> Topology:
+    """Each of the 26 directions draws randint(lo, hi) Mbit/s with random.seed(seed), as the paper's scripts."""
+    rng = random.Random(seed)
+    links: dict[tuple[int, int], LinkSpec] = {}
+    for a, b in INTERNET2_LINKS:
+        links[(a - 1, b - 1)] = LinkSpec(float(rng.randint(int(lo), int(hi))), delay_s)
+        links[(b - 1, a - 1)] = LinkSpec(float(rng.randint(int(lo), int(hi))), delay_s)
+    return Topology("internet2", 9, links)
+
+
+BUILTIN = ("uniform", "hetero", "internet2")
+
+
+def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
+    """`internet2`, `uniform`, `hetero`, `hetero:lo-hi`, or a path to a .toml/.json file."""
+    name, _, arg = spec.partition(":")
+    if name == "internet2":
+        topo = internet2(seed=seed)
+    elif name in ("uniform", "hetero"):
+        n = 9 if nodes is None else nodes
+        if n < 2:
+            raise TopologyError(f"nodes: {name} needs at least 2 nodes, got {n}")
+        if name == "uniform":
+            topo = uniform(n, float(arg) if arg else 100.0)
+        else:
+            lo, hi = (float(x) for x in arg.split("-")) if arg else PAPER_RATE_RANGE
+            topo = hetero(n, lo, hi, seed=seed)
+        return topo
+    elif Path(spec).suffix in (".toml", ".json"):
+        topo = load(spec)
+    else:
+        raise TopologyError(f"topology: unknown {spec!r}; use one of {', '.join(BUILTIN)} or a .toml/.json file")
+    if nodes is not None and nodes != topo.nodes:
+        raise TopologyError(f"nodes: --nodes {nodes} disagrees with topology {topo.name!r}, "
+                            f"which has {topo.nodes} nodes")
+    return topo
+
+
+def load(path: str | Path) -> Topology:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise TopologyError(f"topology file {p}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise TopologyError(f"topology file {p}: not valid {p.suffix[1:].upper()}: {exc}") from None
+    try:
+        return from_dict(data, default_name=p.stem)
+    except TopologyError as exc:
+        raise TopologyError(f"topology file {p}: {exc}") from None
+
+
+def _num(d: Mapping[str, Any], key: str, where: str, default: float | None = None, *,
+         positive: bool = False) -> float:
+    v = d.get(key, default)
+    if v is None:
+        raise TopologyError(f"{where}.{key}: missing")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TopologyError(f"{where}.{key}: must be a number, got {v!r}")
+    if v < 0 or (positive and v == 0):
+        raise TopologyError(f"{where}.{key}: must be {'positive' if positive else 'non-negative'}, got {v}")
+    return float(v)
+
+
+def _node(d: Mapping[str, Any], key: str, where: str, nodes: int) -> int:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TopologyError(f"{where}.{key}: must be a node id (int), got {v!r}")
+    if not 0 <= v < nodes:
+        raise TopologyError(f"{where}.{key}: node {v} outside 0..{nodes - 1}")
+    return v
+
+
+def from_dict(data: Mapping[str, Any], default_name: str = "custom") -> Topology:
+    """Schema: nodes; defaults {rate_mbps, delay_ms, jitter_ms}; links [{a,b | src,dst, rate_mbps,
+    rate_ab_mbps, rate_ba_mbps, delay_ms, jitter_ms}] or matrix [[Mbit/s, 0 = no link]]; caps
+    [{node, uplink_mbps, downlink_mbps}]. `a`/`b` means both directions, `src`/`dst` one."""
+    if not isinstance(data, Mapping):
+        raise TopologyError("top level must be a table/object")
+    nodes = data.get("nodes")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
+        raise TopologyError(f"nodes: must be an int >= 2, got {nodes!r}")
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, Mapping):
+        raise TopologyError("defaults: must be a table")
+    d_rate = defaults.get("rate_mbps")
+    d_delay = _num(defaults, "delay_ms", "defaults", 0.0)
+    d_jitter = _num(defaults, "jitter_ms", "defaults", 0.0)
+    links: dict[tuple[int, int], LinkSpec] = {}
+
+    def put(a: int, b: int, rate: float, delay_ms: float, jitter_ms: float, where: str) -> None:
+        if a == b:
+            raise TopologyError(f"{where}: a link from node {a} to itself")
+        if (a, b) in links:
+            raise TopologyError(f"{where}: link {a}->{b} given twice")
+        links[(a, b)] = LinkSpec(rate, delay_ms / 1e3, jitter_ms / 1e3)
+
+    if "matrix" in data:
+        m = data["matrix"]
+        if not isinstance(m, list) or len(m) != nodes or any(not isinstance(r, list) or len(r) != nodes for r in m):
+            raise TopologyError(f"matrix: must be {nodes} rows of {nodes} rates")
+        for a in range(nodes):
+            for b in range(nodes):
+                if a != b and m[a][b]:
+                    r = _num({"rate": m[a][b]}, "rate", f"matrix[{a}][{b}]", positive=True)
+                    put(a, b, r, d_delay, d_jitter, f"matrix[{a}][{b}]")
+    raw = data.get("links", [])
+    if not isinstance(raw, list):
+        raise TopologyError("links: must be a list")
+    for i, link in enumerate(raw):
+        where = f"links[{i}]"
+        if not isinstance(link, Mapping):
+            raise TopologyError(f"{where}: must be a table")
+        delay = _num(link, "delay_ms", where, d_delay)
+        jitter = _num(link, "jitter_ms", where, d_jitter)
+        if "src" in link or "dst" in link:
+            a, b = _node(link, "src", where, nodes), _node(link, "dst", where, nodes)
+            put(a, b, _num(link, "rate_mbps", where, d_rate, positive=True), delay, jitter, where)
+        else:
+            a, b = _node(link, "a", where, nodes), _node(link, "b", where, nodes)
+            both = link.get("rate_mbps", d_rate)
+            r_ab = _num(link, "rate_ab_mbps", where, both, positive=True)
+            r_ba = _num(link, "rate_ba_mbps", where, both, positive=True)
+            put(a, b, r_ab, delay, jitter, where)
+            put(b, a, r_ba, delay, jitter, where)
+    if not links:
+        raise TopologyError("links: the topology has no links (give links or matrix)")
+    up: dict[int, float] = {}
+    down: dict[int, float] = {}
+    caps = data.get("caps", [])
+    if not isinstance(caps, list):
+        raise TopologyError("caps: must be a list")
+    for i, cap in enumerate(caps):
+        where = f"caps[{i}]"
+        if not isinstance(cap, Mapping):
+            raise TopologyError(f"{where}: must be a table")
+        n = _node(cap, "node", where, nodes)
+        if cap.get("uplink_mbps") is not None:
+            up[n] = _num(cap, "uplink_mbps", where, positive=True)
+        if cap.get("downlink_mbps") is not None:
+            down[n] = _num(cap, "downlink_mbps", where, positive=True)
+    name = data.get("name", default_name)
+    if not isinstance(name, str):
+        raise TopologyError(f"name: must be a string, got {name!r}")
+    return Topology(name, nodes, links, up, down)

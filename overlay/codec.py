@@ -1,0 +1,266 @@
+"""Frame codec: `u32 header_len | msgpack header | payload`, decoded straight into the receiver's buffers.
+
+The receive side is an `asyncio.BufferedProtocol`: headers are parsed out of a small scratch
+buffer, and payload bytes are read by the kernel directly into the memoryview the handler chose
+for them (a slice of a numpy array), so a tensor is never copied on its way in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgpack
+
+from .messages import FramingError, ProtocolError, validate
+
+LEN = struct.Struct("!I")
+MAX_HEADER = 64 * 1024
+MAX_PAYLOAD = 256 * 1024 * 1024
+SCRATCH = 256 * 1024
+MAX_INVALID = 16  # invalid messages tolerated from one peer before it is disconnected
+
+
+def encode(header: dict[str, Any]) -> bytes:
+    """Length prefix plus msgpack header; the payload (header['nbytes'] bytes) is written after it."""
+    body = msgpack.packb(header, use_bin_type=True)
+    if len(body) > MAX_HEADER:
+        raise ValueError(f"header of {len(body)} bytes exceeds {MAX_HEADER}")
+    return LEN.pack(len(body)) + body
+
+
+def decode_header(body: bytes | memoryview, peer: object = None) -> dict[str, Any]:
+    try:
+        header = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise ProtocolError(f"undecodable header ({type(exc).__name__})", peer=peer) from None
+    return validate(header, peer)
+
+
+class FrameHandler(Protocol):
+    def on_header(self, header: dict[str, Any]) -> memoryview | None:
+        """Where the payload of this frame goes (exactly header['nbytes'] bytes), or None for a new buffer."""
+
+    def on_frame(self, header: dict[str, Any], payload: memoryview | None) -> None: ...
+
+    def on_invalid(self, error: ProtocolError) -> None: ...
+
+    def on_closed(self, error: Exception | None) -> None: ...
+
+
+_HEAD, _PAYLOAD, _DISCARD = 0, 1, 2
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    """One TCP connection's frames; reading and writing both live here."""
+
+    def __init__(self, handler: FrameHandler | None = None, *, peer: object = None,
+                 max_payload: int = MAX_PAYLOAD, max_invalid: int = MAX_INVALID,
+                 on_bytes: Callable[[int], None] | None = None) -> None:
+        self.handler = handler
+        self.peer = peer
+        self.max_payload = max_payload
+        self.max_invalid = max_invalid
+        self.invalid = 0
+        self.on_bytes = on_bytes  # receive-side hook (downlink shaping, meters)
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self._buf = bytearray(SCRATCH)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self._state = _HEAD
+        self._dest: memoryview | None = None
+        self._filled = 0
+        self._header: dict[str, Any] | None = None
+        self._discard_left = 0
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self.bytes_in = 0
+
+    # --- connection lifecycle -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=1 << 20, low=256 << 10)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._can_write.set()
+        if exc is None and (self._state != _HEAD or self._end > self._start):
+            exc = FramingError("connection closed in the middle of a frame", peer=self.peer)
+        if self.handler is not None:
+            self.handler.on_closed(exc)
+        if not self.closed.done():
+            self.closed.set_result(exc)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self, error: Exception) -> None:
+        if self.handler is not None:
+            self.handler.on_invalid(error if isinstance(error, ProtocolError)
+                                    else ProtocolError(str(error), peer=self.peer))
+        if self.transport is not None:
+            self.transport.abort()
+
+    # --- writing --------------------------------------------------------------------------
+    def write(self, header: dict[str, Any], payload: memoryview | bytes | None = None) -> None:
+        assert self.transport is not None
+        self.transport.write(encode(header))
+        if payload is not None and len(payload):
+            self.transport.write(payload)
+
+    def write_raw(self, data: bytes | memoryview) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if not self._can_write.is_set():
+            await self._can_write.wait()
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError(f"connection to {self.peer!r} is closed")
+
+    # --- reading --------------------------------------------------------------------------
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._state == _HEAD:
+            if self._end == len(self._buf):
+                self._compact()
+            return self._view[self._end:]
+        if self._state == _PAYLOAD:
+            assert self._dest is not None
+            return self._dest[self._filled:]
+        remaining = self._discard_left
+        return self._view[: min(remaining, len(self._buf))]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.bytes_in += nbytes
+        if self.on_bytes is not None:
+            self.on_bytes(nbytes)
+        try:
+            if self._state == _HEAD:
+                self._end += nbytes
+                self._parse()
+            elif self._state == _PAYLOAD:
+                self._filled += nbytes
+                if self._filled == len(self._dest):  # type: ignore[arg-type]
+                    self._deliver()
+                    self._parse()
+            else:
+                self._discard_left -= nbytes
+                if self._discard_left == 0:
+                    self._state = _HEAD
+        except FramingError as exc:
+            self.abort(exc)
+
+    def _compact(self) -> None:
+        n = self._end - self._start
+        if self._start:
+            self._buf[:n] = self._buf[self._start:self._end]
+        self._start, self._end = 0, n
+        if n == len(self._buf):  # a header longer than scratch cannot happen: MAX_HEADER < SCRATCH
+            raise FramingError("header does not fit", peer=self.peer)
+
+    def _parse(self) -> None:
+        while self._state == _HEAD and self.transport is not None:
+            avail = self._end - self._start
+            if avail < 4:
+                break
+            (hlen,) = LEN.unpack_from(self._buf, self._start)
+            if hlen == 0 or hlen > MAX_HEADER:
+                raise FramingError(f"header length {hlen} outside 1..{MAX_HEADER}", peer=self.peer)
+            if avail < 4 + hlen:
+                if self._start + 4 + hlen > len(self._buf):
+                    self._compact()
+                break
+            body = self._view[self._start + 4:self._start + 4 + hlen]
+            self._start += 4 + hlen
+            try:
+                header = decode_header(body, self.peer)
+            except ProtocolError as exc:
+                nbytes = _raw_nbytes(body)
+                if nbytes > self.max_payload:
+                    raise FramingError(f"payload of {nbytes} bytes exceeds {self.max_payload}",
+                                       peer=self.peer) from None
+                self._invalid(exc)
+                self._begin_discard(nbytes)
+                continue
+            nbytes = header.get("nbytes", 0)
+            if nbytes > self.max_payload:
+                raise FramingError(f"payload of {nbytes} bytes exceeds {self.max_payload}", peer=self.peer)
+            if nbytes == 0:
+                self._dispatch(header, None)
+                continue
+            try:
+                dest = self.handler.on_header(header) if self.handler is not None else None
+            except ProtocolError as exc:
+                exc.peer = exc.peer if exc.peer is not None else self.peer
+                self._invalid(exc)
+                self._begin_discard(nbytes)
+                continue
+            if dest is None:
+                dest = memoryview(bytearray(nbytes))
+            elif len(dest) != nbytes:
+                raise FramingError(f"handler gave {len(dest)} bytes for a {nbytes}-byte payload",
+                                   peer=self.peer)
+            self._header, self._dest = header, dest
+            take = min(nbytes, self._end - self._start)
+            dest[:take] = self._view[self._start:self._start + take]
+            self._start += take
+            self._filled = take
+            if take == nbytes:
+                self._deliver()
+            else:
+                self._state = _PAYLOAD
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _begin_discard(self, nbytes: int) -> None:
+        take = min(nbytes, self._end - self._start)
+        self._start += take
+        if nbytes > take:
+            self._discard_left = nbytes - take
+            self._state = _DISCARD
+
+    def _deliver(self) -> None:
+        header, dest = self._header, self._dest
+        self._header, self._dest, self._filled, self._state = None, None, 0, _HEAD
+        assert header is not None
+        self._dispatch(header, dest)
+
+    def _dispatch(self, header: dict[str, Any], payload: memoryview | None) -> None:
+        if self.handler is None:
+            return
+        try:
+            self.handler.on_frame(header, payload)
+        except ProtocolError as exc:
+            exc.peer = exc.peer if exc.peer is not None else self.peer
+            self._invalid(exc)
+
+    def _invalid(self, exc: ProtocolError) -> None:
+        self.invalid += 1
+        if self.handler is not None:
+            self.handler.on_invalid(exc)
+        if self.invalid >= self.max_invalid and self.transport is not None:
+            self.transport.abort()
+
+
+def _raw_nbytes(body: bytes | memoryview) -> int:
+    """Best effort: how much payload an invalid header announced, so framing can skip past it."""
+    try:
+        header = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception:
+        return 0
+    n = header.get("nbytes", 0) if isinstance(header, dict) else 0
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0

@@ -1,0 +1,182 @@
+"""Every message type of the wire, with the schema that guards it.
+
+A header is acted on only after `validate()` accepted it, so the rest of the code can index
+fields without defensive checks. A well-framed but invalid header raises `ProtocolError`, which
+names the field and the peer; framing errors (bad length, oversize) are `FramingError` and close
+the connection instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+NUM = (int, float)
+INT = (int,)
+STR = (str,)
+BIN = (bytes,)
+LIST = (list, tuple)
+DICT = (dict,)
+BOOL = (bool,)
+ANY = (object,)
+
+# Kinds of data frame: a partial sum going up a tree, a final value coming down, a source's own
+# parameters (multicast schemes), or a probe that only measures a link.
+CHUNK_KINDS = ("agg", "bcast", "mcast", "probe")
+
+
+class ProtocolError(Exception):
+    """A well-framed message that breaks the schema; names the field and the peer."""
+
+    def __init__(self, reason: str, *, field: str | None = None, peer: object = None,
+                 msg_type: str | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        self.peer = peer
+        self.msg_type = msg_type
+        where = f" field {field!r}" if field else ""
+        of = f" in {msg_type}" if msg_type else ""
+        super().__init__(f"protocol error from peer {peer!r}{of}:{where} {reason}")
+
+
+class FramingError(ProtocolError):
+    """The byte stream itself is broken (length out of range, truncated); the connection closes."""
+
+
+# field name -> (accepted python types, required)
+Schema = Mapping[str, tuple[tuple[type, ...], bool]]
+
+_KEY: Schema = {
+    "job": (INT, True), "round": (INT, True), "attempt": (INT, True), "version": (INT, True),
+    "chunk": (INT, True), "kind": (STR, True), "origin": (INT, True),
+}
+
+SCHEMAS: dict[str, Schema] = {
+    # handshake (either direction)
+    "HELLO": {"node": (INT, True), "cluster": (STR, True), "role": (STR, True), "nonce": (BIN, False),
+              "epoch": (INT, False)},
+    "CHALLENGE": {"nonce": (BIN, True), "mac": (BIN, False)},
+    "AUTH": {"mac": (BIN, True)},
+    # control plane: agent <-> scheduler
+    "REGISTER": {"node": (INT, True), "host": (STR, True), "port": (INT, True),
+                 "neighbors": (LIST, True), "pid": (INT, False)},
+    "PEERS": {"peers": (DICT, True)},
+    "HEARTBEAT": {"node": (INT, True), "t": (NUM, True)},
+    "REPORT": {"node": (INT, True), "samples": (LIST, True)},
+    "READY": {"round": (INT, True), "progress": (NUM, True)},
+    "JOB": {"job": (INT, True), "scheme": (STR, True), "rounds": (INT, True), "params": (INT, True),
+            "compute_s": (NUM, True), "t0": (NUM, False), "warmup": (INT, False)},
+    "TOPO_REQUEST": {"job": (INT, True), "round": (INT, True), "have": (LIST, False)},
+    "TOPO_REPLY": {"job": (INT, True), "round": (INT, True), "version": (INT, True),
+                   "plan": (DICT, False)},
+    "AUX_UPDATE": {"version": (INT, True), "aux": (DICT, True)},
+    "ROUND_DONE": {"node": (INT, True), "job": (INT, True), "round": (INT, True),
+                   "attempt": (INT, True), "version": (INT, True), "digest": (BIN, True),
+                   "ok": (BOOL, True), "t_start": (NUM, True), "t_end": (NUM, True),
+                   "t_compute": (NUM, True), "error": (STR, False)},
+    "ABORT": {"job": (INT, True), "round": (INT, True), "attempt": (INT, True)},
+    "CLOCK": {"t0": (NUM, True), "t1": (NUM, False)},
+    "STATS": {"node": (INT, True), "job": (INT, True), "stats": (DICT, True)},
+    "SHUTDOWN": {},
+    # data plane: agent <-> agent
+    "CHUNK": {**_KEY, "contributors": (BIN, True), "t_send": (NUM, True), "path": (LIST, True),
+              "hop": (INT, True), "off": (INT, True), "total": (INT, True), "nbytes": (INT, True)},
+    "ACK": {**_KEY, "dst": (INT, True)},
+}
+
+# Which message types may carry payload bytes after the header.
+PAYLOAD_TYPES = frozenset({"CHUNK"})
+
+
+def validate(header: Any, peer: object = None) -> dict[str, Any]:
+    """Return the header if it is a known, complete, well-typed message; raise ProtocolError if not."""
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header is a {type(header).__name__}, not a map", peer=peer)
+    t = header.get("t")
+    if not isinstance(t, str):
+        raise ProtocolError("missing or non-string message type", field="t", peer=peer)
+    schema = SCHEMAS.get(t)
+    if schema is None:
+        raise ProtocolError(f"unknown message type {t!r}", field="t", peer=peer, msg_type=t)
+    for name, (types, required) in schema.items():
+        if name not in header:
+            if required:
+                raise ProtocolError("missing", field=name, peer=peer, msg_type=t)
+            continue
+        value = header[name]
+        # bool is an int subclass: keep integer fields honest
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise ProtocolError(f"has type {type(value).__name__}", field=name, peer=peer, msg_type=t)
+    nbytes = header.get("nbytes", 0)
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        raise ProtocolError("must be a non-negative int", field="nbytes", peer=peer, msg_type=t)
+    if nbytes and t not in PAYLOAD_TYPES:
+        raise ProtocolError("payload on a message type that carries none", field="nbytes", peer=peer,
+                            msg_type=t)
+    if t == "CHUNK":
+        _validate_chunk(header, peer)
+    elif t == "ACK" and header["kind"] not in CHUNK_KINDS:
+        raise ProtocolError(f"unknown kind {header['kind']!r}", field="kind", peer=peer, msg_type=t)
+    return header
+
+
+def _validate_chunk(h: dict[str, Any], peer: object) -> None:
+    if h["kind"] not in CHUNK_KINDS:
+        raise ProtocolError(f"unknown kind {h['kind']!r}", field="kind", peer=peer, msg_type="CHUNK")
+    path = h["path"]
+    if len(path) < 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in path):
+        raise ProtocolError("must list at least two node ids", field="path", peer=peer, msg_type="CHUNK")
+    if len(set(path)) != len(path):
+        raise ProtocolError("visits a node twice", field="path", peer=peer, msg_type="CHUNK")
+    if not 0 <= h["hop"] < len(path) - 1:
+        raise ProtocolError("outside the path", field="hop", peer=peer, msg_type="CHUNK")
+    if h["nbytes"] <= 0:
+        raise ProtocolError("a data frame carries at least one byte", field="nbytes", peer=peer, msg_type="CHUNK")
+    if h["off"] < 0 or h["off"] + h["nbytes"] > h["total"]:
+        raise ProtocolError("segment outside the chunk", field="off", peer=peer, msg_type="CHUNK")
+    if h["nbytes"] % 4 or h["off"] % 4 or h["total"] % 4:
+        raise ProtocolError("not a whole number of float32", field="nbytes", peer=peer, msg_type="CHUNK")
+
+
+ChunkKey = tuple[int, int, int, int, int, str, int, int]
+
+
+def chunk_key(h: Mapping[str, Any]) -> ChunkKey:
+    """The identity of one chunk transfer: what duplicates, acks and resends are keyed by.
+
+    (job, round, attempt, version, chunk, kind, origin, destination): one origin may send the
+    same chunk to several destinations (a broadcast), possibly through the same relay."""
+    dst = h["path"][-1] if "path" in h else h["dst"]
+    return (h["job"], h["round"], h["attempt"], h["version"], h["chunk"], h["kind"], h["origin"], dst)
+
+
+def ack_for(key: ChunkKey) -> dict[str, Any]:
+    job, rnd, attempt, version, chunk, kind, origin, dst = key
+    return {"t": "ACK", "job": job, "round": rnd, "attempt": attempt, "version": version,
+            "chunk": chunk, "kind": kind, "origin": origin, "dst": dst}
+
+
+def bitmap(nodes: Any) -> bytes:
+    """Contributor set as a little-endian bitmap of node ids (one bit per node, any cluster size)."""
+    value = 0
+    for n in nodes:
+        value |= 1 << n
+    return bitmap_bytes(value)
+
+
+def bitmap_bytes(value: int) -> bytes:
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "little")
+
+
+def bitmap_int(data: bytes) -> int:
+    return int.from_bytes(data, "little")
+
+
+def members(value: int) -> list[int]:
+    out, n = [], 0
+    while value:
+        if value & 1:
+            out.append(n)
+        value >>= 1
+        n += 1
+    return out

@@ -1,0 +1,211 @@
+"""The one plan representation every scheme compiles to, and the checks it must pass before use.
+
+A flattened float32 tensor is cut into chunks. Each chunk belongs to exactly one group; a group
+has an aggregation tree (parent per participant, partial sums flow leaf -> root) and a broadcast
+tree (children per node, final values flow root -> leaves), optionally auxiliary relay routes per
+tree edge. Nothing downstream knows which scheme produced a plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+NodeId = int
+
+
+class PlanError(ValueError):
+    """A plan that breaks an invariant; the message says which group and node."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a planner needs besides the network view: tensor size, chunking and scheme options."""
+
+    params: int
+    chunk_params: int
+    participants: tuple[NodeId, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def layout(self) -> tuple[tuple[int, int], ...]:
+        return make_layout(self.params, self.chunk_params)
+
+
+def make_layout(params: int, chunk_params: int) -> tuple[tuple[int, int], ...]:
+    """(offset, length) of every chunk, in float32 elements; the last chunk takes the remainder."""
+    if params <= 0 or chunk_params <= 0:
+        raise PlanError(f"params ({params}) and chunk_params ({chunk_params}) must be positive")
+    return tuple((off, min(chunk_params, params - off)) for off in range(0, params, chunk_params))
+
+
+@dataclass(frozen=True)
+class ChunkGroup:
+    chunks: tuple[int, ...]
+    root: NodeId
+    parent: Mapping[NodeId, NodeId | None]
+    children: Mapping[NodeId, tuple[NodeId, ...]]
+    aux: Mapping[tuple[NodeId, NodeId], tuple[tuple[NodeId, ...], ...]] = field(default_factory=dict)
+
+    def agg_children(self, node: NodeId) -> tuple[NodeId, ...]:
+        return tuple(sorted(c for c, p in self.parent.items() if p == node))
+
+    def bcast_parent(self, node: NodeId) -> NodeId | None:
+        for p, kids in self.children.items():
+            if node in kids:
+                return p
+        return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    version: int
+    scheme: str
+    participants: tuple[NodeId, ...]
+    weights: Mapping[NodeId, float]
+    layout: tuple[tuple[int, int], ...]
+    groups: tuple[ChunkGroup, ...]
+    multicast: Mapping[NodeId, tuple[NodeId, ...]] | None = None
+
+    @property
+    def params(self) -> int:
+        return sum(n for _, n in self.layout)
+
+    def with_version(self, version: int) -> Plan:
+        return Plan(version, self.scheme, self.participants, self.weights, self.layout, self.groups,
+                    self.multicast)
+
+    def same_policy(self, other: Plan) -> bool:
+        """Equal apart from the version number (re-planning found nothing new)."""
+        return self.with_version(0).to_wire() == other.with_version(0).to_wire()
+
+    # --- validation ---------------------------------------------------------------------------
+    def validate(self, links: Iterable[tuple[NodeId, NodeId]] | None = None) -> Plan:
+        """Raise PlanError unless every invariant holds; `links` are the overlay's directed links."""
+        parts = self.participants
+        if not parts or len(set(parts)) != len(parts):
+            raise PlanError(f"participants must be non-empty and unique, got {parts}")
+        pset = set(parts)
+        if set(self.weights) != pset:
+            raise PlanError("weights must name exactly the participants")
+        expect = 0
+        for i, (off, n) in enumerate(self.layout):
+            if off != expect:
+                raise PlanError(f"layout: chunk {i} starts at {off}, expected {expect} (gap or overlap)")
+            if n <= 0:
+                raise PlanError(f"layout: chunk {i} has length {n}")
+            expect = off + n
+        seen: dict[int, int] = {}
+        for g_idx, g in enumerate(self.groups):
+            for c in g.chunks:
+                if not 0 <= c < len(self.layout):
+                    raise PlanError(f"group {g_idx}: chunk {c} is not in the layout")
+                if c in seen:
+                    raise PlanError(f"chunk {c} is in groups {seen[c]} and {g_idx}")
+                seen[c] = g_idx
+            if not g.chunks:
+                raise PlanError(f"group {g_idx} has no chunks")
+            self._check_group(g_idx, g, pset, links)
+        missing = set(range(len(self.layout))) - set(seen)
+        if missing:
+            raise PlanError(f"chunks {sorted(missing)[:8]} are in no group")
+        if self.multicast is not None:
+            for src, recv in self.multicast.items():
+                if src not in pset or not set(recv) <= pset or src in recv:
+                    raise PlanError(f"multicast: source {src} has receivers outside the participants")
+        return self
+
+    @staticmethod
+    def _check_group(g_idx: int, g: ChunkGroup, pset: set[int],
+                     links: Iterable[tuple[int, int]] | None) -> None:
+        where = f"group {g_idx}"
+        if g.root not in pset:
+            raise PlanError(f"{where}: root {g.root} is not a participant")
+        if set(g.parent) != pset:
+            raise PlanError(f"{where}: aggregation tree covers {sorted(g.parent)}, not the participants")
+        if g.parent[g.root] is not None:
+            raise PlanError(f"{where}: root {g.root} has a parent")
+        for n, p in g.parent.items():
+            if n != g.root and (p is None or p not in pset or p == n):
+                raise PlanError(f"{where}: node {n} has parent {p}")
+        for n in pset:  # every chain of parents ends at the root
+            hops, cur = 0, n
+            while cur != g.root:
+                cur = g.parent[cur]  # type: ignore[assignment]
+                hops += 1
+                if hops > len(pset):
+                    raise PlanError(f"{where}: aggregation tree has a cycle through node {n}")
+        reached = {g.root}
+        frontier = [g.root]
+        counted: dict[int, int] = {}
+        for node, kids in g.children.items():
+            if node not in pset:
+                raise PlanError(f"{where}: broadcast from non-participant {node}")
+            for k in kids:
+                counted[k] = counted.get(k, 0) + 1
+        if any(v > 1 for v in counted.values()) or g.root in counted:
+            raise PlanError(f"{where}: broadcast tree reaches a node more than once")
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for k in g.children.get(u, ()):
+                    if k not in pset:
+                        raise PlanError(f"{where}: broadcast to non-participant {k}")
+                    reached.add(k)
+                    nxt.append(k)
+            frontier = nxt
+        if reached != pset:
+            raise PlanError(f"{where}: broadcast tree misses nodes {sorted(pset - reached)}")
+        link_set = set(links) if links is not None else None
+        for (a, b), routes in g.aux.items():
+            if g.parent.get(a) != b:
+                raise PlanError(f"{where}: auxiliary routes for {a}->{b}, which is not a tree edge")
+            for r in routes:
+                if len(r) < 3 or r[0] != a or r[-1] != b or len(set(r)) != len(r):
+                    raise PlanError(f"{where}: auxiliary route {r} is not a simple relay path {a}->..->{b}")
+                if link_set is not None:
+                    for u, v in zip(r, r[1:], strict=False):
+                        if (u, v) not in link_set:
+                            raise PlanError(f"{where}: auxiliary route {r} uses {u}->{v}, not a link")
+
+    # --- wire form ----------------------------------------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "scheme": self.scheme, "participants": list(self.participants),
+            "weights": [[n, w] for n, w in sorted(self.weights.items())],
+            "layout": [list(x) for x in self.layout],
+            "groups": [{"chunks": list(g.chunks), "root": g.root,
+                        "parent": [[n, -1 if p is None else p] for n, p in sorted(g.parent.items())],
+                        "children": [[n, list(k)] for n, k in sorted(g.children.items())],
+                        "aux": [[a, b, [list(r) for r in rs]] for (a, b), rs in sorted(g.aux.items())]}
+                       for g in self.groups],
+            "multicast": None if self.multicast is None
+            else [[s, list(r)] for s, r in sorted(self.multicast.items())],
+        }
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> Plan:
+        try:
+            groups = tuple(
+                ChunkGroup(
+                    chunks=tuple(g["chunks"]), root=g["root"],
+                    parent={n: (None if p == -1 else p) for n, p in g["parent"]},
+                    children={n: tuple(k) for n, k in g["children"]},
+                    aux={(a, b): tuple(tuple(r) for r in rs) for a, b, rs in g.get("aux", [])})
+                for g in d["groups"])
+            mc = d.get("multicast")
+            return cls(version=d["version"], scheme=d["scheme"], participants=tuple(d["participants"]),
+                       weights={n: float(w) for n, w in d["weights"]},
+                       layout=tuple((o, n) for o, n in d["layout"]), groups=groups,
+                       multicast=None if mc is None else {s: tuple(r) for s, r in mc})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"malformed plan on the wire: {exc!r}") from None
+
+
+def tree_group(chunks: Iterable[int], root: NodeId, parent: Mapping[NodeId, NodeId | None]) -> ChunkGroup:
+    """A group whose broadcast tree is the reverse of its aggregation tree (the common case)."""
+    children: dict[NodeId, list[NodeId]] = {}
+    for n, p in parent.items():
+        if p is not None:
+            children.setdefault(p, []).append(n)
+    return ChunkGroup(tuple(chunks), root, dict(parent), {p: tuple(sorted(k)) for p, k in children.items()})

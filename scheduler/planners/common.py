@@ -1,0 +1,33 @@
+"""Choices several planners share: the hub (best aggregate measured rate), a root by tree delay."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..plan import Job, Plan, make_layout, tree_group
+from ..view import NetworkView
+
+
+def best_hub(view: NetworkView, participants: Sequence[int]) -> int:
+    """The node whose links carry the most measured rate in and out (ties: lowest id)."""
+    def score(n: int) -> float:
+        g = view.g
+        return sum(d["rate"] for *_, d in g.out_edges(n, data=True)) + \
+            sum(d["rate"] for *_, d in g.in_edges(n, data=True))
+    return max(sorted(participants), key=score)
+
+
+def hub_for(view: NetworkView, job: Job) -> int:
+    hub = job.options.get("hub")
+    if hub is not None:
+        if hub not in job.participants:
+            raise ValueError(f"--hub {hub} is not a participant")
+        return int(hub)
+    return best_hub(view, job.participants)
+
+
+def single_tree_plan(scheme: str, job: Job, root: int, parent: Mapping[int, int | None]) -> Plan:
+    """Every chunk on one tree (star, mst, ktree): aggregate up, broadcast down the same edges."""
+    layout = make_layout(job.params, job.chunk_params)
+    group = tree_group(range(len(layout)), root, parent)
+    return Plan(0, scheme, tuple(job.participants), {n: 1.0 for n in job.participants}, layout, (group,))

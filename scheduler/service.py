@@ -1,0 +1,275 @@
+"""The scheduler: registers agents, runs jobs, freezes a plan version per round, learns the network.
+
+Version rule (one mechanism for every scheme): at the start of round r each agent asks which
+version r uses; the first request for r freezes the answer for everyone, so a round never mixes
+versions. Re-planning (adaptive schemes, when the view moved by more than `update_rate`) only
+ever affects rounds not yet frozen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from overlay.codec import FrameProtocol
+from overlay.control import ControlConn
+from overlay.messages import ProtocolError
+
+from . import planners
+from .plan import Job, Plan
+from .view import NetworkView
+
+log = logging.getLogger("wansync.scheduler")
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class AgentInfo:
+    node: int
+    conn: ControlConn
+    host: str = ""
+    port: int = 0
+    neighbors: tuple[int, ...] = ()
+    pid: int | None = None
+    versions: set[int] = field(default_factory=set)
+    last_seen: float = 0.0
+
+
+@dataclass
+class RoundRecord:
+    job: int
+    scheme: str
+    round: int
+    version: int
+    round_s: float
+    compute_s: float
+    ok: bool
+    digests_agree: bool
+    t_start: float
+    t_end: float
+    warmup: bool
+    errors: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "round", **{k: v for k, v in self.__dict__.items()}}
+
+
+@dataclass
+class JobState:
+    job: int
+    scheme: str
+    rounds: int
+    spec: Job
+    plan: Plan
+    warmup: int
+    frozen: dict[int, int] = field(default_factory=dict)  # round -> version
+    done: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # round -> node -> ROUND_DONE
+    stats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    records: list[RoundRecord] = field(default_factory=list)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    view_at_plan: dict[tuple[int, int], float] = field(default_factory=dict)
+    policy_s: float = 0.0
+
+
+class Scheduler:
+    def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1,
+                 on_event: Event | None = None) -> None:
+        self.cluster = cluster
+        self.expected = nodes
+        self.update_rate = update_rate
+        self.on_event = on_event or (lambda kind, data: None)
+        self.view = NetworkView()
+        self.agents: dict[int, AgentInfo] = {}
+        self.plans: dict[int, Plan] = {}
+        self.version = 0
+        self.job_id = 0
+        self.current: JobState | None = None
+        self.errors: list[str] = []
+        self._registered = asyncio.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, host, port)
+        return self._server.sockets[0].getsockname()[1]
+
+    def _accept(self) -> FrameProtocol:
+        proto = FrameProtocol(peer="agent?")
+        conn = ControlConn(proto)
+        task = asyncio.get_running_loop().create_task(self._serve(conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return proto
+
+    async def wait_agents(self, timeout: float = 60.0) -> None:
+        try:
+            await asyncio.wait_for(self._registered.wait(), timeout)
+        except TimeoutError:
+            missing = sorted(set(range(self.expected)) - set(self.agents))
+            raise TimeoutError(f"agents {missing} did not register within {timeout:.0f} s") from None
+        peers = {n: [a.host, a.port] for n, a in self.agents.items()}
+        for a in self.agents.values():
+            a.conn.send({"t": "PEERS", "peers": peers})
+
+    async def shutdown(self) -> None:
+        for a in self.agents.values():
+            try:
+                a.conn.send({"t": "SHUTDOWN"})
+            except ConnectionError:
+                pass
+        await asyncio.sleep(0.05)
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- jobs -------------------------------------------------------------------------------------
+    async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
+                      options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None) -> JobState:
+        """Run `warmup + rounds` synchronized rounds of one scheme on every agent; return its records."""
+        planner = planners.get(scheme)
+        self.job_id += 1
+        spec = Job(params, chunk_params, tuple(sorted(self.agents)), dict(options or {}))
+        t = time.perf_counter()
+        plan = self._publish(planner(self.view, spec))
+        js = JobState(self.job_id, scheme, rounds + warmup, spec, plan, warmup,
+                      view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t)
+        self.current = js
+        msg = {"t": "JOB", "job": js.job, "scheme": scheme, "rounds": js.rounds, "params": params,
+               "compute_s": compute_s, "t0": time.time() if t0 is None else t0, "warmup": warmup}
+        for a in self.agents.values():
+            a.conn.send(msg)
+        self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": plan.version})
+        await js.finished.wait()
+        return js
+
+    def _publish(self, plan: Plan) -> Plan:
+        plan.validate(self.view.links())
+        self.version += 1
+        plan = plan.with_version(self.version)
+        self.plans[plan.version] = plan
+        self.on_event("plan", {"version": plan.version, "scheme": plan.scheme, "plan": plan})
+        return plan
+
+    def _version_for(self, js: JobState, rnd: int) -> int:
+        """First request for a round freezes its version; adaptive schemes may re-plan just before."""
+        if rnd in js.frozen:
+            return js.frozen[rnd]
+        if (js.scheme in planners.ADAPTIVE and rnd > 0
+                and self.view.changed_since(js.view_at_plan, self.update_rate)):
+            t = time.perf_counter()
+            new = planners.get(js.scheme)(self.view, js.spec)
+            js.policy_s += time.perf_counter() - t
+            js.view_at_plan = self.view.snapshot()
+            if not new.same_policy(js.plan):
+                js.plan = self._publish(new)
+        js.frozen[rnd] = js.plan.version
+        return js.plan.version
+
+    # --- one agent's control connection ---------------------------------------------------------------
+    async def _serve(self, conn: ControlConn) -> None:
+        info: AgentInfo | None = None
+        try:
+            first = await conn.recv()
+            if first is None:
+                return
+            if first["t"] != "HELLO" or first["cluster"] != self.cluster:
+                why = (f"cluster {first.get('cluster')!r} is not {self.cluster!r}" if first["t"] == "HELLO"
+                       else f"expected HELLO, got {first['t']}")
+                log.warning("refused a control connection: %s", why)
+                conn.close()
+                return
+            node = first["node"]
+            if not 0 <= node < self.expected:
+                log.warning("refused unknown node %d (cluster has nodes 0..%d)", node, self.expected - 1)
+                conn.close()
+                return
+            conn.send({"t": "HELLO", "node": -1, "cluster": self.cluster, "role": "scheduler"})
+            conn.proto.peer = f"agent {node}"
+            info = AgentInfo(node, conn, last_seen=time.time())
+            while True:
+                msg = await conn.recv()
+                if msg is None:
+                    break
+                info.last_seen = time.time()
+                self._handle(info, msg)
+        except ProtocolError as exc:
+            log.warning("%s", exc)
+        finally:
+            if info is not None and self.agents.get(info.node) is info:
+                self.on_event("agent_lost", {"node": info.node})
+
+    def _handle(self, a: AgentInfo, msg: dict[str, Any]) -> None:
+        t = msg["t"]
+        if t == "REGISTER":
+            a.host, a.port, a.pid = msg["host"], msg["port"], msg.get("pid")
+            a.neighbors = tuple(int(n) for n in msg["neighbors"])
+            self.agents[a.node] = a
+            self.view.add_node(a.node)
+            for n in a.neighbors:
+                self.view.add_link(a.node, n)
+            self.on_event("agent", {"node": a.node, "neighbors": a.neighbors})
+            if len(self.agents) == self.expected:
+                self._registered.set()
+        elif t == "TOPO_REQUEST":
+            js = self.current
+            if js is None or msg["job"] != js.job:
+                a.conn.send({"t": "ABORT", "job": msg["job"], "round": msg["round"], "attempt": 0})
+                return
+            v = self._version_for(js, msg["round"])
+            reply: dict[str, Any] = {"t": "TOPO_REPLY", "job": js.job, "round": msg["round"], "version": v}
+            if v not in set(msg.get("have", ())):
+                reply["plan"] = self.plans[v].to_wire()
+            a.conn.send(reply)
+        elif t == "REPORT":
+            for s in msg["samples"]:
+                src, dst, nbytes, seconds = s[0], s[1], s[2], s[3]
+                self.view.observe(int(src), int(dst), int(nbytes), float(seconds))
+            self.on_event("samples", {"node": a.node, "samples": msg["samples"]})
+        elif t == "ROUND_DONE":
+            self._round_done(a, msg)
+        elif t == "STATS":
+            js = self.current
+            if js is not None and msg["job"] == js.job:
+                js.stats[a.node] = msg["stats"]
+                self._maybe_finish(js)
+        elif t == "HEARTBEAT":
+            pass
+        else:
+            log.warning("agent %d sent unexpected %s", a.node, t)
+
+    def _round_done(self, a: AgentInfo, msg: dict[str, Any]) -> None:
+        js = self.current
+        if js is None or msg["job"] != js.job:
+            return
+        rnd = msg["round"]
+        got = js.done.setdefault(rnd, {})
+        got[a.node] = msg
+        if not msg["ok"]:
+            self.errors.append(f"node {a.node} job {js.job} round {rnd}: {msg.get('error', 'wrong result')}")
+        if len(got) < len(js.spec.participants):
+            return
+        starts = [m["t_start"] for m in got.values()]
+        ends = [m["t_end"] for m in got.values()]
+        rec = RoundRecord(
+            job=js.job, scheme=js.scheme, round=rnd, version=js.frozen.get(rnd, -1),
+            round_s=max(ends) - min(starts), compute_s=statistics.median(m["t_compute"] for m in got.values()),
+            ok=all(m["ok"] for m in got.values()), digests_agree=len({m["digest"] for m in got.values()}) == 1,
+            t_start=min(starts), t_end=max(ends), warmup=rnd < js.warmup,
+            errors=[m["error"] for m in got.values() if m.get("error")])
+        js.records.append(rec)
+        self.on_event("round", rec.to_json())
+        self._maybe_finish(js)
+
+    def _maybe_finish(self, js: JobState) -> None:
+        if len(js.records) == js.rounds and len(js.stats) == len(js.spec.participants):
+            js.finished.set()

@@ -1,0 +1,85 @@
+"""What the scheduler knows of the network: only what agents measured, with its age.
+
+It starts uniform (every overlay link at a nominal rate, marked unmeasured) and learns from
+passive samples (bytes, seconds of each chunk transfer). It never looks at the emulator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import networkx as nx
+
+NOMINAL_MBPS = 100.0
+EWMA_ALPHA = 0.3
+
+
+class DisconnectedView(ValueError):
+    """The known overlay does not connect the participants: no plan can exist."""
+
+
+class NetworkView:
+    def __init__(self, links: Iterable[tuple[int, int]] = (), *, nominal_mbps: float = NOMINAL_MBPS,
+                 alpha: float = EWMA_ALPHA) -> None:
+        self.g = nx.DiGraph()
+        self.nominal = nominal_mbps
+        self.alpha = alpha
+        self.samples = 0
+        for a, b in links:
+            self.add_link(a, b)
+
+    def add_node(self, n: int) -> None:
+        self.g.add_node(n)
+
+    def add_link(self, a: int, b: int) -> None:
+        """An overlay link (both directions) known from registration; rate unknown until measured."""
+        for u, v in ((a, b), (b, a)):
+            if not self.g.has_edge(u, v):
+                self.g.add_edge(u, v, rate=self.nominal, measured=False, t=0.0, n=0)
+
+    @property
+    def nodes(self) -> list[int]:
+        return sorted(self.g.nodes)
+
+    def links(self) -> list[tuple[int, int]]:
+        return sorted(self.g.edges)
+
+    def rate(self, a: int, b: int) -> float:
+        return self.g.edges[a, b]["rate"]
+
+    def observe(self, src: int, dst: int, nbytes: int, seconds: float, now: float | None = None) -> None:
+        """One passive sample: a chunk of nbytes took `seconds` from send-start to receive-complete."""
+        if seconds <= 0 or nbytes <= 0 or not self.g.has_edge(src, dst):
+            return
+        mbps = nbytes * 8 / seconds / 1e6
+        e = self.g.edges[src, dst]
+        e["rate"] = mbps if not e["measured"] else (1 - self.alpha) * e["rate"] + self.alpha * mbps
+        e["measured"] = True
+        e["t"] = time.time() if now is None else now
+        e["n"] += 1
+        self.samples += 1
+
+    def coverage(self) -> float:
+        """Share of directed links measured at least once."""
+        edges = self.g.number_of_edges()
+        return sum(1 for *_, m in self.g.edges(data="measured") if m) / edges if edges else 0.0
+
+    def snapshot(self) -> dict[tuple[int, int], float]:
+        return {(a, b): r for a, b, r in self.g.edges(data="rate")}
+
+    def require_connected(self, participants: Iterable[int]) -> None:
+        parts = list(participants)
+        missing = [p for p in parts if p not in self.g]
+        if missing:
+            raise DisconnectedView(f"nodes {missing} have no known links")
+        reach = nx.node_connected_component(self.g.to_undirected(as_view=True), parts[0])
+        if not set(parts) <= reach:
+            raise DisconnectedView(f"the view does not connect participants {sorted(set(parts) - reach)} "
+                                   f"to node {parts[0]}")
+
+    def changed_since(self, old: dict[tuple[int, int], float], threshold: float) -> bool:
+        """Did any link's rate move by more than `threshold` (relative) since `old`?"""
+        now = self.snapshot()
+        return any(abs(now[k] - old.get(k, self.nominal)) > threshold * max(old.get(k, self.nominal), 1e-9)
+                   for k in now)

@@ -1,0 +1,126 @@
+"""The `wansync` command line: run, agent, scheduler, simulate."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from emulation.topology import Topology, TopologyError, build
+
+DEFAULT_SCHEMES = "star,ring,mst,ktree"
+TRACE_HORIZON_S = 6 * 3600.0
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    topo = build(args.topology, args.nodes, seed=args.seed)
+    return topo.scaled(args.scale)
+
+
+def _trace(args: argparse.Namespace, topo: Topology):  # noqa: ANN202
+    from emulation.trace import Trace, redraw
+
+    if not getattr(args, "dynamic", False):
+        return Trace()
+    return redraw(topo.links, args.period, TRACE_HORIZON_S, seed=args.seed).scaled(args.scale)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", default="internet2",
+                   help="internet2 | uniform[:Mbps] | hetero[:lo-hi] | FILE.toml/.json (default internet2)")
+    p.add_argument("--nodes", type=int, default=None, help="cluster size (full-mesh topologies; default 9)")
+    p.add_argument("--seed", type=int, default=1, help="seed of rate draws and traces")
+    p.add_argument("--scale", type=float, default=0.05,
+                   help="shrinks model bytes, chunk size, link delays and trace periods together (default 0.05)")
+    p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                   help="event loop (default asyncio: faster BufferedProtocol for multi-MiB payloads here)")
+    p.add_argument("--dynamic", action="store_true", help="redraw every directed link's rate every --period s")
+    p.add_argument("--period", type=float, default=180.0, help="redraw period at full scale (default 180 s)")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="wansync", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="local cluster: a scheduler and one agent process per node, every scheme")
+    _common(r)
+    r.add_argument("--schemes", default=DEFAULT_SCHEMES, help=f"comma-separated (default {DEFAULT_SCHEMES})")
+    r.add_argument("--model", default="resnet50", help="model name or parameter count (default resnet50)")
+    r.add_argument("--rounds", type=int, default=5, help="measured rounds per scheme (default 5)")
+    r.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first, to learn the network (default 1)")
+    r.add_argument("--compute", type=float, default=0.0, help="compute seconds per round (default 0)")
+    r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
+    r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
+    r.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
+
+    a = sub.add_parser("agent", help="one node (started by `run`, or by hand on a real host)")
+    _common(a)
+    a.add_argument("--node", type=int, required=True)
+    a.add_argument("--scheduler", required=True, help="HOST:PORT of the scheduler")
+    a.add_argument("--cluster", required=True, help="cluster id (must match the scheduler's)")
+    a.add_argument("--listen", default="127.0.0.1:0", help="data-plane HOST:PORT (default 127.0.0.1:0)")
+    a.add_argument("--no-shaping", action="store_true", help="real WAN: do not emulate link rates or delays")
+
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        if args.cmd == "run":
+            return _run(args)
+        if args.cmd == "agent":
+            return _agent(args)
+    except TopologyError as exc:
+        print(f"wansync: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("wansync: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from scheduler import planners
+
+    from .cluster import RunConfig, run, set_loop
+
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    for s in schemes:
+        planners.get(s)
+    if args.rounds < 1:
+        raise SystemExit("wansync: --rounds must be >= 1")
+    topo = _topology(args)
+    cfg = RunConfig(topology=args.topology, topo=topo, schemes=schemes, model=args.model, scale=args.scale,
+                    rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
+                    warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period)
+    cfg.params  # noqa: B018 - validates --model early
+    set_loop(args.loop)
+    jobs = asyncio.run(run(cfg))
+    exact = all(r.ok and r.digests_agree for js in jobs for r in js.records)
+    if not exact:
+        print("wansync: some rounds did not end with the exact sum (see the results file)", file=sys.stderr)
+    return 0 if exact else 1
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from agents.agent import Agent
+
+    from .cluster import set_loop
+
+    topo = _topology(args)
+    if not 0 <= args.node < topo.nodes:
+        print(f"wansync: --node {args.node} outside 0..{topo.nodes - 1}", file=sys.stderr)
+        return 2
+    host, _, port = args.scheduler.rpartition(":")
+    lhost, _, lport = args.listen.rpartition(":")
+    set_loop(args.loop)
+    agent = Agent(args.node, args.cluster, (host, int(port)), topo, trace=_trace(args, topo),
+                  shaped=not args.no_shaping, host=lhost or "127.0.0.1", listen_port=int(lport or 0))
+    asyncio.run(agent.run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""`wansync run`: a scheduler here, one `wansync agent` process per node, every scheme in turn.
+
+Every child is reaped on normal exit, on Ctrl-C and on errors: agents also leave by themselves
+when their scheduler connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agents.workload import chunk_params, model_params
+from emulation.topology import Topology
+from scheduler.service import JobState, Scheduler
+
+SCHEMA_VERSION = 1
+GUARD_MIN_RATIO = 0.97
+GUARD_MIN_BACKLOG_S = 0.5  # shorter backlogs are dominated by the bucket's initial burst
+
+
+@dataclass
+class RunConfig:
+    topology: str
+    topo: Topology
+    schemes: list[str]
+    model: str
+    scale: float
+    rounds: int
+    seed: int = 1
+    out: Path | None = None
+    loop: str = "asyncio"
+    compute_s: float = 0.0
+    warmup: int = 1
+    hub: int | None = None
+    k: int = 2
+    dynamic: bool = False
+    period_s: float = 180.0
+    extra_agent_args: list[str] = field(default_factory=list)
+
+    @property
+    def params(self) -> int:
+        return model_params(self.model, self.scale)
+
+    @property
+    def chunk(self) -> int:
+        return chunk_params(self.scale)
+
+
+class Results:
+    """The JSON-lines results file: one record per round per scheme, link samples, guard verdicts."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.fh: TextIO | None = path.open("w") if path else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.fh is not None:
+            self.fh.write(json.dumps({"schema": SCHEMA_VERSION, "t": time.time(), **record}, default=str) + "\n")
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
+
+def agent_command(cfg: RunConfig, node: int, port: int, cluster: str) -> list[str]:
+    cmd = [sys.executable, "-m", "wansync.cli", "agent", "--node", str(node), "--scheduler", f"127.0.0.1:{port}",
+           "--cluster", cluster, "--topology", cfg.topology, "--seed", str(cfg.seed), "--scale", str(cfg.scale),
+           "--loop", cfg.loop]
+    if cfg.topology in ("uniform", "hetero") or cfg.topology.startswith(("uniform:", "hetero:")):
+        cmd += ["--nodes", str(cfg.topo.nodes)]
+    if cfg.dynamic:
+        cmd += ["--dynamic", "--period", str(cfg.period_s)]
+    return cmd + cfg.extra_agent_args
+
+
+async def run(cfg: RunConfig, console: Console | None = None) -> list[JobState]:
+    console = console or Console(stderr=True)
+    cluster = "run-" + secrets.token_hex(4)
+    results = Results(cfg.out)
+    results.write({"type": "run", "topology": cfg.topo.name, "nodes": cfg.topo.nodes, "schemes": cfg.schemes,
+                   "model": cfg.model, "params": cfg.params, "chunk_params": cfg.chunk, "scale": cfg.scale,
+                   "rounds": cfg.rounds, "warmup": cfg.warmup, "loop": cfg.loop, "seed": cfg.seed,
+                   "dynamic": cfg.dynamic, "links": cfg.topo.to_dict()["links"]})
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+                        transient=False, disable=not console.is_terminal)
+    tasks: dict[int, Any] = {}
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "round":
+            results.write(data)
+            tid = tasks.get(data["job"])
+            if tid is not None:
+                progress.update(tid, advance=1, info=f"round {data['round_s']:.2f}s v{data['version']}"
+                                + ("" if data["ok"] else " WRONG"))
+            if not console.is_terminal:
+                console.print(f"  {data['scheme']:>6} round {data['round']}: {data['round_s']:.3f}s "
+                              f"{'ok' if data['ok'] and data['digests_agree'] else 'WRONG'}"
+                              f"{' (warm-up)' if data['warmup'] else ''}")
+        elif kind == "samples":
+            for src, dst, nbytes, seconds in data["samples"]:
+                results.write({"type": "link_sample", "src": src, "dst": dst, "bytes": nbytes, "seconds": seconds})
+        elif kind == "plan":
+            results.write({"type": "plan", "version": data["version"], "scheme": data["scheme"],
+                           "plan": data["plan"].to_wire()})
+
+    sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event)
+    port = await sched.start()
+    procs: list[subprocess.Popen] = []
+    jobs: list[JobState] = []
+    try:
+        for n in range(cfg.topo.nodes):
+            procs.append(subprocess.Popen(agent_command(cfg, n, port, cluster), stdin=subprocess.DEVNULL))
+        await _wait_or_die(sched.wait_agents(60), procs)
+        with progress:
+            for scheme in cfg.schemes:
+                tasks[sched.job_id + 1] = progress.add_task(f"{scheme:>6}", total=cfg.rounds + cfg.warmup, info="")
+                options: dict[str, Any] = {"k": cfg.k}
+                if cfg.hub is not None:
+                    options["hub"] = cfg.hub
+                js = await _wait_or_die(sched.run_job(scheme, rounds=cfg.rounds, params=cfg.params,
+                                                      chunk_params=cfg.chunk, compute_s=cfg.compute_s,
+                                                      options=options, warmup=cfg.warmup), procs)
+                jobs.append(js)
+                summary = summarize(js, cfg)
+                results.write({"type": "job", **summary})
+                for node, st in js.stats.items():
+                    results.write({"type": "node_stats", "job": js.job, "scheme": scheme, "node": node, **st})
+        print_table(console, jobs, cfg)
+        return jobs
+    finally:
+        await sched.shutdown()
+        reap(procs)
+        results.close()
+
+
+async def _wait_or_die(aw: Any, procs: list[subprocess.Popen]) -> Any:
+    """Await `aw`, but fail at once (instead of hanging) if an agent process dies."""
+    task = asyncio.ensure_future(aw)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            return task.result()
+        dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
+        if dead:
+            task.cancel()
+            raise RuntimeError(f"agent process(es) exited: {', '.join(f'node {i} (exit {rc})' for i, rc in dead)}")
+
+
+def reap(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
+    deadline = time.time() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(1.0)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def guard_verdict(js: JobState) -> tuple[bool, float, list[str]]:
+    """(valid, worst achieved ratio, offending links) over links backlogged long enough to judge."""
+    worst, bad = 1.0, []
+    for node, st in js.stats.items():
+        for dst, link in st["links"].items():
+            if "achieved_ratio" not in link or link.get("backlog_s", 0) < GUARD_MIN_BACKLOG_S:
+                continue
+            worst = min(worst, link["achieved_ratio"])
+            if link["achieved_ratio"] < GUARD_MIN_RATIO:
+                bad.append(f"{node}->{dst} {link['achieved_ratio']:.1%}")
+    return not bad, worst, bad
+
+
+def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
+    recs = [r for r in js.records if not r.warmup] or js.records
+    times = [r.round_s for r in recs]
+    med = statistics.median(times)
+    links = []
+    for node, st in js.stats.items():
+        for dst, link in st["links"].items():
+            links.append((link["bytes"], f"{node}->{dst}", link.get("busy_s", 0.0)))
+    links.sort(reverse=True)
+    valid, worst, bad = guard_verdict(js)
+    lag = max((st["loop_lag_p99_s"] for st in js.stats.values()), default=0.0)
+    cpu = {n: st["cpu_s"] / st["wall_s"] if st["wall_s"] else 0.0 for n, st in js.stats.items()}
+    return {"job": js.job, "scheme": js.scheme, "rounds": len(recs), "round_s_median": med, "round_s_min": min(times),
+            "round_s_max": max(times), "algbw_MBps": cfg.params * 4 / med / 1e6,
+            "all_exact": all(r.ok and r.digests_agree for r in js.records),
+            "versions": sorted({r.version for r in js.records}), "policy_s": js.policy_s,
+            "busiest_links": [{"link": n, "bytes": b, "busy_s": s} for b, n, s in links[:3]],
+            "guard_valid": valid, "guard_worst_ratio": worst, "guard_bad_links": bad,
+            "loop_lag_p99_s": lag, "cpu_share": cpu}
+
+
+def print_table(console: Console, jobs: list[JobState], cfg: RunConfig) -> None:
+    mb = cfg.params * 4 / 1e6
+    t = Table(title=f"{cfg.topo.name}, {cfg.topo.nodes} nodes, {cfg.model} x{cfg.scale} = {mb:.1f} MB, "
+                    f"{cfg.rounds} rounds (+{cfg.warmup} warm-up) per scheme")
+    for col in ("scheme", "median s", "min s", "max s", "algbw MB/s", "exact", "busiest links (MB)", "fidelity"):
+        t.add_column(col, justify="right" if col.endswith(("s", "MB/s")) else "left")
+    for js in jobs:
+        s = summarize(js, cfg)
+        busiest = ", ".join(f"{x['link']} {x['bytes'] / 1e6:.1f}" for x in s["busiest_links"])
+        fid = (f"ok (worst {s['guard_worst_ratio']:.1%})" if s["guard_valid"]
+               else f"[bold red]INVALID: CPU-bound ({'; '.join(s['guard_bad_links'][:3])})[/]")
+        t.add_row(js.scheme, f"{s['round_s_median']:.3f}", f"{s['round_s_min']:.3f}", f"{s['round_s_max']:.3f}",
+                  f"{s['algbw_MBps']:.2f}", "yes" if s["all_exact"] else "[bold red]NO[/]", busiest, fid)
+    Console().print(t)
+
+
+def set_loop(loop: str) -> None:
+    if loop == "uvloop":
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    elif loop != "asyncio":
+        raise ValueError(f"--loop must be uvloop or asyncio, got {loop!r}")
+    os.environ["WANSYNC_LOOP"] = loop
