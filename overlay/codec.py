@@ -76,6 +76,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._filled = 0
         self._header: dict[str, Any] | None = None
         self._discard_left = 0
+        self._dead = False  # aborted: nothing more from this stream is acted on
         self._can_write = asyncio.Event()
         self._can_write.set()
         self.bytes_in = 0
@@ -109,6 +110,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.transport.close()
 
     def abort(self, error: Exception) -> None:
+        self._dead = True
         if self.handler is not None:
             self.handler.on_invalid(error if isinstance(error, ProtocolError)
                                     else ProtocolError(str(error), peer=self.peer))
@@ -145,6 +147,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return self._view[: min(remaining, len(self._buf))]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._dead:
+            return
         self.bytes_in += nbytes
         if self.on_bytes is not None:
             self.on_bytes(nbytes)
@@ -173,7 +177,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             raise FramingError("header does not fit", peer=self.peer)
 
     def _parse(self) -> None:
-        while self._state == _HEAD and self.transport is not None:
+        while self._state == _HEAD and not self._dead:
             avail = self._end - self._start
             if avail < 4:
                 break
@@ -240,7 +244,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._dispatch(header, dest)
 
     def _dispatch(self, header: dict[str, Any], payload: memoryview | None) -> None:
-        if self.handler is None:
+        if self.handler is None or self._dead:
             return
         try:
             self.handler.on_frame(header, payload)
@@ -253,6 +257,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.handler is not None:
             self.handler.on_invalid(exc)
         if self.invalid >= self.max_invalid and self.transport is not None:
+            self._dead = True
             self.transport.abort()
 
 

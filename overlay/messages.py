@@ -61,7 +61,7 @@ SCHEMAS: dict[str, Schema] = {
     "REGISTER": {"node": (INT, True), "host": (STR, True), "port": (INT, True),
                  "neighbors": (LIST, True), "pid": (INT, False)},
     "PEERS": {"peers": (DICT, True)},
-    "HEARTBEAT": {"node": (INT, True), "t": (NUM, True)},
+    "HEARTBEAT": {"node": (INT, True), "time": (NUM, True)},
     "REPORT": {"node": (INT, True), "samples": (LIST, True)},
     "READY": {"round": (INT, True), "progress": (NUM, True)},
     "JOB": {"job": (INT, True), "scheme": (STR, True), "rounds": (INT, True), "params": (INT, True),

@@ -51,6 +51,7 @@ class RoundRecord:
     compute_s: float
     ok: bool
     digests_agree: bool
+    versions_agree: bool  # every node ran the frozen version: the round mixed none
     t_start: float
     t_end: float
     warmup: bool
@@ -264,6 +265,7 @@ class Scheduler:
             job=js.job, scheme=js.scheme, round=rnd, version=js.frozen.get(rnd, -1),
             round_s=max(ends) - min(starts), compute_s=statistics.median(m["t_compute"] for m in got.values()),
             ok=all(m["ok"] for m in got.values()), digests_agree=len({m["digest"] for m in got.values()}) == 1,
+            versions_agree={m["version"] for m in got.values()} == {js.frozen.get(rnd, -1)},
             t_start=min(starts), t_end=max(ends), warmup=rnd < js.warmup,
             errors=[m["error"] for m in got.values() if m.get("error")])
         js.records.append(rec)

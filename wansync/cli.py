@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg.params  # noqa: B018 - validates --model early
     set_loop(args.loop)
     jobs = asyncio.run(run(cfg))
-    exact = all(r.ok and r.digests_agree for js in jobs for r in js.records)
+    exact = all(r.ok and r.digests_agree and r.versions_agree for js in jobs for r in js.records)
     if not exact:
         print("wansync: some rounds did not end with the exact sum (see the results file)", file=sys.stderr)
     return 0 if exact else 1

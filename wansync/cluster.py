@@ -202,7 +202,7 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
     cpu = {n: st["cpu_s"] / st["wall_s"] if st["wall_s"] else 0.0 for n, st in js.stats.items()}
     return {"job": js.job, "scheme": js.scheme, "rounds": len(recs), "round_s_median": med, "round_s_min": min(times),
             "round_s_max": max(times), "algbw_MBps": cfg.params * 4 / med / 1e6,
-            "all_exact": all(r.ok and r.digests_agree for r in js.records),
+            "all_exact": all(r.ok and r.digests_agree and r.versions_agree for r in js.records),
             "versions": sorted({r.version for r in js.records}), "policy_s": js.policy_s,
             "busiest_links": [{"link": n, "bytes": b, "busy_s": s} for b, n, s in links[:3]],
             "guard_valid": valid, "guard_worst_ratio": worst, "guard_bad_links": bad,
