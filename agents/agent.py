@@ -203,21 +203,28 @@ class Agent:
             t_end = time.time()
             self.engine.end_round(st)
             if ok:
-                want = expected(rnd, 0, plan.participants, nparams, plan.weights)
-                ok = bool(np.array_equal(result, want))
-                if not ok:
-                    error = f"{int(np.count_nonzero(result != want))} elements differ from the exact sum"
-                    log.error("node %d round %d: %s", self.node, rnd, error)
-                self.params -= np.float32(0.01 / len(plan.participants)) * result  # the agent's own update
+                # numpy and blake2b release the GIL: verify off the loop, which still forwards chunks
+                ok, error = await asyncio.to_thread(self._verify_and_apply, result, rnd, plan, nparams)
+            digest = await asyncio.to_thread(_digest, result)
             self._flush_samples()
             done = {"t": "ROUND_DONE", "node": self.node, "job": job, "round": rnd, "attempt": 0,
-                    "version": plan.version, "digest": hashlib.blake2b(result.tobytes(), digest_size=16).digest(),
+                    "version": plan.version, "digest": digest,
                     "ok": ok, "t_start": t_start, "t_end": t_end, "t_compute": t_compute}
             if error:
                 done["error"] = error
             self.ctl.send(done)
         self.ctl.send({"t": "STATS", "node": self.node, "job": job,
                        "stats": self._stats(cpu0, wall0, guard0, meter0)})
+
+    def _verify_and_apply(self, result: np.ndarray, rnd: int, plan: Plan, nparams: int) -> tuple[bool, str]:
+        """Exact check against the closed-form sum, then this agent's own model update."""
+        want = expected(rnd, 0, plan.participants, nparams, plan.weights)
+        if not np.array_equal(result, want):
+            error = f"{int(np.count_nonzero(result != want))} elements differ from the exact sum"
+            log.error("node %d round %d: %s", self.node, rnd, error)
+            return False, error
+        self.params -= np.float32(0.01 / len(plan.participants)) * result
+        return True, ""
 
     def _stats(self, cpu0: float, wall0: float, guard0: dict, meter0: dict) -> dict[str, Any]:
         wall = time.time() - wall0
@@ -235,6 +242,10 @@ class Agent:
         return {"links": links, "loop_lag_p99_s": self._lag.take_p99(),
                 "cpu_s": _cpu_s() - cpu0, "wall_s": wall, "stashed_frames": self.engine.stashed_frames,
                 "protocol_errors": len(self.overlay.errors)}
+
+
+def _digest(result: np.ndarray) -> bytes:
+    return hashlib.blake2b(memoryview(result).cast("B"), digest_size=16).digest()
 
 
 def _cpu_s() -> float:

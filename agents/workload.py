@@ -8,6 +8,7 @@ scheme, tree and relay must produce a bit-identical result, checked with `==` af
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 import numpy as np
 
@@ -46,21 +47,41 @@ def chunk_params(scale: float = 1.0, base: int = CHUNK_PARAMS) -> int:
     return max(1024, round(base * scale))
 
 
-def contribution(rnd: int, attempt: int, node: int, params: int, out: np.ndarray | None = None) -> np.ndarray:
-    """f(r, a, n, i): integer-valued float32 in [-32, 31]."""
+@lru_cache(maxsize=4)
+def _basis(params: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-element terms of f, reduced mod 256 (uint8 wraps; 64 divides 256, so `& 63` stays exact)."""
     i = np.arange(params, dtype=np.int64)
-    vals = (i * 7 + node * 13 + rnd * 31 + attempt * 17 + (i >> 5) * node) % 64 - 32
-    if out is None:
-        return vals.astype(np.float32)
-    np.copyto(out, vals, casting="unsafe")
+    return (i * 7 % 256).astype(np.uint8), ((13 + (i >> 5)) % 256).astype(np.uint8)
+
+
+def _raw(rnd: int, attempt: int, node: int, params: int) -> np.ndarray:
+    """(7i + 13n + 31r + 17a + (i >> 5) n) mod 64, computed in uint8 without any int64 temporaries."""
+    u, v = _basis(params)
+    out = np.multiply(v, np.uint8(node % 256))
+    out += u
+    out += np.uint8((31 * rnd + 17 * attempt) % 256)
+    out &= 63
+    return out
+
+
+def contribution(rnd: int, attempt: int, node: int, params: int) -> np.ndarray:
+    """f(r, a, n, i): integer-valued float32 in [-32, 31]."""
+    out = _raw(rnd, attempt, node, params).astype(np.float32)
+    out -= 32
     return out
 
 
 def expected(rnd: int, attempt: int, nodes: Iterable[int], params: int,
              weights: Mapping[int, float] | None = None) -> np.ndarray:
     """The exact (weighted) sum of the given nodes' contributions."""
-    total = np.zeros(params, dtype=np.float64)
+    nodes = list(nodes)
+    if weights is None or all(weights[n] == 1.0 for n in nodes):
+        total = np.zeros(params, dtype=np.int32)
+        for n in nodes:
+            total += _raw(rnd, attempt, n, params)
+        total -= 32 * len(nodes)
+        return total.astype(np.float32)
+    acc = np.zeros(params, dtype=np.float64)
     for n in nodes:
-        w = 1.0 if weights is None else weights[n]
-        total += w * contribution(rnd, attempt, n, params)
-    return total.astype(np.float32)
+        acc += weights[n] * contribution(rnd, attempt, n, params)
+    return acc.astype(np.float32)

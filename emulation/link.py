@@ -9,12 +9,14 @@ and a run with such a link is invalid.
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 from .token_bucket import TokenBucket
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
+# The delay line may write a piece up to this much before it is due (event-loop timers have 1 ms
+# resolution); the bucket keeps that much of its burst in reserve, so burst + rate*t still holds.
+EARLY_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -33,22 +35,25 @@ class LinkSpec:
 
 
 class LinkShaper:
-    """Egress shaping of one directed link: its bucket, the node's shared uplink bucket, its delay."""
+    """Egress shaping of one directed link: its bucket, the node's shared uplink bucket, its delay.
 
-    def __init__(self, spec: LinkSpec, *, uplink: TokenBucket | None = None, seed: int = 0,
-                 clock: object = time.monotonic) -> None:
+    It never sleeps: `release_in` takes the tokens and says when the bytes will have crossed the
+    link; the overlay's delay line writes them then. The fidelity guard's books: bytes written
+    while the wire had a backlog, against what the configured rate allowed over that time.
+    """
+
+    def __init__(self, spec: LinkSpec, *, uplink: TokenBucket | None = None, seed: int = 0) -> None:
         self.spec = spec
-        self.bucket = TokenBucket(spec.rate_mbps * MBIT)
+        self.bucket = TokenBucket(spec.rate_mbps * MBIT, reserve_s=EARLY_S)
         self.uplink = uplink
+        self.early_s = EARLY_S
         self.delay_s = spec.delay_s
         self.jitter_s = spec.jitter_s
         self._rng = random.Random(seed)
-        self._clock = clock
-        # fidelity guard
         self.busy_s = 0.0
         self.expected_bytes = 0.0
         self.sent_bytes = 0
-        self._busy_since: float | None = None
+        self._pending = 0  # written in the backlog still open
 
     @property
     def rate_mbps(self) -> float:
@@ -59,40 +64,29 @@ class LinkShaper:
         return min(self.bucket.burst, self.uplink.burst) if self.uplink else self.bucket.burst
 
     def set_rate(self, rate_mbps: float) -> None:
-        self._account()
         self.bucket.set_rate(rate_mbps * MBIT)
 
-    async def pace(self, nbytes: int) -> float:
-        """Wait until nbytes may leave; return the delivery offset (one-way delay plus jitter)."""
-        if self._busy_since is not None:
-            self.sent_bytes += nbytes
-        await self.bucket.consume(nbytes)
+    def release_in(self, nbytes: int) -> float:
+        wait = self.bucket.delay_for(nbytes)
         if self.uplink is not None:
-            await self.uplink.consume(nbytes)
+            wait = max(wait, self.uplink.delay_for(nbytes))
         if self.jitter_s:
-            return self.delay_s + self._rng.uniform(0, self.jitter_s)
-        return self.delay_s
+            return wait + self.delay_s + self._rng.uniform(0, self.jitter_s)
+        return wait + self.delay_s
 
-    def busy(self, on: bool) -> None:
-        """The sender has (on) or no longer has (off) bytes waiting for this link."""
-        if on and self._busy_since is None:
-            self._busy_since = self._clock()  # type: ignore[operator]
-        elif not on and self._busy_since is not None:
-            self._account()
-            self._busy_since = None
+    def wrote(self, nbytes: int) -> None:
+        self._pending += nbytes
 
-    def _account(self) -> None:
-        if self._busy_since is None:
-            return
-        now = self._clock()  # type: ignore[operator]
-        self.busy_s += now - self._busy_since
-        self.expected_bytes += (now - self._busy_since) * self.bucket.rate
-        self._busy_since = now
+    def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
+        span = max(0.0, until - since) + last_nbytes / self.bucket.rate
+        self.busy_s += span
+        self.expected_bytes += span * self.bucket.rate
+        self.sent_bytes += self._pending
+        self._pending = 0
 
     def guard(self) -> dict[str, float]:
-        """Achieved vs configured while backlogged (ratio 1.0 = the link got all its rate)."""
-        self._account()
-        # the first burst of every busy period is free; never count more than the rate allowed
+        """Achieved vs configured while backlogged (1.0 = the link got all its rate)."""
+        # the bucket's initial burst is free: never report more than the rate allowed
         ratio = min(1.0, self.sent_bytes / self.expected_bytes) if self.expected_bytes > 0 else 1.0
         return {"busy_s": self.busy_s, "sent_bytes": float(self.sent_bytes),
                 "expected_bytes": self.expected_bytes, "achieved_ratio": ratio,

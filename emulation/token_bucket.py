@@ -24,16 +24,18 @@ def burst_for(rate_Bps: float) -> int:
 
 
 class TokenBucket:
-    def __init__(self, rate_Bps: float, *, burst: int | None = None,
+    def __init__(self, rate_Bps: float, *, burst: int | None = None, reserve_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """reserve_s: keep that much of the burst unused, for a writer that may write that early."""
         if rate_Bps <= 0:
             raise ValueError(f"rate must be positive, got {rate_Bps}")
         self._clock = clock
         self._sleep = sleep
         self._fixed_burst = burst
+        self._reserve_s = reserve_s
         self.rate = float(rate_Bps)
-        self.burst = burst if burst is not None else burst_for(self.rate)
+        self.burst = self._burst()
         self.tokens = float(self.burst)
         self._last = clock()
 
@@ -53,8 +55,16 @@ class TokenBucket:
             raise ValueError(f"rate must be positive, got {rate_Bps}")
         self._refill()
         self.rate = float(rate_Bps)
-        self.burst = self._fixed_burst if self._fixed_burst is not None else burst_for(self.rate)
+        self.burst = self._burst()
         self.tokens = min(self.tokens, float(self.burst))
+
+    def _burst(self) -> int:
+        if self._fixed_burst is not None:
+            return self._fixed_burst
+        full = burst_for(self.rate)
+        if self.unlimited:
+            return full
+        return max(4096, full - int(self._reserve_s * self.rate))
 
     def delay_for(self, nbytes: int, *, allow_large: bool = False) -> float:
         """Take nbytes of tokens now; return how long the caller must wait before sending them.

@@ -3,9 +3,13 @@
 Transfers (chunks, own or relayed) are cut into segments of at most `segment_bytes`; flows that
 share the link are served round-robin, one segment per turn. A transfer stays in `unacked` until
 the neighbour acknowledges the whole chunk, and is sent again from its start after a reconnect
-(the receiver drops the segments it already has). When a pacer (the emulated WAN) is attached,
-every write passes it in pieces no larger than its burst, and is handed to a delay line that
-delivers it after the link's one-way delay without holding up the next piece.
+(the receiver drops the segments it already has).
+
+When a pacer (the emulated WAN) is attached, every segment is cut into pieces no larger than its
+burst, and the pacer says when each piece may arrive (token-bucket release plus one-way delay).
+Pieces wait in a delay line that one timer callback writes out on schedule: the sender never
+sleeps per piece, delay is pipelined, and a process that is descheduled for a moment does not
+leave the emulated wire idle (the schedule, not the wake-up, decides the rate).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, Protocol
 from .codec import FrameProtocol, encode
 
 SEGMENT_BYTES = 64 * 1024
-DELAY_LINE_SLACK = 1 << 20  # bytes the delay line may hold beyond one bandwidth-delay product
+LOOKAHEAD_S = 0.020  # how far ahead of the wire the sender may schedule pieces (bounds the line)
 
 
 class Pacer(Protocol):
@@ -28,10 +32,16 @@ class Pacer(Protocol):
 
     max_write: int
     delay_s: float
+    early_s: float  # how much before its time a piece may be written
 
-    async def pace(self, nbytes: int) -> float: ...
+    def release_in(self, nbytes: int) -> float:
+        """Take nbytes of tokens; seconds from now until they have crossed the link (rate + delay)."""
 
-    def busy(self, on: bool) -> None: ...
+    def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
+        """Fidelity books: the wire had a backlog from `since` until the last piece (written at
+        `until`, loop time) was through."""
+
+    def wrote(self, nbytes: int) -> None: ...
 
 
 @dataclass(eq=False)
@@ -91,23 +101,25 @@ class LinkSender:
         self._control: deque[dict[str, Any]] = deque()
         self._wake = asyncio.Event()
         self._attached = asyncio.Event()
-        self._line: deque[tuple[float, bytes | memoryview, FrameProtocol]] = deque()
-        self._line_bytes = 0
-        self._line_wake = asyncio.Event()
-        self._line_space = asyncio.Event()
-        self._line_space.set()
+        self._line: deque[tuple[float, bytes | memoryview, FrameProtocol, bool]] = deque()
+        self._flush_handle: asyncio.TimerHandle | None = None
         self._last_due = 0.0
+        self._idle = True  # the send loop has nothing to schedule
+        self._wire_since: float | None = None  # start of the current backlog on the emulated wire
+        self._last_write = 0.0
+        self._last_piece = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._closed = False
 
     # --- public -----------------------------------------------------------------------------
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self._send_loop(), name=f"link {self.local}->{self.remote}")]
-        if self.pacer is not None and self.pacer.delay_s > 0:
-            self._tasks.append(asyncio.create_task(self._line_loop(), name=f"delay {self.local}->{self.remote}"))
 
     async def close(self) -> None:
         self._closed = True
+        self._drop_line()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -190,39 +202,35 @@ class LinkSender:
         return None
 
     async def _send_loop(self) -> None:
-        pacer = self.pacer
         while not self._closed:
             if self.conn is None:
-                self._busy(False)
+                self._set_idle(True)
                 await self._attached.wait()
                 continue
             conn = self.conn
             try:
                 while self._control:
-                    await self._emit(conn, encode(self._control.popleft()), paced=False)
+                    self._emit_control(conn, encode(self._control.popleft()))
                 nxt = self._next_segment()
                 if nxt is None:
-                    self._busy(False)
+                    self._set_idle(True)
                     self._wake.clear()
                     if not self._control:
                         await self._wake.wait()
                     continue
-                self._busy(True)
+                self._set_idle(False)
                 tr, seg = nxt
                 if tr.sent == 0:
                     tr.t_send = time.time()
                 header = dict(tr.header)
                 header.update(off=tr.sent, nbytes=len(seg), t_send=tr.t_send)
                 prefix = encode(header)
-                if pacer is None:
+                if self.pacer is None:
                     conn.write_raw(prefix)
                     conn.write_raw(seg)
-                    await conn.drain()
                 else:
-                    await self._emit(conn, prefix, paced=True)
-                    step = pacer.max_write
-                    for i in range(0, len(seg), step):
-                        await self._emit(conn, seg[i:i + step], paced=True)
+                    await self._schedule(conn, prefix, seg)
+                await conn.drain()
                 if self.conn is not conn:
                     continue  # the connection dropped mid-segment: attach() requeued everything
                 tr.sent += len(seg)
@@ -233,67 +241,83 @@ class LinkSender:
             except (ConnectionError, RuntimeError):
                 self.detach(conn)
 
-    async def _emit(self, conn: FrameProtocol, data: bytes | memoryview, *, paced: bool) -> None:
-        pacer = self.pacer
-        if pacer is None:
-            conn.write_raw(data)
-            await conn.drain()
-            return
-        offset = await pacer.pace(len(data)) if paced else pacer.delay_s
-        if pacer.delay_s <= 0 and offset <= 0:
-            conn.write_raw(data)
-            await conn.drain()
-            return
-        if self._line_bytes > self._line_limit():
-            self._line_space.clear()
-            await self._line_space.wait()
-        due = max(self._last_due, time.monotonic() + offset)  # FIFO even with jitter
-        self._last_due = due
-        self._line.append((due, data, conn))
-        self._line_bytes += len(data)
-        self._line_wake.set()
-
-    def _line_limit(self) -> int:
+    async def _schedule(self, conn: FrameProtocol, prefix: bytes, seg: memoryview) -> None:
+        """Put a segment's pieces on the delay line at the times the pacer releases them."""
         pacer = self.pacer
         assert pacer is not None
-        rate = getattr(pacer, "bucket", None)
-        bdp = rate.rate * pacer.delay_s if rate is not None and not rate.unlimited else 0
-        return int(bdp) + DELAY_LINE_SLACK
+        step = pacer.max_write
+        pieces: list[bytes | memoryview] = [prefix] + [seg[i:i + step] for i in range(0, len(seg), step)]
+        ahead = 0.0
+        for piece in pieces:
+            offset = pacer.release_in(len(piece))
+            self._append(self._now() + offset, piece, conn, paced=True)
+            ahead = offset - pacer.delay_s
+        if ahead > LOOKAHEAD_S:  # one wake-up per ~LOOKAHEAD_S/2 of wire time, not one per piece
+            await asyncio.sleep(ahead - LOOKAHEAD_S / 2)
 
-    async def _line_loop(self) -> None:
-        """Deliver what the pacer released once its delay has passed: pipelined, never blocking pace()."""
-        while not self._closed:
-            if not self._line:
-                self._line_wake.clear()
-                await self._line_wake.wait()
+    def _emit_control(self, conn: FrameProtocol, data: bytes) -> None:
+        """Control frames cost no tokens but keep FIFO order with the data pieces already scheduled."""
+        if self.pacer is None or (not self._line and self.pacer.delay_s <= 0):
+            conn.write_raw(data)
+        else:
+            self._append(self._now() + self.pacer.delay_s, data, conn, paced=False)
+
+    def _append(self, due: float, data: bytes | memoryview, conn: FrameProtocol, *, paced: bool) -> None:
+        due = max(self._last_due, due)  # FIFO even with jitter
+        self._last_due = due
+        self._line.append((due, data, conn, paced))
+        if self._flush_handle is None:
+            assert self._loop is not None
+            self._flush_handle = self._loop.call_at(due - self._early, self._flush)
+
+    def _flush(self) -> None:
+        """Write every piece that is due; a late callback catches up instead of idling the wire."""
+        self._flush_handle = None
+        assert self._loop is not None
+        now = self._loop.time()
+        conn = self.conn
+        pacer = self.pacer
+        line = self._line
+        early = self._early
+        while line and line[0][0] <= now + early:
+            due, data, owner, paced = line.popleft()
+            if owner is not conn or conn is None:  # never bytes of a dead socket on a new one
                 continue
-            due = self._line[0][0]
-            wait = due - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            conn = self.conn
-            # write everything that is due in one go
-            now = time.monotonic()
-            while self._line and self._line[0][0] <= now:
-                _, data, owner = self._line.popleft()
-                self._line_bytes -= len(data)
-                if owner is conn and conn is not None:  # never bytes of a dead socket on a new one
-                    conn.write_raw(data)
-            if self._line_bytes <= self._line_limit():
-                self._line_space.set()
-            if conn is not None:
-                try:
-                    await conn.drain()
-                except ConnectionError:
-                    self.detach(conn)
+            conn.write_raw(data)
+            if paced and pacer is not None:
+                if self._wire_since is None:
+                    self._wire_since = due
+                pacer.wrote(len(data))
+                self._last_piece = len(data)
+                self._last_write = max(now, due)  # only lateness counts; acks do not extend the backlog
+        if line:
+            self._flush_handle = self._loop.call_at(line[0][0] - early, self._flush)
+        else:
+            self._maybe_wire_idle()
+
+    @property
+    def _early(self) -> float:
+        return self.pacer.early_s if self.pacer is not None else 0.0
+
+    def _now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
+
+    def _set_idle(self, idle: bool) -> None:
+        if idle != self._idle:
+            self._idle = idle
+            self.meter.busy(not idle)
+        if idle:
+            self._maybe_wire_idle()
+
+    def _maybe_wire_idle(self) -> None:
+        if self._idle and not self._line and self._wire_since is not None and self.pacer is not None:
+            self.pacer.wire_busy(self._wire_since, self._last_write, self._last_piece)
+            self._wire_since = None
 
     def _drop_line(self) -> None:
         self._line.clear()
-        self._line_bytes = 0
-        self._line_space.set()
-
-    def _busy(self, on: bool) -> None:
-        self.meter.busy(on)
-        if self.pacer is not None:
-            self.pacer.busy(on)
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._maybe_wire_idle()

@@ -88,3 +88,16 @@ async def test_rate_change_takes_effect_mid_transfer():
 def test_rejects_nonpositive_rate():
     with pytest.raises(ValueError):
         TokenBucket(0)
+
+
+async def test_reserve_keeps_early_writes_within_the_burst_bound():
+    """A writer that may write `reserve_s` early still never exceeds burst_for(rate) + rate*t."""
+    clk = FakeClock()
+    rate = 100e6 / 8
+    b = TokenBucket(rate, reserve_s=0.0005, clock=clk, sleep=clk.sleep)
+    assert b.burst == burst_for(rate) - int(0.0005 * rate)
+    due = [b.delay_for(b.burst) for _ in range(500)]  # release times, scheduled ahead (clock frozen)
+    early = [d - 0.0005 for d in due]
+    for i, t0 in enumerate(early):
+        for j in range(i, min(i + 50, len(early))):
+            assert (j - i + 1) * b.burst <= burst_for(rate) + rate * (early[j] - t0) + 1e-6
