@@ -4,6 +4,10 @@ Version rule (one mechanism for every scheme): at the start of round r each agen
 version r uses; the first request for r freezes the answer for everyone, so a round never mixes
 versions. Re-planning (adaptive schemes, when the view moved by more than `update_rate`) only
 ever affects rounds not yet frozen.
+
+The answer goes out once every participant has asked (BSP: nobody can compute round r before it
+holds round r-1's result anyway). Synchronization then starts together, so a round's time is the
+synchronization itself and not the previous round's broadcast tail seen by an early finisher.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class JobState:
     plan: Plan
     warmup: int
     frozen: dict[int, int] = field(default_factory=dict)  # round -> version
+    asked: dict[int, dict[int, set[int]]] = field(default_factory=dict)  # round -> node -> versions it has
     done: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # round -> node -> ROUND_DONE
     stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     records: list[RoundRecord] = field(default_factory=list)
@@ -226,11 +231,18 @@ class Scheduler:
             if js is None or msg["job"] != js.job:
                 a.conn.send({"t": "ABORT", "job": msg["job"], "round": msg["round"], "attempt": 0})
                 return
-            v = self._version_for(js, msg["round"])
-            reply: dict[str, Any] = {"t": "TOPO_REPLY", "job": js.job, "round": msg["round"], "version": v}
-            if v not in set(msg.get("have", ())):
-                reply["plan"] = self.plans[v].to_wire()
-            a.conn.send(reply)
+            rnd = msg["round"]
+            v = self._version_for(js, rnd)
+            asked = js.asked.setdefault(rnd, {})
+            asked[a.node] = set(msg.get("have", ()))
+            if len(asked) < len(js.spec.participants):
+                return
+            for node, have in asked.items():
+                reply: dict[str, Any] = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v}
+                if v not in have:
+                    reply["plan"] = self.plans[v].to_wire()
+                self.agents[node].conn.send(reply)
+            del js.asked[rnd]
         elif t == "REPORT":
             for s in msg["samples"]:
                 src, dst, nbytes, seconds = s[0], s[1], s[2], s[3]
