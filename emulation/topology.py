@@ -121,13 +121,18 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
     return Topology("internet2", 9, links)
 
 
-BUILTIN = ("uniform", "hetero", "internet2")
+BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N")
 
 
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
-    """`internet2`, `uniform`, `hetero`, `hetero:lo-hi`, or a path to a .toml/.json file."""
+    """`internet2`, `uniform[:Mbps]`, `hetero[:lo-hi]`, `waxman:N[:seed=S]`, `crew:N[:seed=S]`,
+    or a path to a .toml/.json file."""
     name, _, arg = spec.partition(":")
-    if name == "internet2":
+    if name in ("waxman", "crew"):
+        from .waxman import from_spec  # waxman builds on this module
+
+        topo = from_spec(spec)
+    elif name == "internet2":
         topo = internet2(seed=seed)
     elif name in ("uniform", "hetero"):
         n = 9 if nodes is None else nodes

@@ -60,7 +60,7 @@ class RoundRecord:
     t_end: float
     warmup: bool
     errors: list[str]
-
+    prediction_s: float | None = None  # filled in by whoever knows the configured network
     def to_json(self) -> dict[str, Any]:
         return {"type": "round", **{k: v for k, v in self.__dict__.items()}}
 
@@ -81,15 +81,19 @@ class JobState:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     view_at_plan: dict[tuple[int, int], float] = field(default_factory=dict)
     policy_s: float = 0.0
+    t0: float = 0.0
 
 
 class Scheduler:
     def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1,
-                 on_event: Event | None = None) -> None:
+                 on_event: Event | None = None, predict: Callable[[Plan, float], float] | None = None) -> None:
+        """predict(plan, seconds since the job's t0) -> predicted round time: the simulator on the
+        configured network, where the caller knows it (scheduler/ never sees the emulator itself)."""
         self.cluster = cluster
         self.expected = nodes
         self.update_rate = update_rate
         self.on_event = on_event or (lambda kind, data: None)
+        self.predict = predict
         self.view = NetworkView()
         self.agents: dict[int, AgentInfo] = {}
         self.plans: dict[int, Plan] = {}
@@ -148,10 +152,11 @@ class Scheduler:
         t = time.perf_counter()
         plan = self._publish(planner(self.view, spec))
         js = JobState(self.job_id, scheme, rounds + warmup, spec, plan, warmup,
-                      view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t)
+                      view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
+                      t0=time.time() if t0 is None else t0)
         self.current = js
         msg = {"t": "JOB", "job": js.job, "scheme": scheme, "rounds": js.rounds, "params": params,
-               "compute_s": compute_s, "t0": time.time() if t0 is None else t0, "warmup": warmup}
+               "compute_s": compute_s, "t0": js.t0, "warmup": warmup}
         for a in self.agents.values():
             a.conn.send(msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": plan.version})
@@ -280,6 +285,8 @@ class Scheduler:
             versions_agree={m["version"] for m in got.values()} == {js.frozen.get(rnd, -1)},
             t_start=min(starts), t_end=max(ends), warmup=rnd < js.warmup,
             errors=[m["error"] for m in got.values() if m.get("error")])
+        if self.predict is not None and rec.version in self.plans:
+            rec.prediction_s = self.predict(self.plans[rec.version], rec.t_start - js.t0)
         js.records.append(rec)
         self.on_event("round", rec.to_json())
         self._maybe_finish(js)

@@ -1,4 +1,4 @@
-"""The `wansync` command line: run, agent, scheduler, simulate."""
+"""The `wansync` command line: run, agent, simulate."""
 
 from __future__ import annotations
 
@@ -64,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--listen", default="127.0.0.1:0", help="data-plane HOST:PORT (default 127.0.0.1:0)")
     a.add_argument("--no-shaping", action="store_true", help="real WAN: do not emulate link rates or delays")
 
+    m = sub.add_parser("simulate", help="predict round times and link loads with the flow-level simulator")
+    _common(m)
+    m.set_defaults(scale=1.0)
+    m.add_argument("--schemes", default=DEFAULT_SCHEMES, help=f"comma-separated (default {DEFAULT_SCHEMES})")
+    m.add_argument("--model", default="alexnet", help="model name or parameter count (default alexnet)")
+    m.add_argument("--hub", type=int, default=None)
+    m.add_argument("--k", type=int, default=2)
+
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -72,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.cmd == "agent":
             return _agent(args)
+        if args.cmd == "simulate":
+            return _simulate(args)
     except TopologyError as exc:
         print(f"wansync: {exc}", file=sys.stderr)
         return 2
@@ -94,7 +104,8 @@ def _run(args: argparse.Namespace) -> int:
     topo = _topology(args)
     cfg = RunConfig(topology=args.topology, topo=topo, schemes=schemes, model=args.model, scale=args.scale,
                     rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
-                    warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period)
+                    warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period,
+                    trace=_trace(args, topo))
     cfg.params  # noqa: B018 - validates --model early
     set_loop(args.loop)
     jobs = asyncio.run(run(cfg))
@@ -102,6 +113,36 @@ def _run(args: argparse.Namespace) -> int:
     if not exact:
         print("wansync: some rounds did not end with the exact sum (see the results file)", file=sys.stderr)
     return 0 if exact else 1
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from agents.workload import chunk_params, model_params
+
+    from .predict import predict
+
+    t0 = time.perf_counter()
+    topo = _topology(args)
+    params, chunk = model_params(args.model, args.scale), chunk_params(args.scale)
+    options: dict = {"k": args.k} | ({} if args.hub is None else {"hub": args.hub})
+    schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
+    preds = predict(topo, _trace(args, topo), schemes, params, chunk, options)
+    t = Table(title=f"predicted on {topo.name} ({topo.nodes} nodes, {len(topo.links)} directed links), "
+                    f"{args.model} x{args.scale} = {params * 4 / 1e6:.1f} MB, planners on the configured rates")
+    for col in ("scheme", "round s", "algbw MB/s", "busiest links (MB)", "engine", "plan s", "simulate s"):
+        t.add_column(col)
+    for p in preds:
+        busiest = sorted(p.prediction.link_bytes.items(), key=lambda kv: -kv[1])[:3]
+        t.add_row(p.scheme, f"{p.prediction.round_s:.3f}", f"{params * 4 / p.prediction.round_s / 1e6:.2f}",
+                  ", ".join(f"{a}->{b} {n / 1e6:.1f}" for (a, b), n in busiest), p.prediction.mode,
+                  f"{p.plan_s:.3f}", f"{p.simulate_s:.3f}")
+    Console(width=150).print(t)
+    print(f"total {time.perf_counter() - t0:.2f} s")
+    return 0
 
 
 def _agent(args: argparse.Namespace) -> int:

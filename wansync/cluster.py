@@ -25,7 +25,10 @@ from rich.table import Table
 
 from agents.workload import chunk_params, model_params
 from emulation.topology import Topology
+from emulation.trace import Trace
 from scheduler.service import JobState, Scheduler
+
+from .predict import RoundPredictor
 
 SCHEMA_VERSION = 1
 GUARD_MIN_RATIO = 0.97
@@ -49,6 +52,7 @@ class RunConfig:
     k: int = 2
     dynamic: bool = False
     period_s: float = 180.0
+    trace: Trace | None = None
     extra_agent_args: list[str] = field(default_factory=list)
 
     @property
@@ -98,9 +102,12 @@ async def run(cfg: RunConfig, console: Console | None = None) -> list[JobState]:
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                         transient=False, disable=not console.is_terminal)
     tasks: dict[int, Any] = {}
+    predictor = RoundPredictor(cfg.topo, cfg.trace)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "round":
+            if data["prediction_s"]:
+                data["prediction_err_pct"] = 100.0 * (data["round_s"] - data["prediction_s"]) / data["prediction_s"]
             results.write(data)
             tid = tasks.get(data["job"])
             if tid is not None:
@@ -117,7 +124,7 @@ async def run(cfg: RunConfig, console: Console | None = None) -> list[JobState]:
             results.write({"type": "plan", "version": data["version"], "scheme": data["scheme"],
                            "plan": data["plan"].to_wire()})
 
-    sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event)
+    sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event, predict=predictor.round_s)
     port = await sched.start()
     procs: list[subprocess.Popen] = []
     jobs: list[JobState] = []
@@ -200,7 +207,9 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
     valid, worst, bad = guard_verdict(js)
     lag = max((st["loop_lag_p99_s"] for st in js.stats.values()), default=0.0)
     cpu = {n: st["cpu_s"] / st["wall_s"] if st["wall_s"] else 0.0 for n, st in js.stats.items()}
-    return {"job": js.job, "scheme": js.scheme, "rounds": len(recs), "round_s_median": med, "round_s_min": min(times),
+    preds = [r.prediction_s for r in recs if r.prediction_s is not None]
+    return {"job": js.job, "scheme": js.scheme, "rounds": len(recs), "round_s_median": med,
+            "prediction_s_median": statistics.median(preds) if preds else None, "round_s_min": min(times),
             "round_s_max": max(times), "algbw_MBps": cfg.params * 4 / med / 1e6,
             "all_exact": all(r.ok and r.digests_agree and r.versions_agree for r in js.records),
             "versions": sorted({r.version for r in js.records}), "policy_s": js.policy_s,
@@ -213,16 +222,18 @@ def print_table(console: Console, jobs: list[JobState], cfg: RunConfig) -> None:
     mb = cfg.params * 4 / 1e6
     t = Table(title=f"{cfg.topo.name}, {cfg.topo.nodes} nodes, {cfg.model} x{cfg.scale} = {mb:.1f} MB, "
                     f"{cfg.rounds} rounds (+{cfg.warmup} warm-up) per scheme")
-    for col in ("scheme", "median s", "min s", "max s", "algbw MB/s", "exact", "busiest links (MB)", "fidelity"):
+    for col in ("scheme", "median s", "min s", "max s", "sim s", "algbw MB/s", "exact", "busiest links (MB)",
+                "fidelity"):
         t.add_column(col, justify="right" if col.endswith(("s", "MB/s")) else "left")
     for js in jobs:
         s = summarize(js, cfg)
         busiest = ", ".join(f"{x['link']} {x['bytes'] / 1e6:.1f}" for x in s["busiest_links"])
         fid = (f"ok (worst {s['guard_worst_ratio']:.1%})" if s["guard_valid"]
                else f"[bold red]INVALID: CPU-bound ({'; '.join(s['guard_bad_links'][:3])})[/]")
-        t.add_row(js.scheme, f"{s['round_s_median']:.3f}", f"{s['round_s_min']:.3f}", f"{s['round_s_max']:.3f}",
+        sim = "-" if s["prediction_s_median"] is None else f"{s['prediction_s_median']:.3f}"
+        t.add_row(js.scheme, f"{s['round_s_median']:.3f}", f"{s['round_s_min']:.3f}", f"{s['round_s_max']:.3f}", sim,
                   f"{s['algbw_MBps']:.2f}", "yes" if s["all_exact"] else "[bold red]NO[/]", busiest, fid)
-    Console().print(t)
+    Console(width=max(console.width, 150)).print(t)
 
 
 def set_loop(loop: str) -> None:

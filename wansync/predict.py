@@ -1,0 +1,68 @@
+"""Predictions from the flow-level simulator for a configured WAN (no agents needed).
+
+`wansync simulate` plans every scheme on an oracle view (the configured rates, as if perfectly
+measured) and simulates it; `wansync run` attaches the blind prediction of each round's frozen
+plan to the round's record, next to what was measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from emulation.simnet import sim_network
+from emulation.topology import Topology
+from emulation.trace import Trace
+from scheduler import planners
+from scheduler.plan import Job, Plan
+from scheduler.simulator import RoundPrediction, SimNetwork, simulate
+from scheduler.view import NetworkView
+
+
+def oracle_view(topo: Topology) -> NetworkView:
+    """A view that knows every configured rate: what the planners would see after perfect measurement."""
+    view = NetworkView(topo.links)
+    for (a, b), spec in topo.links.items():
+        e = view.g.edges[a, b]
+        e["rate"], e["measured"] = spec.rate_mbps, True
+    return view
+
+
+@dataclass
+class SchemePrediction:
+    scheme: str
+    plan: Plan
+    prediction: RoundPrediction
+    plan_s: float
+    simulate_s: float
+
+
+def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params: int, chunk_params: int,
+            options: dict | None = None) -> list[SchemePrediction]:
+    view = oracle_view(topo)
+    net = sim_network(topo, trace)
+    out = []
+    for scheme in schemes:
+        t = time.perf_counter()
+        plan = planners.get(scheme)(view, Job(params, chunk_params, tuple(range(topo.nodes)), dict(options or {})))
+        plan = plan.with_version(1).validate(topo.links)
+        t1 = time.perf_counter()
+        pred = simulate(plan, net)
+        out.append(SchemePrediction(scheme, plan, pred, t1 - t, time.perf_counter() - t1))
+    return out
+
+
+class RoundPredictor:
+    """Blind prediction for a live round: the frozen plan on the configured topology and trace."""
+
+    def __init__(self, topo: Topology, trace: Trace | None) -> None:
+        self.net: SimNetwork = sim_network(topo, trace)
+        self._cache: dict[tuple[int, float], float] = {}
+
+    def round_s(self, plan: Plan, start_s: float = 0.0) -> float:
+        static = not self.net.events
+        key = (plan.version, 0.0 if static else round(start_s, 3))
+        if key not in self._cache:
+            self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s)).round_s
+        return self._cache[key]
