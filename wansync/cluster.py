@@ -90,7 +90,7 @@ def agent_command(cfg: RunConfig, node: int, port: int, cluster: str) -> list[st
     return cmd + cfg.extra_agent_args
 
 
-async def run(cfg: RunConfig, console: Console | None = None) -> list[JobState]:
+async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True) -> list[JobState]:
     console = console or Console(stderr=True)
     cluster = "run-" + secrets.token_hex(4)
     results = Results(cfg.out)
@@ -146,7 +146,8 @@ async def run(cfg: RunConfig, console: Console | None = None) -> list[JobState]:
                 results.write({"type": "job", **summary})
                 for node, st in js.stats.items():
                     results.write({"type": "node_stats", "job": js.job, "scheme": scheme, "node": node, **st})
-        print_table(console, jobs, cfg)
+        if show_table:
+            print_table(console, jobs, cfg)
         return jobs
     finally:
         await sched.shutdown()
