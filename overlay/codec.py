@@ -83,8 +83,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     # --- connection lifecycle -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
         transport.set_write_buffer_limits(high=1 << 20, low=256 << 10)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -2,8 +2,10 @@
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -78,11 +80,12 @@ async def test_wrong_cluster_agent_is_refused():
     await sched.shutdown()
 
 
-def test_wansync_run_end_to_end_reaps_its_processes(tmp_path):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_wansync_run_end_to_end_reaps_its_processes(tmp_path, loop):
     out = tmp_path / "r.jsonl"
     before = count_agents()
     cmd = [sys.executable, "-m", "wansync.cli", "run", "--topology", "internet2", "--schemes", "star,ring",
-           "--model", "200000", "--scale", "0.05", "--rounds", "2", "--out", str(out)]
+           "--model", "200000", "--scale", "0.05", "--rounds", "2", "--out", str(out), "--loop", loop]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -93,7 +96,23 @@ def test_wansync_run_end_to_end_reaps_its_processes(tmp_path):
     assert any(r["type"] == "link_sample" for r in recs)
     jobs = [r for r in recs if r["type"] == "job"]
     assert all("guard_valid" in j for j in jobs)
+    assert all(r["prediction_s"] > 0 for r in rounds)  # the simulator's prediction rides along
     assert count_agents() <= before  # every agent process was reaped
+
+
+def test_ctrl_c_reaps_every_agent(tmp_path):
+    before = count_agents()
+    proc = subprocess.Popen([sys.executable, "-m", "wansync.cli", "run", "--rounds", "100", "--scale", "0.01",
+                             "--schemes", "ring"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while count_agents() < before + 9 and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # mid-run
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-1500:]
+    time.sleep(0.5)
+    assert count_agents() <= before
 
 
 def count_agents() -> int:

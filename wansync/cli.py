@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--k", type=int, default=2)
 
     args = ap.parse_args(argv)
+    # Ctrl-C must reach us (and so reap the agents) even if a shell started us with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wansync: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("wansync: interrupted", file=sys.stderr)
+        if args.cmd != "agent":  # a terminal's Ctrl-C reaches every agent too: only the launcher speaks
+            print("wansync: interrupted", file=sys.stderr)
         return 130
     return 2
 
