@@ -148,7 +148,8 @@ class Scheduler:
         """Run `warmup + rounds` synchronized rounds of one scheme on every agent; return its records."""
         planner = planners.get(scheme)
         self.job_id += 1
-        spec = Job(params, chunk_params, tuple(sorted(self.agents)), dict(options or {}))
+        # "state": what a planner keeps between re-plans of this job (NetStorm's frozen roots)
+        spec = Job(params, chunk_params, tuple(sorted(self.agents)), {**(options or {}), "state": {}})
         t = time.perf_counter()
         plan = self._publish(planner(self.view, spec))
         js = JobState(self.job_id, scheme, rounds + warmup, spec, plan, warmup,

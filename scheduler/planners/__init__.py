@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from ..plan import Job, Plan
 from ..view import NetworkView
-from . import ktree, mst, ring, star
+from . import ktree, mst, netstorm, ring, star
 
 Planner = Callable[[NetworkView, Job], Plan]
 
@@ -15,9 +15,10 @@ PLANNERS: dict[str, Planner] = {
     "ring": ring.plan,
     "mst": mst.plan,
     "ktree": ktree.plan,
+    "netstorm": netstorm.plan,
 }
 # schemes re-planned as the view changes within a job (star and ktree keep the hub they started with)
-ADAPTIVE = frozenset({"mst"})
+ADAPTIVE = frozenset({"mst", "netstorm"})
 
 
 def get(scheme: str) -> Planner:
