@@ -68,12 +68,21 @@ class RoundState:
         return (self.job, self.round, self.attempt, self.plan.version)
 
 
+PRIMARY_BUSY_BOUND = 2  # NetStorm's best setting (Fig. 17)
+AUXILIARY_QUEUE_LENGTH = 5
+
+
 class ChunkEngine:
     """One per agent: the overlay's sink for chunks addressed to this node."""
 
-    def __init__(self, node: int, routes: Routes) -> None:
+    def __init__(self, node: int, routes: Routes, *, primary_busy_bound: int = PRIMARY_BUSY_BOUND,
+                 aux_queue_length: int = AUXILIARY_QUEUE_LENGTH) -> None:
         self.node = node
         self.routes = routes
+        self.primary_busy_bound = primary_busy_bound
+        self.aux_queue_length = aux_queue_length
+        self.aux_bytes = 0
+        self.sent_bytes = 0
         self.overlay: Overlay | None = None
         self.rounds: dict[RoundKey, RoundState] = {}
         self._stash: dict[tuple[int, int, int, int], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
@@ -220,7 +229,18 @@ class ChunkEngine:
                   "version": st.plan.version, "chunk": c, "kind": kind, "origin": self.node,
                   "contributors": bitmap_bytes(contributors),
                   "t_send": 0.0}
-        self.overlay.send_chunk(header, memoryview(data).cast("B"), self.routes.route(self.node, dst))
+        path = self.routes.route(self.node, dst)
+        aux = st.plan.groups[st.chunk_group[c]].aux.get((self.node, dst))
+        if aux and self.overlay.in_transit(path) >= self.primary_busy_bound:
+            # the primary is busy: the first auxiliary route with room takes it (source-routed, relays
+            # only forward); when every one is full the chunk queues on the primary after all
+            for route in aux:
+                if self.overlay.in_transit(route) < self.aux_queue_length:
+                    path = route
+                    self.aux_bytes += data.nbytes
+                    break
+        self.sent_bytes += data.nbytes
+        self.overlay.send_chunk(header, memoryview(data).cast("B"), path)
 
     def _fail(self, st: RoundState, exc: Exception) -> None:
         log.error("node %d round %s: %s", self.node, st.key, exc)

@@ -77,6 +77,7 @@ class Overlay:
         self.port = 0
         self.errors: list[ProtocolError] = []
         self._rx: dict[tuple, _Rx] = {}
+        self._in_transit: dict[tuple[int, ...], int] = {}
         self._done: dict[tuple[int, int], set[tuple]] = {}
         self._server: asyncio.AbstractServer | None = None
         self._conns: dict[int, FrameProtocol] = {}
@@ -134,8 +135,18 @@ class Overlay:
         h = dict(header, path=list(path), hop=0, total=len(payload))
         tr = Transfer(key=chunk_key(h), header=h, payload=payload, ready=len(payload), flow=(path[0], path[-1]))
         tr.done = asyncio.get_running_loop().create_future()
+        path = tuple(path)
+        self._in_transit[path] = self._in_transit.get(path, 0) + 1
+        tr.done.add_done_callback(lambda _f: self._acked(path))
         self.senders[path[1]].send(tr)
         return tr
+
+    def in_transit(self, path: tuple[int, ...]) -> int:
+        """Chunks this node sent on `path` that its first hop has not acknowledged yet."""
+        return self._in_transit.get(path, 0)
+
+    def _acked(self, path: tuple[int, ...]) -> None:
+        self._in_transit[path] -= 1
 
     def forget_before(self, job: int, rnd: int) -> None:
         """Duplicate detection only needs keys of rounds still in flight (agents run one round ahead)."""

@@ -45,6 +45,8 @@ class ChunkGroup:
     root: NodeId
     parent: Mapping[NodeId, NodeId | None]
     children: Mapping[NodeId, tuple[NodeId, ...]]
+    # per tree edge (child->parent when pushing, parent->child when pulling): relay routes that may
+    # carry a share of its chunks; relays only forward (NetStorm §VI)
     aux: Mapping[tuple[NodeId, NodeId], tuple[tuple[NodeId, ...], ...]] = field(default_factory=dict)
 
     def agg_children(self, node: NodeId) -> tuple[NodeId, ...]:
@@ -158,7 +160,7 @@ class Plan:
             raise PlanError(f"{where}: broadcast tree misses nodes {sorted(pset - reached)}")
         link_set = set(links) if links is not None else None
         for (a, b), routes in g.aux.items():
-            if g.parent.get(a) != b:
+            if g.parent.get(a) != b and b not in g.children.get(a, ()):
                 raise PlanError(f"{where}: auxiliary routes for {a}->{b}, which is not a tree edge")
             for r in routes:
                 if len(r) < 3 or r[0] != a or r[-1] != b or len(set(r)) != len(r):

@@ -17,7 +17,7 @@ from scheduler.plan import Plan
 
 class LocalNet:
     def __init__(self, topo: Topology, *, shaped: bool = False, cluster: str = "test",
-                 segment_bytes: int = 64 * 1024) -> None:
+                 segment_bytes: int = 64 * 1024, primary_busy_bound: int = 2) -> None:
         self.topo = topo
         self.routes = topo.routes()
         self.engines: dict[int, ChunkEngine] = {}
@@ -26,11 +26,12 @@ class LocalNet:
         self.cluster = cluster
         self.segment_bytes = segment_bytes
         self.samples: list[tuple[int, int, int, float]] = []
+        self.primary_busy_bound = primary_busy_bound
 
     async def __aenter__(self) -> LocalNet:
         addrs = {}
         for n in range(self.topo.nodes):
-            eng = ChunkEngine(n, self.routes)
+            eng = ChunkEngine(n, self.routes, primary_busy_bound=self.primary_busy_bound)
             pacers = ({b: LinkShaper(s) for (a, b), s in self.topo.links.items() if a == n}
                       if self.shaped else None)
             ov = Overlay(n, self.cluster, eng, neighbors=self.topo.neighbors(n), pacers=pacers,

@@ -30,6 +30,38 @@ def random_tree(rng: random.Random, nodes: list[int], root: int) -> dict[int, in
     return {v: (None if i == 0 else order[rng.randrange(i)]) for i, v in enumerate(order)}
 
 
+def relay_routes(rng: random.Random, topo: Topology, a: int, b: int) -> tuple[tuple[int, ...], ...]:
+    """Up to two random simple relay paths a -> ... -> b over the topology's links."""
+    routes = []
+    for _ in range(6):
+        path, seen = [a], {a}
+        while path[-1] != b and len(path) < 8:
+            nxt = [x for x in topo.neighbors(path[-1]) if x not in seen]
+            if not nxt:
+                break
+            v = b if b in nxt and len(path) > 1 else rng.choice(nxt)
+            path.append(v)
+            seen.add(v)
+        if path[-1] == b and len(path) >= 3 and tuple(path) not in routes:
+            routes.append(tuple(path))
+        if len(routes) == 2:
+            break
+    return tuple(routes)
+
+
+def with_random_aux(rng: random.Random, plan: Plan, topo: Topology) -> Plan:
+    groups = []
+    for g in plan.groups:
+        edges = [(c, p) for c, p in g.parent.items() if p is not None]
+        edges += [(p, k) for p, kids in g.children.items() for k in kids]
+        aux = {}
+        for a, b in edges:
+            if rng.random() < 0.5 and (routes := relay_routes(rng, topo, a, b)):
+                aux[(a, b)] = routes
+        groups.append(replace(g, aux=aux))
+    return replace(plan, groups=tuple(groups))
+
+
 def random_plan(rng: random.Random, n: int, params: int) -> Plan:
     parts = sorted(rng.sample(range(n), rng.randint(1, n))) if n > 2 else list(range(n))
     layout = make_layout(params, rng.randint(1, params))
@@ -58,10 +90,12 @@ def random_plan(rng: random.Random, n: int, params: int) -> Plan:
 def test_random_valid_plans_run_exactly(seed, n, params):
     rng = random.Random(seed)
     topo = random_topology(rng, n)
-    plan = random_plan(rng, n, params).validate(topo.links)
+    plan = with_random_aux(rng, random_plan(rng, n, params), topo).validate(topo.links)
 
     async def go():
-        async with LocalNet(topo, segment_bytes=rng.choice([4096, 65536])) as net:
+        # busy bound 0 or 1 sends most chunks that have auxiliary routes over them
+        async with LocalNet(topo, segment_bytes=rng.choice([4096, 65536]),
+                            primary_busy_bound=rng.choice([0, 1, 2])) as net:
             await net.run_round(plan)  # asserts == the exact sum on every participant
     asyncio.run(go())
 
@@ -99,7 +133,7 @@ def test_base_plan_is_valid():
      "more than once"),
     (lambda p: replace(p, groups=(replace(p.groups[0], root=9), p.groups[1])), "not a participant"),
     (lambda p: replace(p, groups=(replace(p.groups[0], aux={(3, 1): ((3, 2, 1),)}), p.groups[1])), "not a link"),
-    (lambda p: replace(p, groups=(replace(p.groups[0], aux={(1, 3): ((1, 2, 3),)}), p.groups[1])),
+    (lambda p: replace(p, groups=(replace(p.groups[0], aux={(2, 3): ((2, 1, 3),)}), p.groups[1])),
      "not a tree edge"),
     (lambda p: replace(p, weights={0: 1.0}), "weights"),
     (lambda p: replace(p, participants=(0, 1, 1, 2)), "unique"),

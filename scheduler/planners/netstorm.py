@@ -8,8 +8,9 @@ round-robin (digest 002 §2.5). The first plan has no measurements; once reports
 shares are computed once more and then kept (moving a root moves parameters), unless `reroot`.
 
 Options (Job.options): `roots` (N, default all nodes), `both_directions` (weigh push and pull),
-`reroot` (recompute roots and shares on every plan), `state` (the scheduler's per-job dict where
-the frozen choice is kept).
+`reroot` (recompute roots and shares on every plan), `aux` (attach Algorithm 3's auxiliary
+routes to every tree edge), `aux_mode` (global_prune | per_pair_disjoint), `state` (the
+scheduler's per-job dict where the frozen choice is kept).
 """
 
 from __future__ import annotations
@@ -44,6 +45,18 @@ def fastest_trees(view: NetworkView, participants: Sequence[int], *, both_direct
         parent: dict[int, int | None] = {n: (min(pred[n]) if pred[n] else None) for n in parts}
         out[r] = (parent, max(dist.values()))
     return out
+
+
+def with_aux(group: ChunkGroup, table: dict[tuple[int, int], list[tuple[int, ...]]]) -> ChunkGroup:
+    """Auxiliary routes for every edge of the group's trees, pushing (child->parent) and pulling."""
+    aux = {}
+    for c, p in group.parent.items():
+        if p is None:
+            continue
+        for a, b in ((c, p), (p, c)):
+            if table.get((a, b)):
+                aux[(a, b)] = tuple(table[(a, b)])
+    return ChunkGroup(group.chunks, group.root, group.parent, group.children, aux)
 
 
 def allocate(layout: Sequence[tuple[int, int]], roots: Sequence[int], q: dict[int, float]) -> dict[int, list[int]]:
@@ -89,5 +102,62 @@ def plan(view: NetworkView, job: Job) -> Plan:
     state["last"] = choice
     groups: list[ChunkGroup] = [tree_group(choice["owned"][r], r, trees[r][0])
                                 for r in choice["roots"] if choice["owned"][r]]
+    if opts.get("aux"):
+        table = aux_paths(view, job.participants, mode=str(opts.get("aux_mode", "global_prune")))
+        groups = [with_aux(g, table) for g in groups]
     return Plan(0, "netstorm", tuple(sorted(job.participants)), {n: 1.0 for n in job.participants}, layout,
                 tuple(groups))
+
+
+def aux_paths(view: NetworkView, participants: Sequence[int], *, mode: str = "global_prune",
+              max_per_pair: int = 4) -> dict[tuple[int, int], list[tuple[int, ...]]]:
+    """Algorithm 3: per ordered pair, auxiliary relay paths over links the faster paths left idle.
+
+    global_prune (the paper, literally): every round takes all-pairs shortest paths on what is
+    left of the graph and removes every edge any of them used; a pair's k-th path comes from round
+    k, so paths of one pair are edge-disjoint and round 1 (the primaries) is skipped.
+    per_pair_disjoint (the authors' code): per pair, the cheapest simple paths whose relays are
+    disjoint from those already kept, primary links allowed.
+    Only paths with at least one relay are returned (a direct link is the primary path).
+    """
+    parts = set(participants)
+    g = nx.DiGraph()
+    for a, b in view.links():
+        if a in parts and b in parts:
+            g.add_edge(a, b, w=1.0 / max(view.rate(a, b), 1e-9))
+    out: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+    if mode == "global_prune":
+        first = True
+        while g.number_of_edges():
+            used: set[tuple[int, int]] = set()
+            paths = dict(nx.all_pairs_dijkstra_path(g, weight="w"))
+            for i in sorted(paths):
+                for j in sorted(paths[i]):
+                    if i == j:
+                        continue
+                    p = tuple(paths[i][j])
+                    used.update(zip(p, p[1:], strict=False))
+                    if not first and len(p) >= 3 and len(out.get((i, j), ())) < max_per_pair:
+                        out.setdefault((i, j), []).append(p)
+            g.remove_edges_from(used)
+            first = False
+    elif mode == "per_pair_disjoint":
+        for i in sorted(parts):
+            for j in sorted(parts):
+                if i == j:
+                    continue
+                kept: list[tuple[int, ...]] = []
+                relays: set[int] = set()
+                for p in nx.shortest_simple_paths(g, i, j, weight="w"):
+                    if len(p) < 3:
+                        continue
+                    if relays.isdisjoint(p[1:-1]):
+                        kept.append(tuple(p))
+                        relays.update(p[1:-1])
+                    if len(kept) >= max_per_pair or len(p) > len(parts):
+                        break
+                if kept:
+                    out[(i, j)] = kept
+    else:
+        raise ValueError(f"aux mode must be global_prune or per_pair_disjoint, got {mode!r}")
+    return out
