@@ -127,6 +127,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    def write_many(self, parts: list[bytes | memoryview]) -> None:
+        """One writev (uvloop, Python >= 3.12) or one joined write (3.11), not one send per part."""
+        assert self.transport is not None
+        self.transport.writelines(parts)
+
     async def drain(self) -> None:
         if not self._can_write.is_set():
             await self._can_write.wait()

@@ -114,3 +114,19 @@ async def test_shaped_link_meets_its_rate_with_delay_pipelined():
         g = shaper.guard()
         # ratio of bytes sent to what the rate allowed while backlogged, not a wall-clock assertion
         assert g["achieved_ratio"] >= 0.97
+
+
+async def test_single_hop_and_relayed_flows_share_a_link_fairly_in_bytes():
+    """Deficit round-robin: big single-hop segments do not crowd out 64 KiB relayed ones."""
+    topo = line(3, rate=200.0)
+    async with LocalNet(topo, shaped=True) as net:
+        for n in (1, 2):
+            net.overlays[n].sink = Sink()
+        data = memoryview(bytearray(512 * 1024))
+        direct = [net.overlays[0].send_chunk(header(chunk=i, origin=0), data, (0, 1)) for i in range(12)]
+        relayed = [net.overlays[0].send_chunk(header(chunk=i, origin=0), data, (0, 1, 2)) for i in range(12)]
+        first, _ = await asyncio.wait([asyncio.ensure_future(asyncio.gather(*(t.done for t in g)))
+                                       for g in (direct, relayed)], return_when=asyncio.FIRST_COMPLETED)
+        sent = {name: sum(t.sent for t in g) for name, g in (("direct", direct), ("relayed", relayed))}
+        assert min(sent.values()) / max(sent.values()) > 0.8, sent
+        await asyncio.wait_for(asyncio.gather(*(t.done for t in direct + relayed)), 30)

@@ -1,0 +1,426 @@
+"""Shaper benchmark: does every emulated link deliver its configured rate, measured at the receiver?
+
+Every node is its own process with one Overlay, a LinkShaper (token bucket + 30 ms delay) per
+outgoing link, and the default 64 KiB segments. Senders keep every active link backlogged with
+1 MiB chunks; receivers time the bytes arriving on each connection (all wire bytes, which is what
+the shaper paces) in 100 ms bins, and the first `--warmup` seconds are ignored.
+
+Cases: one link alone at 5, 50 and 500 Mbit/s (two processes); all 26 directed links of
+internet2 saturated at once (nine processes); then a short search for the largest total rate the
+nine-node cluster sustains (internet2 rates scaled up) before the fidelity guard trips, i.e. some
+link gets < 97 % of its configured rate. Prints tables; the last stdout line is one JSON object.
+
+    python scripts/bench/shaper.py [--seconds 10] [--search-seconds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from emulation.link import LinkShaper, LinkSpec
+from emulation.topology import INTERNET2_DELAY_S, Topology, internet2
+from overlay.peers import Overlay
+
+BIN_S = 0.1
+CHUNK = 1 << 20
+GUARD = 0.97  # the fidelity guard: a backlogged link below 97 % of its rate marks a run invalid
+ALONE_MBPS = (5.0, 50.0, 500.0)
+CLUSTER = "shaper-bench"
+REPLY_TIMEOUT_S = 60.0
+CTX = mp.get_context("fork")  # the parent holds no threads or event loops
+
+
+# --- node process -------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this child if the benchmark process dies (even by SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def _recv(ctrl: Connection) -> Any:
+    """Await the next command on a pipe without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future = loop.create_future()
+
+    def ready() -> None:
+        loop.remove_reader(ctrl.fileno())
+        try:
+            fut.set_result(ctrl.recv())
+        except EOFError:
+            fut.set_result(None)
+
+    loop.add_reader(ctrl.fileno(), ready)
+    return await fut
+
+
+async def _sleep_until(t: float) -> None:
+    await asyncio.sleep(max(0.0, t - time.monotonic()))
+
+
+class Sink:
+    """Every chunk lands in one preallocated numpy array (the bytes are not what is measured)."""
+
+    def __init__(self) -> None:
+        self.view = memoryview(np.zeros(CHUNK // 4, dtype=np.float32)).cast("B")
+
+    def chunk_buffer(self, header: dict[str, Any]) -> memoryview | None:
+        return self.view[header["off"]:header["off"] + header["nbytes"]]
+
+    def chunk_segment(self, header: dict[str, Any], payload: memoryview) -> None:
+        pass
+
+
+class Bins:
+    """Bytes arriving from one neighbour, in 100 ms bins from the trial's start."""
+
+    def __init__(self) -> None:
+        self.t0 = math.inf
+        self.bins: list[int] = []
+
+    def on_bytes(self, n: int) -> None:
+        i = int((time.monotonic() - self.t0) / BIN_S)
+        if i < 0:
+            return
+        if i >= len(self.bins):
+            self.bins.extend([0] * (i + 1 - len(self.bins)))
+        self.bins[i] += n
+
+
+def node_main(ctrl: Connection, node: int, topo: Topology, active: list[int]) -> None:
+    _die_with_parent()
+    asyncio.run(_node(ctrl, node, topo, active))
+
+
+async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int]) -> None:
+    specs = {b: s for (a, b), s in topo.links.items() if a == node}
+    shapers = {b: LinkShaper(s, seed=node * 1000 + b) for b, s in specs.items()}
+    ov = Overlay(node, CLUSTER, Sink(), neighbors=topo.neighbors(node), pacers=shapers)
+    ctrl.send(await ov.listen())
+    ov.connect(await _recv(ctrl))
+    await ov.wait_connected(30)
+    bins = {peer: Bins() for peer in topo.neighbors(node)}
+    for peer, proto in ov._conns.items():  # the codec's receive-side byte hook, per connection
+        proto.on_bytes = bins[peer].on_bytes
+    ctrl.send("ready")
+    payload = memoryview(np.ones(CHUNK // 4, dtype=np.float32)).cast("B")
+    lags: list[float] = []
+    lag_task = asyncio.create_task(_lag(lags))
+    rnd = 0
+    while (cmd := await _recv(ctrl)) is not None:
+        scale, t0, warm, dur = cmd
+        rnd += 1
+        await _sleep_until(t0)
+        for b, sh in shapers.items():
+            sh.set_rate(specs[b].rate_mbps * scale)
+        for bn in bins.values():
+            bn.t0, bn.bins = t0, []
+        g0 = {b: shapers[b].guard() for b in active}  # the guard books a backlog when it ends
+        stop = asyncio.Event()
+        feeders = [asyncio.create_task(_feed(ov, node, rnd, dst, shapers[dst], payload, stop)) for dst in active]
+        await _sleep_until(t0 + warm)
+        c0, lags[:] = _cpu(), []
+        await _sleep_until(t0 + warm + dur)
+        cpu = _cpu() - c0
+        nb = int(round((warm + dur) / BIN_S))
+        result = {
+            "node": node,
+            "bins": {src: (bn.bins + [0] * nb)[:nb] for src, bn in bins.items()},
+            "cpu_frac": cpu / dur,
+            "lag_p99_ms": 1e3 * (float(np.percentile(lags, 99)) if lags else 0.0),
+        }
+        stop.set()  # drain: the next trial starts with empty queues, and the guard closes its books
+        await asyncio.wait_for(asyncio.gather(*feeders), REPLY_TIMEOUT_S / 2)
+        await asyncio.sleep(2 * max((s.delay_s for s in specs.values()), default=0.0) + 0.05)
+        result["guard"] = {b: _guard_ratio(g0[b], shapers[b].guard()) for b in active}
+        ctrl.send(result)
+    lag_task.cancel()
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # peers closing under our writes is expected
+    await ov.close()
+
+
+def _guard_ratio(g0: dict[str, float], g1: dict[str, float]) -> float:
+    """The fidelity guard's books over this trial's backlog: bytes written / bytes the rate allowed."""
+    expected = g1["expected_bytes"] - g0["expected_bytes"]
+    return (g1["sent_bytes"] - g0["sent_bytes"]) / expected if expected > 0 else 1.0
+
+
+async def _feed(ov: Overlay, node: int, rnd: int, dst: int, shaper: LinkShaper, payload: memoryview,
+                stop: asyncio.Event) -> None:
+    """Keep the link backlogged (1 MiB chunks covering 0.3 s at its rate) until `stop`, then drain."""
+    pending: set[asyncio.Future] = set()
+    chunk = 0
+    while not stop.is_set():
+        want = 2 + math.ceil(shaper.bucket.rate * 0.3 / CHUNK)
+        while len(pending) < want:
+            header = {"t": "CHUNK", "job": 1, "round": rnd, "attempt": 0, "version": 0, "chunk": chunk,
+                      "kind": "bcast", "origin": node, "contributors": bytes([1]), "t_send": 0.0}
+            tr = ov.send_chunk(header, payload, (node, dst))
+            assert tr.done is not None
+            pending.add(tr.done)
+            chunk += 1
+        _, pending = await asyncio.wait(pending, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+    if pending:
+        await asyncio.wait(pending)
+
+
+async def _lag(out: list[float]) -> None:
+    """How late a 10 ms sleeper wakes: the event loop's lag."""
+    while True:
+        t = time.monotonic()
+        await asyncio.sleep(0.01)
+        out.append(max(0.0, time.monotonic() - t - 0.01))
+
+
+# --- parent ------------------------------------------------------------------------------------------
+@dataclass
+class LinkResult:
+    src: int
+    dst: int
+    rate_mbps: float
+    measured_mbps: float
+    window_p95_pct: float
+    guard: float
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.measured_mbps - self.rate_mbps) / self.rate_mbps
+
+    @property
+    def ok(self) -> bool:
+        return self.guard >= GUARD and self.measured_mbps >= GUARD * self.rate_mbps
+
+
+@dataclass
+class Trial:
+    scale: float
+    links: list[LinkResult]
+    cpu_frac: dict[int, float]
+    lag_p99_ms: dict[int, float]
+
+    @property
+    def total_mbps(self) -> float:
+        return sum(r.rate_mbps for r in self.links)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.links)
+
+
+@dataclass
+class Cluster:
+    """One process per node, connected as `topo` says; `active` links are kept backlogged."""
+
+    topo: Topology
+    active: list[tuple[int, int]]
+    procs: list[Any] = field(default_factory=list)
+    ctrls: dict[int, Connection] = field(default_factory=dict)
+
+    def start(self) -> None:
+        ports = {}
+        for n in range(self.topo.nodes):
+            parent, child = CTX.Pipe()
+            p = CTX.Process(target=node_main, daemon=True,
+                            args=(child, n, self.topo, [b for a, b in self.active if a == n]))
+            self.procs.append(p)
+            p.start()
+            self.ctrls[n] = parent
+        for n, c in self.ctrls.items():
+            ports[n] = ("127.0.0.1", self._reply(c))
+        for c in self.ctrls.values():
+            c.send(ports)
+        for c in self.ctrls.values():
+            if self._reply(c) != "ready":
+                raise RuntimeError("a node did not start")
+
+    @staticmethod
+    def _reply(conn: Connection) -> Any:
+        if not conn.poll(REPLY_TIMEOUT_S):
+            raise TimeoutError(f"no reply from a node within {REPLY_TIMEOUT_S} s")
+        return conn.recv()
+
+    def trial(self, scale: float, warm: float, dur: float) -> Trial:
+        t0 = time.monotonic() + 0.3
+        for c in self.ctrls.values():
+            c.send((scale, t0, warm, dur))
+        replies = [self._reply(c) for c in self.ctrls.values()]
+        guard = {(r["node"], dst): g for r in replies for dst, g in r["guard"].items()}
+        skip = int(round(warm / BIN_S))
+        links = []
+        for r in replies:
+            for src, bins in r["bins"].items():
+                if (src, r["node"]) not in self.active:
+                    continue
+                rate = self.topo.links[(src, r["node"])].rate_mbps * scale
+                window = np.asarray(bins[skip:], dtype=float) * 8 / BIN_S / 1e6  # Mbit/s per 100 ms
+                p95 = float(np.percentile(np.abs(window - rate) / rate * 100, 95))
+                links.append(LinkResult(src, r["node"], rate, float(window.mean()), p95,
+                                        guard[(src, r["node"])]))
+        links.sort(key=lambda x: (x.src, x.dst))
+        return Trial(scale, links, {r["node"]: r["cpu_frac"] for r in replies},
+                     {r["node"]: r["lag_p99_ms"] for r in replies})
+
+    def stop(self) -> None:
+        for c in self.ctrls.values():
+            with contextlib.suppress(Exception):
+                c.send(None)
+        _reap(self.procs)
+
+
+@contextlib.contextmanager
+def running(topo: Topology, active: list[tuple[int, int]]) -> Any:
+    cl = Cluster(topo, active)
+    try:
+        cl.start()
+        yield cl
+    finally:
+        cl.stop()
+
+
+def _commit() -> str:
+    """The library version measured (the working tree may differ from it)."""
+    with contextlib.suppress(Exception):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5).stdout.strip()
+    return ""
+
+
+def _reap(procs: list[Any], grace_s: float = 3.0) -> None:
+    """Join every child; after `grace_s` in all, terminate, then kill, whatever is still alive."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        with contextlib.suppress(Exception):
+            if p.is_alive():
+                p.terminate()
+                p.join(1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _print_links(title: str, links: Iterable[LinkResult]) -> None:
+    print(title)
+    print(f"  {'link':>6}{'configured':>12}{'measured':>10}{'error %':>9}{'p95 100ms %':>13}{'guard':>7}")
+    for r in links:
+        print(f"  {r.src:>2}->{r.dst:<2} {r.rate_mbps:>11.2f}{r.measured_mbps:>10.2f}{r.error_pct:>+9.2f}"
+              f"{r.window_p95_pct:>13.2f}{r.guard:>7.3f}{'' if r.ok else '  GUARD TRIPPED'}")
+
+
+def search(cl: Cluster, first: Trial, warm: float, dur: float, budget_end: float) -> list[Trial]:
+    """Scale internet2's rates: double until the guard trips, then bisect twice (or halve if 1x trips)."""
+    trials = [first]
+    lo: Trial | None = first if first.ok else None
+    hi: Trial | None = None if first.ok else first
+    scale = 2.0 if first.ok else 0.5
+    while (lo is None or hi is None) and 0.05 < scale <= 64 and time.monotonic() < budget_end:
+        t = cl.trial(scale, warm, dur)
+        trials.append(t)
+        if t.ok:
+            lo, scale = t, scale * 2
+        else:
+            hi, scale = t, scale / 2
+    for _ in range(2):
+        if lo is None or hi is None or time.monotonic() >= budget_end:
+            break
+        t = cl.trial(math.sqrt(lo.scale * hi.scale), warm, dur)
+        trials.append(t)
+        lo, hi = (t, hi) if t.ok else (lo, t)
+    return trials
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=10.0, help="measured window per case (default 10)")
+    ap.add_argument("--warmup", type=float, default=0.5, help="ignored start of every window (default 0.5)")
+    ap.add_argument("--search-seconds", type=float, default=3.0, help="window per search step (default 3)")
+    ap.add_argument("--budget-s", type=float, default=140.0, help="no new search step after this many seconds")
+    ap.add_argument("--quick", action="store_true", help="3 s windows, 1.5 s search steps")
+    args = ap.parse_args(argv)
+    dur = 3.0 if args.quick else args.seconds
+    sdur = 1.5 if args.quick else args.search_seconds
+    signal.signal(signal.SIGTERM, _sigterm)
+    start = time.monotonic()
+
+    base = ALONE_MBPS[0]
+    pair = Topology("alone", 2, {(0, 1): LinkSpec(base, INTERNET2_DELAY_S), (1, 0): LinkSpec(base, INTERNET2_DELAY_S)})
+    with running(pair, [(0, 1)]) as cl:
+        alone = [cl.trial(rate / base, args.warmup, dur) for rate in ALONE_MBPS]
+    alone_links = [t.links[0] for t in alone]
+    _print_links(f"one link alone (0->1, 30 ms delay, {dur:g} s window, receiver-side):", alone_links)
+
+    topo = internet2()
+    with running(topo, sorted(topo.links)) as cl:
+        busy = cl.trial(1.0, args.warmup, dur)
+        _print_links(f"all 26 internet2 links saturated at once (total {busy.total_mbps:.0f} Mbit/s, "
+                     f"{dur:g} s window):", busy.links)
+        print("  per-process CPU (fraction of a core): "
+              + " ".join(f"{n}:{c:.2f}" for n, c in sorted(busy.cpu_frac.items()))
+              + f"; event-loop lag p99 max {max(busy.lag_p99_ms.values()):.1f} ms")
+        trials = search(cl, busy, args.warmup, sdur, start + args.budget_s)
+
+    print(f"max sustained search (internet2 rates x scale, {sdur:g} s windows; guard: every link >= 97 % "
+          f"at the receiver and in the sender's books):")
+    print(f"  {'scale':>6}{'total Mbit/s':>14}{'worst rx %':>12}{'worst guard':>13}{'CPU sum':>9}"
+          f"{'lag p99 ms':>12}  result")
+    for t in sorted(trials, key=lambda t: t.scale):
+        worst = min(r.measured_mbps / r.rate_mbps for r in t.links)
+        print(f"  {t.scale:>6.2f}{t.total_mbps:>14.0f}{100 * worst:>12.2f}{min(r.guard for r in t.links):>13.3f}"
+              f"{sum(t.cpu_frac.values()):>9.2f}{max(t.lag_p99_ms.values()):>12.1f}  "
+              f"{'ok' if t.ok else 'GUARD TRIPPED'}")
+    passing = [t.total_mbps for t in trials if t.ok]
+    all_links = alone_links + busy.links
+    out = {
+        "max_abs_error_pct": round(max(abs(r.error_pct) for r in all_links), 3),
+        "alone_max_abs_error_pct": round(max(abs(r.error_pct) for r in alone_links), 3),
+        "busy_max_abs_error_pct": round(max(abs(r.error_pct) for r in busy.links), 3),
+        "window_p95_error_pct": round(max(r.window_p95_pct for r in all_links), 3),
+        "window_p95_error_pct_by_case": {**{f"alone_{r.rate_mbps:g}": round(r.window_p95_pct, 2) for r in alone_links},
+                                         "busy_worst_link": round(max(r.window_p95_pct for r in busy.links), 2),
+                                         "busy_median_link": round(statistics.median(
+                                             r.window_p95_pct for r in busy.links), 2)},
+        "max_sustained_mbps": round(max(passing), 1) if passing else 0.0,
+        "busy_guard_ok": busy.ok,
+        "internet2_total_mbps": round(busy.total_mbps, 1),
+        "seconds": dur,
+        "wall_s": round(time.monotonic() - start, 1),
+        "commit": _commit(),
+    }
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
