@@ -8,6 +8,8 @@ for them (a slice of a numpy array), so a tensor is never copied on its way in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -20,6 +22,7 @@ LEN = struct.Struct("!I")
 MAX_HEADER = 64 * 1024
 MAX_PAYLOAD = 256 * 1024 * 1024
 SCRATCH = 256 * 1024
+SOCKET_BUFFER = 4 << 20
 MAX_INVALID = 16  # invalid messages tolerated from one peer before it is disconnected
 
 
@@ -84,7 +87,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
     # --- connection lifecycle -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
-        transport.set_write_buffer_limits(high=1 << 20, low=256 << 10)
+        transport.set_write_buffer_limits(high=512 << 10, low=128 << 10)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # a multi-MiB write should fit the kernel in one send(): Python 3.11's transport copies
+            # (and later memmoves) whatever a send leaves over
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._can_write.set()

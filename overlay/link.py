@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from .codec import FrameProtocol, encode
 
 SEGMENT_BYTES = 64 * 1024
+WRITE_PIECE = 256 * 1024  # largest single write on an unshaped link
 DIRECT_SEGMENT_S = 0.010  # a single-hop segment may take this much link time (no relay waits for it)
 DIRECT_SEGMENT_MAX = 4 << 20
 LINE_SLACK = 4 << 20  # bytes the delay line may hold beyond (delay + lookahead) x rate
@@ -265,7 +266,12 @@ class LinkSender:
                 header.update(off=tr.sent, nbytes=len(seg), t_send=tr.t_send)
                 prefix = encode(header)
                 if self.pacer is None:
-                    conn.write_many([prefix, seg])
+                    conn.write_raw(prefix)
+                    # moderate pieces: Python 3.11's selector transport copies what a send leaves
+                    # over and memmoves its whole buffer after every send, quadratic in multi-MiB
+                    for i in range(0, len(seg), WRITE_PIECE):
+                        conn.write_raw(seg[i:i + WRITE_PIECE])
+                        await conn.drain()
                 else:
                     await self._schedule(conn, prefix, seg)
                     if self._line_bytes > self._line_cap():  # bounded even when the rate is not
