@@ -17,6 +17,10 @@ MBIT = 1e6 / 8  # bytes per second in one Mbit/s
 # The delay line may write a piece up to this much before it is due (event-loop timers have 1 ms
 # resolution); the bucket keeps that much of its burst in reserve, so burst + rate*t still holds.
 EARLY_S = 0.0005
+# Writes are never larger than the burst, and on slow links smaller still: about 2 ms of link time
+# (at least one MTU), so a 5 Mbit/s link is not lumpy at 100 ms scale (its 16 KiB burst is 26 ms).
+PIECE_S = 0.002
+MIN_PIECE = 1500
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,8 @@ class LinkShaper:
 
     @property
     def max_write(self) -> int:
-        return min(self.bucket.burst, self.uplink.burst) if self.uplink else self.bucket.burst
+        burst = min(self.bucket.burst, self.uplink.burst) if self.uplink else self.bucket.burst
+        return min(burst, max(MIN_PIECE, int(PIECE_S * self.bucket.rate)))
 
     def set_rate(self, rate_mbps: float) -> None:
         self.bucket.set_rate(rate_mbps * MBIT)
