@@ -33,6 +33,10 @@ log = logging.getLogger("wansync.agent")
 
 REPORT_EVERY_S = 0.25
 LAG_TICK_S = 0.01
+# NetStorm's passive awareness: chunks above PROBE_CHUNK_SIZE bytes are probes; PROBE_CHUNK_NUM of
+# them make one size-weighted estimate (sum of bytes / sum of seconds) per directed link
+PROBE_CHUNK_BYTES = 2_000_000
+PROBE_CHUNK_NUM = 4
 
 
 class LoopLag:
@@ -63,7 +67,8 @@ class LoopLag:
 class Agent:
     def __init__(self, node: int, cluster: str, scheduler: tuple[str, int], topo: Topology, *,
                  trace: Trace | None = None, shaped: bool = True, host: str = "127.0.0.1",
-                 listen_port: int = 0) -> None:
+                 listen_port: int = 0, probe_bytes: int = PROBE_CHUNK_BYTES, probe_num: int = PROBE_CHUNK_NUM,
+                 primary_busy_bound: int = 2, aux_queue_length: int = 5) -> None:
         self.node = node
         self.cluster = cluster
         self.scheduler = scheduler
@@ -72,7 +77,11 @@ class Agent:
         self.host = host
         self.listen_port = listen_port
         routes = topo.routes()
-        self.engine = ChunkEngine(node, routes)
+        self.engine = ChunkEngine(node, routes, primary_busy_bound=primary_busy_bound,
+                                  aux_queue_length=aux_queue_length)
+        self.probe_bytes = probe_bytes
+        self.probe_num = probe_num
+        self._probes: dict[tuple[int, int], list[float]] = {}
         uplink = (TokenBucket(topo.uplink_mbps[node] * MBIT)
                   if shaped and node in topo.uplink_mbps else None)
         self.shapers: dict[int, LinkShaper] = {}
@@ -93,7 +102,16 @@ class Agent:
         self.params = None  # the model this agent keeps (updated with each round's result)
 
     def _sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
-        self.samples.append([src, dst, nbytes, seconds])
+        """One chunk fully arrived over src->dst; every probe_num probes make one report."""
+        if nbytes <= self.probe_bytes or seconds <= 0:
+            return
+        acc = self._probes.setdefault((src, dst), [0.0, 0.0, 0])
+        acc[0] += nbytes
+        acc[1] += seconds
+        acc[2] += 1
+        if acc[2] >= self.probe_num:
+            self.samples.append([src, dst, int(acc[0]), acc[1]])
+            del self._probes[(src, dst)]
 
     async def run(self) -> None:
         port = await self.overlay.listen(self.listen_port)
@@ -176,6 +194,7 @@ class Agent:
         guard0 = {b: sh.guard() for b, sh in self.shapers.items()}
         meter0 = {b: s.meter.snapshot() for b, s in self.overlay.senders.items()}
         self._lag.take_p99()
+        aux0 = (self.engine.aux_bytes, self.engine.sent_bytes)
         self.params = np.zeros(nparams, dtype=np.float32)
         for rnd in range(rounds):
             tc = time.time()
@@ -185,8 +204,10 @@ class Agent:
             t_compute = time.time() - tc
             fut = asyncio.get_running_loop().create_future()
             self._replies[(job, rnd)] = fut
+            t_ask = time.time()
             self.ctl.send({"t": "TOPO_REQUEST", "job": job, "round": rnd, "have": sorted(self.plans)})
             reply = await fut
+            t_wait = time.time() - t_ask
             if "plan" in reply:
                 self.plans[reply["version"]] = Plan.from_wire(reply["plan"])
             plan = self.plans[reply["version"]]
@@ -209,12 +230,12 @@ class Agent:
             self._flush_samples()
             done = {"t": "ROUND_DONE", "node": self.node, "job": job, "round": rnd, "attempt": 0,
                     "version": plan.version, "digest": digest,
-                    "ok": ok, "t_start": t_start, "t_end": t_end, "t_compute": t_compute}
+                    "ok": ok, "t_start": t_start, "t_end": t_end, "t_compute": t_compute, "t_wait": t_wait}
             if error:
                 done["error"] = error
             self.ctl.send(done)
         self.ctl.send({"t": "STATS", "node": self.node, "job": job,
-                       "stats": self._stats(cpu0, wall0, guard0, meter0)})
+                       "stats": self._stats(cpu0, wall0, guard0, meter0, aux0)})
 
     def _verify_and_apply(self, result: np.ndarray, rnd: int, plan: Plan, nparams: int) -> tuple[bool, str]:
         """Exact check against the closed-form sum, then this agent's own model update."""
@@ -226,7 +247,8 @@ class Agent:
         self.params -= np.float32(0.01 / len(plan.participants)) * result
         return True, ""
 
-    def _stats(self, cpu0: float, wall0: float, guard0: dict, meter0: dict) -> dict[str, Any]:
+    def _stats(self, cpu0: float, wall0: float, guard0: dict, meter0: dict, aux0: tuple[int, int]
+               ) -> dict[str, Any]:
         wall = time.time() - wall0
         links = {}
         for b, s in self.overlay.senders.items():
@@ -241,6 +263,7 @@ class Agent:
             links[str(b)] = entry
         return {"links": links, "loop_lag_p99_s": self._lag.take_p99(),
                 "cpu_s": _cpu_s() - cpu0, "wall_s": wall, "stashed_frames": self.engine.stashed_frames,
+                "aux_bytes": self.engine.aux_bytes - aux0[0], "sent_bytes": self.engine.sent_bytes - aux0[1],
                 "protocol_errors": len(self.overlay.errors)}
 
 

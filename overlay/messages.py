@@ -73,7 +73,7 @@ SCHEMAS: dict[str, Schema] = {
     "ROUND_DONE": {"node": (INT, True), "job": (INT, True), "round": (INT, True),
                    "attempt": (INT, True), "version": (INT, True), "digest": (BIN, True),
                    "ok": (BOOL, True), "t_start": (NUM, True), "t_end": (NUM, True),
-                   "t_compute": (NUM, True), "error": (STR, False)},
+                   "t_compute": (NUM, True), "t_wait": (NUM, False), "error": (STR, False)},
     "ABORT": {"job": (INT, True), "round": (INT, True), "attempt": (INT, True)},
     "CLOCK": {"t0": (NUM, True), "t1": (NUM, False)},
     "STATS": {"node": (INT, True), "job": (INT, True), "stats": (DICT, True)},

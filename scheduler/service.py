@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from overlay.codec import FrameProtocol
 from overlay.control import ControlConn
 from overlay.messages import ProtocolError
@@ -60,6 +62,8 @@ class RoundRecord:
     t_end: float
     warmup: bool
     errors: list[str]
+    trp_wait_s: float = 0.0  # longest time an agent waited for this round's topology reply
+    coverage: float = 0.0  # share of directed links the view has measured, when the round ended
     prediction_s: float | None = None  # filled in by whoever knows the configured network
     def to_json(self) -> dict[str, Any]:
         return {"type": "round", **{k: v for k, v in self.__dict__.items()}}
@@ -82,16 +86,20 @@ class JobState:
     view_at_plan: dict[tuple[int, int], float] = field(default_factory=dict)
     policy_s: float = 0.0
     t0: float = 0.0
+    planner: Callable[[NetworkView, Job], Plan] | None = None
+    last_plan_t: float = 0.0
+    replans: int = 0
 
 
 class Scheduler:
-    def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1,
+    def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1, update_time: float = 0.0,
                  on_event: Event | None = None, predict: Callable[[Plan, float], float] | None = None) -> None:
         """predict(plan, seconds since the job's t0) -> predicted round time: the simulator on the
         configured network, where the caller knows it (scheduler/ never sees the emulator itself)."""
         self.cluster = cluster
         self.expected = nodes
-        self.update_rate = update_rate
+        self.update_rate = update_rate  # re-plan only if some link's rate moved by more than this (relative)
+        self.update_time = update_time  # ... and at most this often (seconds; NetStorm's UPDATE_TIME)
         self.on_event = on_event or (lambda kind, data: None)
         self.predict = predict
         self.view = NetworkView()
@@ -101,6 +109,7 @@ class Scheduler:
         self.job_id = 0
         self.current: JobState | None = None
         self.errors: list[str] = []
+        self.policy_bytes = 0  # size of every published plan, as sent to one agent
         self._registered = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -146,15 +155,15 @@ class Scheduler:
     async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
                       options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None) -> JobState:
         """Run `warmup + rounds` synchronized rounds of one scheme on every agent; return its records."""
-        planner = planners.get(scheme)
+        planner, fixed = planners.resolve(scheme)
         self.job_id += 1
         # "state": what a planner keeps between re-plans of this job (NetStorm's frozen roots)
-        spec = Job(params, chunk_params, tuple(sorted(self.agents)), {**(options or {}), "state": {}})
+        spec = Job(params, chunk_params, tuple(sorted(self.agents)), {**(options or {}), **fixed, "state": {}})
         t = time.perf_counter()
         plan = self._publish(planner(self.view, spec))
         js = JobState(self.job_id, scheme, rounds + warmup, spec, plan, warmup,
                       view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
-                      t0=time.time() if t0 is None else t0)
+                      t0=time.time() if t0 is None else t0, planner=planner, last_plan_t=time.time())
         self.current = js
         msg = {"t": "JOB", "job": js.job, "scheme": scheme, "rounds": js.rounds, "params": params,
                "compute_s": compute_s, "t0": js.t0, "warmup": warmup}
@@ -169,6 +178,7 @@ class Scheduler:
         self.version += 1
         plan = plan.with_version(self.version)
         self.plans[plan.version] = plan
+        self.policy_bytes += len(msgpack.packb(plan.to_wire()))
         self.on_event("plan", {"version": plan.version, "scheme": plan.scheme, "plan": plan})
         return plan
 
@@ -176,12 +186,15 @@ class Scheduler:
         """First request for a round freezes its version; adaptive schemes may re-plan just before."""
         if rnd in js.frozen:
             return js.frozen[rnd]
-        if (js.scheme in planners.ADAPTIVE and rnd > 0
+        if (planners.adaptive(js.scheme, js.spec.options) and rnd > 0
+                and time.time() - js.last_plan_t >= self.update_time
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
             t = time.perf_counter()
-            new = planners.get(js.scheme)(self.view, js.spec)
+            new = js.planner(self.view, js.spec)
             js.policy_s += time.perf_counter() - t
+            js.replans += 1
             js.view_at_plan = self.view.snapshot()
+            js.last_plan_t = time.time()
             if not new.same_policy(js.plan):
                 js.plan = self._publish(new)
         js.frozen[rnd] = js.plan.version
@@ -285,7 +298,8 @@ class Scheduler:
             ok=all(m["ok"] for m in got.values()), digests_agree=len({m["digest"] for m in got.values()}) == 1,
             versions_agree={m["version"] for m in got.values()} == {js.frozen.get(rnd, -1)},
             t_start=min(starts), t_end=max(ends), warmup=rnd < js.warmup,
-            errors=[m["error"] for m in got.values() if m.get("error")])
+            errors=[m["error"] for m in got.values() if m.get("error")],
+            trp_wait_s=max(m.get("t_wait", 0.0) for m in got.values()), coverage=self.view.coverage())
         if self.predict is not None and rec.version in self.plans:
             rec.prediction_s = self.predict(self.plans[rec.version], rec.t_start - js.t0)
         js.records.append(rec)

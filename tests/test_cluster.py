@@ -85,7 +85,7 @@ def test_wansync_run_end_to_end_reaps_its_processes(tmp_path, loop):
     out = tmp_path / "r.jsonl"
     before = count_agents()
     cmd = [sys.executable, "-m", "wansync.cli", "run", "--topology", "internet2", "--schemes", "star,ring",
-           "--model", "200000", "--scale", "0.05", "--rounds", "2", "--out", str(out), "--loop", loop]
+           "--model", "resnet50", "--scale", "0.005", "--rounds", "2", "--out", str(out), "--loop", loop]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]

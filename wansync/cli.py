@@ -56,6 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
     r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
     r.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
+    ns = r.add_argument_group("NetStorm (schemes netstorm, netstorm-std, netstorm-lite)")
+    ns.add_argument("--roots", type=int, default=None, help="number of roots N (default: all nodes)")
+    ns.add_argument("--aux-mode", choices=("global_prune", "per_pair_disjoint"), default="global_prune")
+    ns.add_argument("--netstorm-reroot", action="store_true", help="let roots and shares move on later plans")
+    ns.add_argument("--both-directions", action="store_true", help="weigh tree edges by push and pull delay")
+    ns.add_argument("--update-time", type=float, default=5.0,
+                    help="UPDATE_TIME: re-plan at most this often, seconds at full scale (default 5)")
+    ns.add_argument("--update-rate", type=float, default=0.1,
+                    help="UPDATE_RATE: re-plan only if a link's rate moved by more than this (default 0.1)")
+    ns.add_argument("--primary-busy-bound", type=int, default=2)
+    ns.add_argument("--aux-queue-length", type=int, default=5)
+    ns.add_argument("--probe-num", type=int, default=4, help="PROBE_CHUNK_NUM: probes per estimate")
 
     a = sub.add_parser("agent", help="one node (started by `run`, or by hand on a real host)")
     _common(a)
@@ -64,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--cluster", required=True, help="cluster id (must match the scheduler's)")
     a.add_argument("--listen", default="127.0.0.1:0", help="data-plane HOST:PORT (default 127.0.0.1:0)")
     a.add_argument("--no-shaping", action="store_true", help="real WAN: do not emulate link rates or delays")
+    a.add_argument("--primary-busy-bound", type=int, default=2, help="PRIMARY_BUSY_BOUND (chunks in transit)")
+    a.add_argument("--aux-queue-length", type=int, default=5, help="AUXILIARY_QUEUE_LENGTH")
+    a.add_argument("--probe-num", type=int, default=4, help="PROBE_CHUNK_NUM")
+    a.add_argument("--probe-bytes", type=int, default=None,
+                   help="PROBE_CHUNK_SIZE in bytes (default 2 MB x --scale)")
 
     m = sub.add_parser("simulate", help="predict round times and link loads with the flow-level simulator")
     _common(m)
@@ -102,14 +119,19 @@ def _run(args: argparse.Namespace) -> int:
 
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     for s in schemes:
-        planners.get(s)
+        planners.resolve(s)
     if args.rounds < 1:
         raise SystemExit("wansync: --rounds must be >= 1")
     topo = _topology(args)
     cfg = RunConfig(topology=args.topology, topo=topo, schemes=schemes, model=args.model, scale=args.scale,
                     rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
                     warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period,
-                    trace=_trace(args, topo))
+                    trace=_trace(args, topo), update_time_s=args.update_time, update_rate=args.update_rate,
+                    primary_busy_bound=args.primary_busy_bound, aux_queue_length=args.aux_queue_length,
+                    probe_num=args.probe_num,
+                    options={k: v for k, v in (("roots", args.roots), ("aux_mode", args.aux_mode),
+                                               ("reroot", args.netstorm_reroot),
+                                               ("both_directions", args.both_directions)) if v})
     cfg.params  # noqa: B018 - validates --model early
     set_loop(args.loop)
     jobs = asyncio.run(run(cfg))
@@ -150,7 +172,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from agents.agent import Agent
+    from agents.agent import PROBE_CHUNK_BYTES, Agent
 
     from .cluster import set_loop
 
@@ -161,8 +183,11 @@ def _agent(args: argparse.Namespace) -> int:
     host, _, port = args.scheduler.rpartition(":")
     lhost, _, lport = args.listen.rpartition(":")
     set_loop(args.loop)
+    probe_bytes = args.probe_bytes if args.probe_bytes is not None else int(PROBE_CHUNK_BYTES * args.scale)
     agent = Agent(args.node, args.cluster, (host, int(port)), topo, trace=_trace(args, topo),
-                  shaped=not args.no_shaping, host=lhost or "127.0.0.1", listen_port=int(lport or 0))
+                  shaped=not args.no_shaping, host=lhost or "127.0.0.1", listen_port=int(lport or 0),
+                  probe_bytes=probe_bytes, probe_num=args.probe_num, primary_busy_bound=args.primary_busy_bound,
+                  aux_queue_length=args.aux_queue_length)
     asyncio.run(agent.run())
     return 0
 

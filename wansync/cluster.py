@@ -56,6 +56,12 @@ class RunConfig:
     dynamic: bool = False
     period_s: float = 180.0
     trace: Trace | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # planner options (NetStorm: roots, aux_mode, reroot)
+    update_time_s: float = 5.0  # NetStorm's UPDATE_TIME at full scale
+    update_rate: float = 0.1
+    primary_busy_bound: int = 2
+    aux_queue_length: int = 5
+    probe_num: int = 4
     extra_agent_args: list[str] = field(default_factory=list)
 
     @property
@@ -90,6 +96,8 @@ def agent_command(cfg: RunConfig, node: int, port: int, cluster: str) -> list[st
         cmd += ["--nodes", str(cfg.topo.nodes)]
     if cfg.dynamic:
         cmd += ["--dynamic", "--period", str(cfg.period_s)]
+    cmd += ["--primary-busy-bound", str(cfg.primary_busy_bound), "--aux-queue-length", str(cfg.aux_queue_length),
+            "--probe-num", str(cfg.probe_num)]
     return cmd + cfg.extra_agent_args
 
 
@@ -127,7 +135,8 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
             results.write({"type": "plan", "version": data["version"], "scheme": data["scheme"],
                            "plan": data["plan"].to_wire()})
 
-    sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event, predict=predictor.round_s)
+    sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event, predict=predictor.round_s,
+                      update_time=cfg.update_time_s * cfg.scale, update_rate=cfg.update_rate)
     port = await sched.start()
     procs: list[subprocess.Popen] = []
     jobs: list[JobState] = []
@@ -138,7 +147,7 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
         with progress:
             for scheme in cfg.schemes:
                 tasks[sched.job_id + 1] = progress.add_task(f"{scheme:>6}", total=cfg.rounds + cfg.warmup, info="")
-                options: dict[str, Any] = {"k": cfg.k}
+                options: dict[str, Any] = {"k": cfg.k, **cfg.options}
                 if cfg.hub is not None:
                     options["hub"] = cfg.hub
                 js = await _wait_or_die(sched.run_job(scheme, rounds=cfg.rounds, params=cfg.params,
@@ -219,7 +228,13 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
             "versions": sorted({r.version for r in js.records}), "policy_s": js.policy_s,
             "busiest_links": [{"link": n, "bytes": b, "busy_s": s} for b, n, s in links[:3]],
             "guard_valid": valid, "guard_worst_ratio": worst, "guard_bad_links": bad,
-            "loop_lag_p99_s": lag, "cpu_share": cpu}
+            "loop_lag_p99_s": lag, "cpu_share": cpu,
+            # overheads (NetStorm §6): topology-request wait, policy compute and bytes, held frames, aux share
+            "trp_wait_s_median": statistics.median(r.trp_wait_s for r in recs), "replans": js.replans,
+            "stashed_frames": sum(st.get("stashed_frames", 0) for st in js.stats.values()),
+            "aux_share": (sum(st.get("aux_bytes", 0) for st in js.stats.values())
+                          / max(1, sum(st.get("sent_bytes", 0) for st in js.stats.values()))),
+            "view_coverage": recs[-1].coverage}
 
 
 def print_table(console: Console, jobs: list[JobState], cfg: RunConfig) -> None:

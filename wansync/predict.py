@@ -45,7 +45,8 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
     out = []
     for scheme in schemes:
         t = time.perf_counter()
-        plan = planners.get(scheme)(view, Job(params, chunk_params, tuple(range(topo.nodes)), dict(options or {})))
+        planner, fixed = planners.resolve(scheme)
+        plan = planner(view, Job(params, chunk_params, tuple(range(topo.nodes)), {**(options or {}), **fixed}))
         plan = plan.with_version(1).validate(topo.links)
         t1 = time.perf_counter()
         pred = simulate(plan, net)
