@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
 import resource
 import time
@@ -81,7 +82,7 @@ class Agent:
                                   aux_queue_length=aux_queue_length)
         self.probe_bytes = probe_bytes
         self.probe_num = probe_num
-        self._probes: dict[tuple[int, int], list[float]] = {}
+        self._probes: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
         uplink = (TokenBucket(topo.uplink_mbps[node] * MBIT)
                   if shaped and node in topo.uplink_mbps else None)
         self.shapers: dict[int, LinkShaper] = {}
@@ -102,15 +103,23 @@ class Agent:
         self.params = None  # the model this agent keeps (updated with each round's result)
 
     def _sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
-        """One chunk fully arrived over src->dst; every probe_num probes make one report."""
+        """One chunk fully arrived over src->dst; every probe_num probes make one report.
+
+        The estimate is bytes over the union of the probes' [send-start, receive-complete]
+        intervals: chunks of several flows (trees) crossing one link at once each see only their
+        share, but together they show what the link carried while busy."""
         if nbytes <= self.probe_bytes or seconds <= 0:
             return
-        acc = self._probes.setdefault((src, dst), [0.0, 0.0, 0])
-        acc[0] += nbytes
-        acc[1] += seconds
-        acc[2] += 1
-        if acc[2] >= self.probe_num:
-            self.samples.append([src, dst, int(acc[0]), acc[1]])
+        now = time.time()
+        probes = self._probes.setdefault((src, dst), [])
+        probes.append((now - seconds, now, nbytes))
+        if len(probes) >= self.probe_num:
+            busy, end = 0.0, -math.inf
+            for t_send, t_recv, _ in sorted(probes):
+                if t_recv > end:
+                    busy += t_recv - max(t_send, end)
+                    end = t_recv
+            self.samples.append([src, dst, sum(p[2] for p in probes), busy])
             del self._probes[(src, dst)]
 
     async def run(self) -> None:

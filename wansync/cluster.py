@@ -62,6 +62,7 @@ class RunConfig:
     primary_busy_bound: int = 2
     aux_queue_length: int = 5
     probe_num: int = 4
+    rounds_by_scheme: dict[str, int] = field(default_factory=dict)  # overrides `rounds` per scheme
     extra_agent_args: list[str] = field(default_factory=list)
 
     @property
@@ -146,11 +147,12 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
         await _wait_or_die(sched.wait_agents(60), procs)
         with progress:
             for scheme in cfg.schemes:
-                tasks[sched.job_id + 1] = progress.add_task(f"{scheme:>6}", total=cfg.rounds + cfg.warmup, info="")
+                rounds = cfg.rounds_by_scheme.get(scheme, cfg.rounds)
+                tasks[sched.job_id + 1] = progress.add_task(f"{scheme:>6}", total=rounds + cfg.warmup, info="")
                 options: dict[str, Any] = {"k": cfg.k, **cfg.options}
                 if cfg.hub is not None:
                     options["hub"] = cfg.hub
-                js = await _wait_or_die(sched.run_job(scheme, rounds=cfg.rounds, params=cfg.params,
+                js = await _wait_or_die(sched.run_job(scheme, rounds=rounds, params=cfg.params,
                                                       chunk_params=cfg.chunk, compute_s=cfg.compute_s,
                                                       options=options, warmup=cfg.warmup), procs)
                 jobs.append(js)
