@@ -93,7 +93,8 @@ class JobState:
 
 class Scheduler:
     def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1, update_time: float = 0.0,
-                 on_event: Event | None = None, predict: Callable[[Plan, float], float] | None = None) -> None:
+                 on_event: Event | None = None, predict: Callable[[Plan, float], float] | None = None,
+                 consistency: bool = True) -> None:
         """predict(plan, seconds since the job's t0) -> predicted round time: the simulator on the
         configured network, where the caller knows it (scheduler/ never sees the emulator itself)."""
         self.cluster = cluster
@@ -102,6 +103,9 @@ class Scheduler:
         self.update_time = update_time  # ... and at most this often (seconds; NetStorm's UPDATE_TIME)
         self.on_event = on_event or (lambda kind, data: None)
         self.predict = predict
+        # False reproduces what NetStorm's topology request protocol prevents (Fig. 8): every agent
+        # gets the newest version when it asks, no freeze per round, no barrier. Tests only.
+        self.consistency = consistency
         self.view = NetworkView()
         self.agents: dict[int, AgentInfo] = {}
         self.plans: dict[int, Plan] = {}
@@ -172,6 +176,13 @@ class Scheduler:
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": plan.version})
         await js.finished.wait()
         return js
+
+    def stage(self, plan: Plan) -> int:
+        """A new policy for the running job (operator override, tests); rounds not yet frozen use it."""
+        if self.current is None:
+            raise RuntimeError("no job is running")
+        self.current.plan = self._publish(plan)
+        return self.current.plan.version
 
     def _publish(self, plan: Plan) -> Plan:
         plan.validate(self.view.links())
@@ -251,13 +262,22 @@ class Scheduler:
                 a.conn.send({"t": "ABORT", "job": msg["job"], "round": msg["round"], "attempt": 0})
                 return
             rnd = msg["round"]
+            if not self.consistency:
+                v = js.plan.version
+                reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v}
+                if v not in set(msg.get("have", ())):
+                    reply["plan"] = self.plans[v].to_wire()
+                a.conn.send(reply)
+                self.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
+                return
             v = self._version_for(js, rnd)
+            self.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
             asked = js.asked.setdefault(rnd, {})
             asked[a.node] = set(msg.get("have", ()))
             if len(asked) < len(js.spec.participants):
                 return
             for node, have in asked.items():
-                reply: dict[str, Any] = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v}
+                reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v}
                 if v not in have:
                     reply["plan"] = self.plans[v].to_wire()
                 self.agents[node].conn.send(reply)
