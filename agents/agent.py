@@ -23,6 +23,7 @@ from emulation.link import MBIT, LinkShaper
 from emulation.token_bucket import TokenBucket
 from emulation.topology import Topology
 from emulation.trace import Trace
+from overlay.clock import SyncedClock
 from overlay.control import ControlConn
 from overlay.peers import Overlay
 from scheduler.plan import Plan
@@ -33,6 +34,7 @@ from .workload import contribution, expected
 log = logging.getLogger("wansync.agent")
 
 REPORT_EVERY_S = 0.25
+CLOCK_EXCHANGES = 5
 LAG_TICK_S = 0.01
 # NetStorm's passive awareness: chunks above PROBE_CHUNK_SIZE bytes are probes; PROBE_CHUNK_NUM of
 # them make one size-weighted estimate (sum of bytes / sum of seconds) per directed link
@@ -69,7 +71,8 @@ class Agent:
     def __init__(self, node: int, cluster: str, scheduler: tuple[str, int], topo: Topology, *,
                  trace: Trace | None = None, shaped: bool = True, host: str = "127.0.0.1",
                  listen_port: int = 0, probe_bytes: int = PROBE_CHUNK_BYTES, probe_num: int = PROBE_CHUNK_NUM,
-                 primary_busy_bound: int = 2, aux_queue_length: int = 5) -> None:
+                 primary_busy_bound: int = 2, aux_queue_length: int = 5, clock_skew: float = 0.0,
+                 clock_sync: bool = True) -> None:
         self.node = node
         self.cluster = cluster
         self.scheduler = scheduler
@@ -78,6 +81,8 @@ class Agent:
         self.host = host
         self.listen_port = listen_port
         routes = topo.routes()
+        self.clock = SyncedClock(clock_skew)
+        self.clock_sync = clock_sync
         self.engine = ChunkEngine(node, routes, primary_busy_bound=primary_busy_bound,
                                   aux_queue_length=aux_queue_length)
         self.probe_bytes = probe_bytes
@@ -93,7 +98,7 @@ class Agent:
                     if shaped and node in topo.downlink_mbps else None)
         self.samples: list[list[float]] = []
         self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.shapers,
-                               downlink=downlink, host=host, on_sample=self._sample)
+                               downlink=downlink, host=host, on_sample=self._sample, clock=self.clock.now)
         self.engine.overlay = self.overlay
         self.plans: dict[int, Plan] = {}
         self.ctl: ControlConn | None = None
@@ -110,7 +115,7 @@ class Agent:
         share, but together they show what the link carried while busy."""
         if nbytes <= self.probe_bytes or seconds <= 0:
             return
-        now = time.time()
+        now = self.clock.now()
         probes = self._probes.setdefault((src, dst), [])
         probes.append((now - seconds, now, nbytes))
         if len(probes) >= self.probe_num:
@@ -129,6 +134,8 @@ class Agent:
         reply = await ctl.recv()
         if reply is None or reply["t"] != "HELLO":
             raise ConnectionError(f"node {self.node}: the scheduler refused us (cluster {self.cluster!r})")
+        if self.clock_sync:
+            await self._sync_clock(ctl)
         ctl.send({"t": "REGISTER", "node": self.node, "host": self.host, "port": port,
                   "neighbors": self.topo.neighbors(self.node), "pid": os.getpid()})
         self._lag.start()
@@ -164,6 +171,19 @@ class Agent:
             await self.overlay.close()
             ctl.close()
 
+    async def _sync_clock(self, ctl: ControlConn, exchanges: int = CLOCK_EXCHANGES) -> None:
+        """Cristian: a few CLOCK round trips to the scheduler, keep the shortest."""
+        got = []
+        for _ in range(exchanges):
+            t0 = self.clock.local()
+            ctl.send({"t": "CLOCK", "t0": t0})
+            reply = await ctl.recv()
+            if reply is None or reply["t"] != "CLOCK" or "t1" not in reply:
+                raise ConnectionError(f"node {self.node}: no clock reply from the scheduler")
+            got.append((t0, reply["t1"], self.clock.local()))
+        offset = self.clock.update(got)
+        log.info("node %d: clock offset %+.6f s (+- %.6f)", self.node, offset, self.clock.error_bound)
+
     async def _report_loop(self) -> None:
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
@@ -189,7 +209,7 @@ class Agent:
 
     async def _apply_trace(self, t0: float, events: list) -> None:
         for e in events:
-            wait = t0 + e.t - time.time()
+            wait = t0 + e.t - self.clock.now()
             if wait > 0:
                 await asyncio.sleep(wait)
             self.shapers[e.dst].set_rate(e.rate_mbps)
@@ -198,7 +218,7 @@ class Agent:
         assert self.ctl is not None
         job, rounds, nparams = msg["job"], msg["rounds"], msg["params"]
         await self.overlay.wait_connected(60)
-        self._start_trace(msg.get("t0") or time.time())
+        self._start_trace(msg.get("t0") or self.clock.now())
         cpu0, wall0 = _cpu_s(), time.time()
         guard0 = {b: sh.guard() for b, sh in self.shapers.items()}
         meter0 = {b: s.meter.snapshot() for b, s in self.overlay.senders.items()}
@@ -222,7 +242,7 @@ class Agent:
             plan = self.plans[reply["version"]]
             self.overlay.forget_before(job, rnd - 1)
             self.engine.drop_stale(job, rnd)
-            t_start = time.time()
+            t_start = self.clock.now()
             st = self.engine.begin_round(job, rnd, 0, plan, contrib)
             error = ""
             try:
@@ -230,7 +250,7 @@ class Agent:
                 ok = True
             except Exception as exc:  # a RoundError: reported, never silently wrong
                 result, ok, error = st.result, False, str(exc)
-            t_end = time.time()
+            t_end = self.clock.now()
             self.engine.end_round(st)
             if ok:
                 # numpy and blake2b release the GIL: verify off the loop, which still forwards chunks

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,11 +94,12 @@ class LinkMeter:
 
 class LinkSender:
     def __init__(self, local: int, remote: int, *, pacer: Pacer | None = None,
-                 segment_bytes: int = SEGMENT_BYTES) -> None:
+                 segment_bytes: int = SEGMENT_BYTES, clock: Callable[[], float] = time.time) -> None:
         self.local = local
         self.remote = remote
         self.pacer = pacer
         self.segment_bytes = segment_bytes
+        self.clock = clock  # stamps t_send: must agree with the receiver's clock (overlay.clock)
         self.meter = LinkMeter()
         self.conn: FrameProtocol | None = None
         self.unacked: dict[tuple, Transfer] = {}
@@ -261,7 +262,7 @@ class LinkSender:
                 self._set_idle(False)
                 tr, seg = nxt
                 if tr.sent == 0:
-                    tr.t_send = time.time()
+                    tr.t_send = self.clock()
                 header = dict(tr.header)
                 header.update(off=tr.sent, nbytes=len(seg), t_send=tr.t_send)
                 prefix = encode(header)

@@ -63,7 +63,7 @@ class Overlay:
     def __init__(self, node: int, cluster: str, sink: ChunkSink, *, neighbors: list[int],
                  pacers: Mapping[int, Pacer] | None = None, downlink: ReceiveLimiter | None = None,
                  segment_bytes: int = SEGMENT_BYTES, on_sample: Sample | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", clock: Callable[[], float] = time.time) -> None:
         self.node = node
         self.cluster = cluster
         self.sink = sink
@@ -71,7 +71,8 @@ class Overlay:
         self.host = host
         self.downlink = downlink
         self.on_sample = on_sample
-        self.senders = {n: LinkSender(node, n, pacer=(pacers or {}).get(n), segment_bytes=segment_bytes)
+        self.clock = clock
+        self.senders = {n: LinkSender(node, n, pacer=(pacers or {}).get(n), segment_bytes=segment_bytes, clock=clock)
                         for n in sorted(self.neighbors)}
         self.meters_in = {n: InMeter() for n in self.neighbors}
         self.port = 0
@@ -258,7 +259,7 @@ class Overlay:
             self._done.setdefault((h["job"], h["round"]), set()).add(key)
             self.senders[peer].send_control(ack_for(key))
             if self.on_sample is not None:
-                self.on_sample(peer, self.node, rx.total, time.time() - h["t_send"])
+                self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"])
 
 
 def _receive_pacer(proto: FrameProtocol, limiter: ReceiveLimiter) -> Callable[[int], None]:
