@@ -45,7 +45,7 @@ FLUID_SLICES = 24  # fluid: at most this many time slices (plus trace events) pe
 _INF = float("inf")
 
 # event kinds, in the order they are handled when times tie
-_RATE, _DONE, _WAKE = 0, 1, 2
+_RATE, _DONE, _ACK, _SEND, _WAKE = 0, 1, 2, 3, 4
 # transfer kinds (also the FIFO tie-break after chunk index)
 _AGG, _BCAST = 0, 1
 
@@ -71,6 +71,7 @@ class RoundPrediction:
     link_bytes: dict[tuple[int, int], int]  # bytes carried by each directed link, relayed ones included
     link_busy_s: dict[tuple[int, int], float]  # time each link had at least one backlogged flow
     mode: str = "exact"  # the engine that produced it
+    aux_bytes: int = 0  # bytes senders put on auxiliary routes (each transfer once, not per link)
 
 
 class SimulationStalled(RuntimeError):
@@ -140,12 +141,22 @@ class _Model:
         return len(cap) - 1
 
     def _key(self, u: int, v: int) -> int:
+        """The key of a logical transfer u->v on its static route."""
         k = self.key_of.get((u, v))
         if k is not None:
             return k
         path = tuple(self.net.route(u, v))
         if len(path) < 2 or path[0] != u or path[-1] != v:
             raise ValueError(f"route({u}, {v}) returned {path}, not a path from {u} to {v}")
+        k = self.key_of[(u, v)] = self._path_key(path)
+        return k
+
+    def _path_key(self, path: tuple[int, ...]) -> int:
+        """One key per path (the static route of a pair, or an auxiliary route). Keys whose paths
+        share origin, destination and first hop share one FIFO, as in the live LinkSender."""
+        k = self.key_of_path.get(path)
+        if k is not None:
+            return k
         res: list[int] = []
         delay = 0.0
         for a, b in zip(path, path[1:], strict=False):
@@ -159,26 +170,37 @@ class _Model:
             if b in self.down_res:
                 res.append(self.down_res[b])
         k = len(self.key_path)
-        self.key_of[(u, v)] = k
+        self.key_of_path[path] = k
         self.key_path.append(path)
         self.key_res.append(tuple(dict.fromkeys(res)))
         self.key_delay.append(delay)
-        self.key_dst.append(self.ix[v])
+        self.key_dst.append(self.ix[path[-1]])
+        # the hop ack: the first hop has the whole chunk one link delay after its last byte left,
+        # and its ACK needs the reverse link's delay to come back
+        self.key_ack.append(self.net.delays_s.get((path[0], path[1]), 0.0)
+                            + self.net.delays_s.get((path[1], path[0]), 0.0))
+        self.key_fifo.append(self.fifo_of.setdefault((path[0], path[-1], path[1]), len(self.fifo_of)))
         return k
 
     def _build_keys(self) -> None:
         """Flow keys of every tree edge, and per group and node which keys its chunks leave on."""
         self.key_of: dict[tuple[int, int], int] = {}
+        self.key_of_path: dict[tuple[int, ...], int] = {}
+        self.fifo_of: dict[tuple[int, int, int], int] = {}
         self.key_path: list[tuple[int, ...]] = []
         self.key_res: list[tuple[int, ...]] = []
         self.key_delay: list[float] = []
         self.key_dst: list[int] = []
+        self.key_ack: list[float] = []  # from a transfer's last byte leaving to its hop ack arriving back
+        self.key_fifo: list[int] = []
         n = len(self.nodes)
         self.group_of = [0] * len(self.chunk_bytes)
         self.agg_key: list[list[int]] = []  # per group, per node index: key to the agg parent (-1 at root)
         self.bcast_keys: list[list[tuple[int, ...]]] = []  # per group, per node index
         self.nkids: list[list[int]] = []  # per group, per node index: aggregation children to wait for
         self.root: list[int] = []
+        # NetStorm auxiliary routes: per group, primary key of a tree edge -> its auxiliary keys
+        self.aux_keys: list[dict[int, tuple[int, ...]]] = []
         for g_idx, g in enumerate(self.plan.groups):
             for c in g.chunks:
                 self.group_of[c] = g_idx
@@ -195,8 +217,21 @@ class _Model:
             self.bcast_keys.append(bc)
             self.nkids.append(kids)
             self.root.append(self.ix[g.root])
-            # g.aux (NetStorm auxiliary routes) is not modelled yet: a share of an edge's bytes
-            # would become extra keys, joined by a per-(chunk, edge) counter before _arrive.
+            aux: dict[int, tuple[int, ...]] = {}
+            for (a, b), routes in g.aux.items():
+                if routes:
+                    aux[self._key(a, b)] = tuple(self._path_key(tuple(r)) for r in routes)
+            self.aux_keys.append(aux)
+        # keys whose in-transit count some dispatch decision reads: sends on them are counted
+        self.counted = [False] * len(self.key_path)
+        for aux in self.aux_keys:
+            for k, routes in aux.items():
+                for x in (k, *routes):
+                    self.counted[x] = True
+
+    @property
+    def has_aux(self) -> bool:
+        return any(self.aux_keys)
 
     def pairs(self, keys: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(flow index, resource id) of every resource each key uses, for max_min_rates."""
@@ -227,24 +262,41 @@ class _Model:
 # --- exact: event driven -------------------------------------------------------------------------
 class _Exact:
     """Arrivals are resolved as soon as the transfer that causes them finishes (they only take a max
-    of times), so there is one event per transfer plus one per key that wakes up; rates are only
+    of times), so there is one event per transfer plus one per FIFO that wakes up; rates are only
     re-solved for keys sharing a resource, transitively, with a change, and a key alone on its
-    resources needs no water-filling."""
+    resources needs no water-filling.
 
-    def __init__(self, m: _Model) -> None:
+    NetStorm's auxiliary dispatch is decided when the chunk is ready, from the sender's counts at
+    that moment, as agents.engine.ChunkEngine._send does: a send on a tree edge with auxiliary
+    routes takes the first route whose in-transit count is below `queue_length` once the primary
+    path's count reaches `busy_bound`, else the primary. A transfer is in transit from the moment it
+    is handed to its FIFO (queued ones count) until its hop ack is back: its last byte left, crossed
+    the first link, and the ack crossed the link back (overlay.peers.Overlay.in_transit). Sends
+    whose key such a decision reads become _SEND events at their ready time, so they are decided
+    (and counted) in time order; ties go in chunk order, as a node's ready chunks leave live."""
+
+    def __init__(self, m: _Model, busy_bound: int = 2, queue_length: int = 5) -> None:
         self.m = m
+        self.busy_bound, self.queue_length = busy_bound, queue_length
         nk = len(m.key_path)
+        nf = len(m.fifo_of)
         n = len(m.nodes)
         self.cap = list(m.cap)
         self.busy = [False] * nk
         self.rate = [0.0] * nk
         self.left = [0.0] * nk  # bytes of the head transfer still to send, as of since[k]
         self.since = [0.0] * nk
-        self.head: list[tuple[float, int, int]] = [(0.0, 0, 0)] * nk
+        self.head: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)] * nk
         self.version = [0] * nk
-        self.queue: list[list[tuple[float, int, int]]] = [[] for _ in range(nk)]
-        self.wake_at = [_INF] * nk
+        # per FIFO (origin, destination, first hop): (ready, chunk, kind, key); one key active at a time
+        self.queue: list[list[tuple[float, int, int, int]]] = [[] for _ in range(nf)]
+        self.fifo_busy = [False] * nf
+        self.wake_at = [_INF] * nf
         self.key_bytes = [0] * nk
+        self.in_transit = [0] * nk  # of counted keys only
+        self.sends: dict[int, tuple[int, int, int]] = {}  # pending _SEND: seq -> (primary key, kind, group)
+        self.seq = 0
+        self.aux_bytes = 0
         self.res_active: list[set[int]] = [set() for _ in self.cap]
         self.res_since = [0.0] * m.nlinks
         self.res_busy = [0.0] * m.nlinks
@@ -260,14 +312,16 @@ class _Exact:
         m = self.m
         n = len(m.nodes)
         t = m.start
-        for g_idx, g in enumerate(m.plan.groups):
-            kids = m.nkids[g_idx]
-            for c in sorted(g.chunks):
-                self.pending[c] = list(kids)
+        for g in m.plan.groups:
+            for c in g.chunks:
+                self.pending[c] = list(m.nkids[m.group_of[c]])
                 self.arrived[c] = [t] * n
-                for v in range(n):
-                    if kids[v] == 0:
-                        self._ready(v, c, g_idx, t)
+        for c in range(len(m.chunk_bytes)):  # leaves hand out their chunks in chunk order
+            g_idx = m.group_of[c]
+            kids = m.nkids[g_idx]
+            for v in range(n):
+                if kids[v] == 0:
+                    self._ready(v, c, g_idx, t)
         for i, ev in enumerate(m.later_events):
             heapq.heappush(self.events, (ev[0], _RATE, i, 0))
         self._loop()
@@ -277,7 +331,8 @@ class _Exact:
         link_of_res = {r: link for link, r in m.res_of_link.items()}
         busy = {link_of_res[r]: s for r, s in enumerate(self.res_busy) if s > 0}
         done = {m.nodes[v]: d for v, d in enumerate(self.done)}
-        return RoundPrediction(max(self.done) - m.start, done, m.link_bytes(self.key_bytes), busy, "exact")
+        return RoundPrediction(max(self.done) - m.start, done, m.link_bytes(self.key_bytes), busy, "exact",
+                               self.aux_bytes)
 
     def _loop(self) -> None:
         events, version, wake_at = self.events, self.version, self.wake_at
@@ -291,6 +346,10 @@ class _Exact:
                 elif kind == _WAKE:
                     if wake_at[k] == t:
                         self._wake(k, t)
+                elif kind == _ACK:
+                    self.in_transit[k] -= 1
+                elif kind == _SEND:
+                    self._dispatch(k, ver, t)
                 else:
                     _, a, b, mbps = self.m.later_events[k]
                     r = self.m.res_of_link[(a, b)]
@@ -305,14 +364,14 @@ class _Exact:
         if v == self.m.root[g]:
             self._final(v, c, g, t)
         else:
-            self._enqueue(self.m.agg_key[g][v], t, c, _AGG)
+            self._send(self.m.agg_key[g][v], t, c, _AGG, g)
 
     def _final(self, v: int, c: int, g: int, t: float) -> None:
         if t > self.done[v]:
             self.done[v] = t
         self.finals[v] += 1
         for k in self.m.bcast_keys[g][v]:
-            self._enqueue(k, t, c, _BCAST)
+            self._send(k, t, c, _BCAST, g)
 
     def _arrive(self, v: int, c: int, kind: int, t: float) -> None:
         g = self.m.group_of[c]
@@ -327,16 +386,45 @@ class _Exact:
         if pend[v] == 0:
             self._ready(v, c, g, arr[v])
 
-    # flow keys
-    def _enqueue(self, k: int, t: float, c: int, kind: int) -> None:
-        heapq.heappush(self.queue[k], (t, c, kind))
-        if not self.busy[k] and t < self.wake_at[k]:
-            self.wake_at[k] = t
-            heapq.heappush(self.events, (t, _WAKE, k, 0))
+    def _send(self, k: int, t: float, c: int, kind: int, g: int) -> None:
+        """Chunk c is ready at t for the tree edge whose static route is key k."""
+        if self.m.counted[k]:  # decided, and counted, when the clock gets there
+            self.seq += 1
+            self.sends[self.seq] = (k, kind, g)
+            heapq.heappush(self.events, (t, _SEND, c, self.seq))
+        else:
+            self._enqueue(k, t, c, kind)
 
-    def _wake(self, k: int, t: float) -> None:
-        self.wake_at[k] = _INF
-        self._start(k, t)
+    def _dispatch(self, c: int, seq: int, t: float) -> None:
+        k, kind, g = self.sends.pop(seq)
+        routes = self.m.aux_keys[g].get(k)
+        if routes and self.in_transit[k] >= self.busy_bound:
+            for a in routes:
+                if self.in_transit[a] < self.queue_length:
+                    k = a
+                    self.aux_bytes += self.m.chunk_bytes[c]
+                    break
+        self.in_transit[k] += 1
+        self._enqueue(k, t, c, kind)
+
+    # FIFOs and flow keys
+    def _enqueue(self, k: int, t: float, c: int, kind: int) -> None:
+        f = self.m.key_fifo[k]
+        heapq.heappush(self.queue[f], (t, c, kind, k))
+        if not self.fifo_busy[f] and t < self.wake_at[f]:
+            self.wake_at[f] = t
+            heapq.heappush(self.events, (t, _WAKE, f, 0))
+
+    def _wake(self, f: int, t: float) -> None:
+        self.wake_at[f] = _INF
+        self.fifo_busy[f] = True
+        self._activate(heapq.heappop(self.queue[f]), t)
+
+    def _activate(self, item: tuple[float, int, int, int], t: float) -> None:
+        k = item[3]
+        self.head[k] = item
+        self.left[k] = self.m.chunk_bytes[item[1]]
+        self.since[k] = t
         self.busy[k] = True
         self.changed.add(k)
         for r in self.m.key_res[k]:
@@ -345,39 +433,47 @@ class _Exact:
                 self.res_since[r] = t
             act.add(k)
 
-    def _start(self, k: int, t: float) -> None:
-        item = heapq.heappop(self.queue[k])
-        self.head[k] = item
-        self.left[k] = self.m.chunk_bytes[item[1]]
-        self.since[k] = t
+    def _deactivate(self, k: int, t: float) -> None:
+        m = self.m
+        self.busy[k] = False
+        self.rate[k] = 0.0
+        self.version[k] += 1
+        self.changed.add(k)
+        for r in m.key_res[k]:
+            act = self.res_active[r]
+            act.discard(k)
+            if not act and r < m.nlinks:
+                self.res_busy[r] += t - self.res_since[r]
 
     def _finish(self, k: int, t: float) -> None:
         m = self.m
-        _, c, kind = self.head[k]
+        _, c, kind, _ = self.head[k]
         size = m.chunk_bytes[c]
         self.key_bytes[k] += size
         hops = len(m.key_path[k]) - 1
         arrive = t + m.key_delay[k]
         if hops > 1:  # cut-through: each relay waits for one segment before passing it on
             arrive += (hops - 1) * min(m.segment, size) / self.rate[k]
-        q = self.queue[k]
-        if q and q[0][0] <= t:
-            self._start(k, t)
+        if m.counted[k]:
+            heapq.heappush(self.events, (t + m.key_ack[k], _ACK, k, 0))
+        f = m.key_fifo[k]
+        q = self.queue[f]
+        if q and q[0][0] <= t and q[0][3] == k:  # same key goes on: resources and rate stay
+            item = heapq.heappop(q)
+            self.head[k] = item
+            self.left[k] = m.chunk_bytes[item[1]]
+            self.since[k] = t
             self.version[k] += 1
             heapq.heappush(self.events, (t + self.left[k] / self.rate[k], _DONE, k, self.version[k]))
         else:
-            self.busy[k] = False
-            self.rate[k] = 0.0
-            self.version[k] += 1
-            self.changed.add(k)
-            for r in m.key_res[k]:
-                act = self.res_active[r]
-                act.discard(k)
-                if not act and r < m.nlinks:
-                    self.res_busy[r] += t - self.res_since[r]
-            if q:
-                self.wake_at[k] = q[0][0]
-                heapq.heappush(self.events, (q[0][0], _WAKE, k, 0))
+            self._deactivate(k, t)
+            if q and q[0][0] <= t:  # the FIFO goes on with a transfer on another route
+                self._activate(heapq.heappop(q), t)
+            else:
+                self.fifo_busy[f] = False
+                if q:
+                    self.wake_at[f] = q[0][0]
+                    heapq.heappush(self.events, (q[0][0], _WAKE, f, 0))
         self._arrive(m.key_dst[k], c, kind, arrive)
 
     def _reallocate(self, t: float) -> None:
@@ -602,18 +698,23 @@ def _exact_cost_s(m: _Model) -> float:
 
 
 def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes: int = 65536,
-             mode: Mode = "auto") -> RoundPrediction:
+             mode: Mode = "auto", primary_busy_bound: int = 2, aux_queue_length: int = 5) -> RoundPrediction:
     """Predict one synchronization round of `plan` on `net`, starting at `start_s` on the trace's clock.
 
     mode: `exact` (event driven), `fluid` (static shares, for 1,000-node scale), or `auto`, which
-    runs `exact` unless its estimated cost exceeds EXACT_BUDGET_S.
+    runs `exact` unless its estimated cost exceeds EXACT_BUDGET_S, and always for plans with
+    auxiliary routes (fluid cannot model their dispatch and refuses them).
+    primary_busy_bound, aux_queue_length: NetStorm's PRIMARY_BUSY_BOUND and AUXILIARY_QUEUE_LENGTH,
+    as the agents run them (agents.engine.ChunkEngine); they only matter for auxiliary routes.
     """
     m = _Model(plan, net, start_s, segment_bytes)
     if mode == "auto":
-        mode = "exact" if _exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
+        mode = "exact" if m.has_aux or _exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":
-        return _Exact(m).run()
+        return _Exact(m, primary_busy_bound, aux_queue_length).run()
     if mode == "fluid":
+        if m.has_aux:
+            raise NotImplementedError("the fluid engine does not model auxiliary-route dispatch: use exact")
         sim = _Fluid(m)
         pred = sim.run()
         for _ in range(FLUID_PASSES - 1 if m.key_path else 0):

@@ -88,3 +88,24 @@ def test_unmeasured_first_plan_is_not_frozen():
     state: dict = {}
     netstorm.plan(NetworkView(internet2().links), Job(10_000, 1000, tuple(range(9)), {"state": state}))
     assert "frozen" not in state
+
+
+def test_exploration_routes_cover_unmeasured_links_and_vanish_once_measured():
+    topo = internet2()
+    view = NetworkView(topo.links)
+    for (a, b), s in topo.links.items():  # everything measured except the links around node 4
+        if 4 not in (a, b):
+            view.observe(a, b, int(s.rate_mbps * 1e6 / 8), 1.0)
+    table = netstorm.with_exploration(view, range(9), {})
+    used = {(u, v) for routes in table.values() for r in routes for u, v in zip(r, r[1:], strict=False)}
+    unmeasured = {(a, b) for (a, b) in topo.links if 4 in (a, b)}
+    assert unmeasured <= used
+    for (a, b), routes in table.items():
+        for r in routes:  # simple relay paths over links, from a to its neighbour b
+            assert r[0] == a and r[-1] == b and len(set(r)) == len(r) >= 3 and (a, b) in topo.links
+            assert all((u, v) in topo.links for u, v in zip(r, r[1:], strict=False))
+    for a, b in unmeasured:
+        view.observe(a, b, 10**6, 0.1)
+    assert netstorm.with_exploration(view, range(9), {}) == {}
+    plan = netstorm.plan(view, Job(100_000, 5_000, tuple(range(9)), {"aux": True, "state": {}}))
+    plan.validate(topo.links)

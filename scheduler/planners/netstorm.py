@@ -9,8 +9,9 @@ shares are computed once more and then kept (moving a root moves parameters), un
 
 Options (Job.options): `roots` (N, default all nodes), `both_directions` (weigh push and pull),
 `reroot` (recompute roots and shares on every plan), `aux` (attach Algorithm 3's auxiliary
-routes to every tree edge), `aux_mode` (global_prune | per_pair_disjoint), `state` (the
-scheduler's per-job dict where the frozen choice is kept).
+routes to every tree edge), `aux_mode` (global_prune | per_pair_disjoint), `explore` (with aux:
+also one-relay routes over links never measured; default on), `state` (the scheduler's per-job
+dict where the frozen choice is kept).
 """
 
 from __future__ import annotations
@@ -45,6 +46,36 @@ def fastest_trees(view: NetworkView, participants: Sequence[int], *, both_direct
         parent: dict[int, int | None] = {n: (min(pred[n]) if pred[n] else None) for n in parts}
         out[r] = (parent, max(dist.values()))
     return out
+
+
+Routes = dict[tuple[int, int], list[tuple[int, ...]]]
+
+
+def with_exploration(view: NetworkView, participants: Sequence[int], table: Routes) -> Routes:
+    """Passive awareness only sees links that carry chunks (the "avalanche effect"). For every link
+    u->v never measured, append a route u -> v -> ... -> w to the pair (u, w), where w is another
+    neighbour of u reached from v by the fewest hops avoiding u (a cycle through the link): when a
+    tree edge u->w is busy, the auxiliary dispatch sends chunks that way and every hop gets measured.
+    Once measured, a link drops out of these extra routes."""
+    parts = set(participants)
+    g = view.g.subgraph(parts)
+    out = {k: list(v) for k, v in table.items()}
+    for u, v in sorted(g.edges):
+        if g.edges[u, v]["measured"]:
+            continue
+        others = set(g.successors(u)) - {v}
+        if not others:
+            continue
+        rest = g.subgraph(parts - {u})
+        paths = nx.single_source_shortest_path(rest, v)
+        reach = sorted((len(paths[w]), w) for w in others if w in paths)
+        if not reach:
+            continue
+        w = reach[0][1]
+        route = (u, *paths[w])
+        if route not in out.setdefault((u, w), []):
+            out[(u, w)].append(route)
+    return {k: v for k, v in out.items() if v}
 
 
 def with_aux(group: ChunkGroup, table: dict[tuple[int, int], list[tuple[int, ...]]]) -> ChunkGroup:
@@ -104,6 +135,8 @@ def plan(view: NetworkView, job: Job) -> Plan:
                                 for r in choice["roots"] if choice["owned"][r]]
     if opts.get("aux"):
         table = aux_paths(view, job.participants, mode=str(opts.get("aux_mode", "global_prune")))
+        if opts.get("explore", True):
+            table = with_exploration(view, job.participants, table)
         groups = [with_aux(g, table) for g in groups]
     return Plan(0, "netstorm", tuple(sorted(job.participants)), {n: 1.0 for n in job.participants}, layout,
                 tuple(groups))
