@@ -191,6 +191,17 @@ def _node(d: Mapping[str, Any], key: str, where: str, nodes: int) -> int:
     return v
 
 
+def _tables(data: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """The entries of an optional list of tables, each with the name errors should use for it."""
+    raw = data.get(key, [])
+    if not isinstance(raw, list):
+        raise TopologyError(f"{key}: must be a list")
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, Mapping):
+            raise TopologyError(f"{key}[{i}]: must be a table")
+    return [(f"{key}[{i}]", entry) for i, entry in enumerate(raw)]
+
+
 def from_dict(data: Mapping[str, Any], default_name: str = "custom") -> Topology:
     """Schema: nodes; defaults {rate_mbps, delay_ms, jitter_ms}; links [{a,b | src,dst, rate_mbps,
     rate_ab_mbps, rate_ba_mbps, delay_ms, jitter_ms}] or matrix [[Mbit/s, 0 = no link]]; caps
@@ -224,13 +235,7 @@ def from_dict(data: Mapping[str, Any], default_name: str = "custom") -> Topology
                 if a != b and m[a][b]:
                     r = _num({"rate": m[a][b]}, "rate", f"matrix[{a}][{b}]", positive=True)
                     put(a, b, r, d_delay, d_jitter, f"matrix[{a}][{b}]")
-    raw = data.get("links", [])
-    if not isinstance(raw, list):
-        raise TopologyError("links: must be a list")
-    for i, link in enumerate(raw):
-        where = f"links[{i}]"
-        if not isinstance(link, Mapping):
-            raise TopologyError(f"{where}: must be a table")
+    for where, link in _tables(data, "links"):
         delay = _num(link, "delay_ms", where, d_delay)
         jitter = _num(link, "jitter_ms", where, d_jitter)
         if "src" in link or "dst" in link:
@@ -247,13 +252,7 @@ def from_dict(data: Mapping[str, Any], default_name: str = "custom") -> Topology
         raise TopologyError("links: the topology has no links (give links or matrix)")
     up: dict[int, float] = {}
     down: dict[int, float] = {}
-    caps = data.get("caps", [])
-    if not isinstance(caps, list):
-        raise TopologyError("caps: must be a list")
-    for i, cap in enumerate(caps):
-        where = f"caps[{i}]"
-        if not isinstance(cap, Mapping):
-            raise TopologyError(f"{where}: must be a table")
+    for where, cap in _tables(data, "caps"):
         n = _node(cap, "node", where, nodes)
         if cap.get("uplink_mbps") is not None:
             up[n] = _num(cap, "uplink_mbps", where, positive=True)

@@ -26,7 +26,6 @@ import multiprocessing as mp
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -35,6 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+from bench_common import commit, exit_on_sigterm, reap
 
 from emulation.link import LinkShaper, LinkSpec
 from emulation.topology import INTERNET2_DELAY_S, Topology, internet2
@@ -289,7 +289,7 @@ class Cluster:
         for c in self.ctrls.values():
             with contextlib.suppress(Exception):
                 c.send(None)
-        _reap(self.procs)
+        reap(self.procs)
 
 
 @contextlib.contextmanager
@@ -302,33 +302,10 @@ def running(topo: Topology, active: list[tuple[int, int]]) -> Any:
         cl.stop()
 
 
-def _commit() -> str:
-    """The library version measured (the working tree may differ from it)."""
-    with contextlib.suppress(Exception):
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=5).stdout.strip()
-    return ""
 
 
-def _reap(procs: list[Any], grace_s: float = 3.0) -> None:
-    """Join every child; after `grace_s` in all, terminate, then kill, whatever is still alive."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        with contextlib.suppress(Exception):
-            if p.is_alive():
-                p.terminate()
-                p.join(1)
-            if p.is_alive():
-                p.kill()
-                p.join()
 
 
-def _sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _print_links(title: str, links: Iterable[LinkResult]) -> None:
@@ -371,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dur = 3.0 if args.quick else args.seconds
     sdur = 1.5 if args.quick else args.search_seconds
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     start = time.monotonic()
 
     base = ALONE_MBPS[0]
@@ -416,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         "internet2_total_mbps": round(busy.total_mbps, 1),
         "seconds": dur,
         "wall_s": round(time.monotonic() - start, 1),
-        "commit": _commit(),
+        "commit": commit(),
     }
     print(json.dumps(out), flush=True)
     return 0

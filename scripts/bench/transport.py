@@ -25,7 +25,6 @@ import signal
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+from bench_common import commit, exit_on_sigterm, reap
 
 from emulation.link import LinkShaper, LinkSpec
 from overlay.link import SEGMENT_BYTES
@@ -316,40 +316,17 @@ class Pair:
             with contextlib.suppress(Exception):
                 if conn is not None:
                     conn.send(None)
-        _reap(self.procs)
+        reap(self.procs)
 
 
-def _reap(procs: list[Any], grace_s: float = 3.0) -> None:
-    """Join every child; after `grace_s` in all, terminate, then kill, whatever is still alive."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        with contextlib.suppress(Exception):
-            p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        with contextlib.suppress(Exception):
-            if p.is_alive():
-                p.terminate()
-                p.join(1)
-            if p.is_alive():
-                p.kill()
-                p.join()
 
 
-def _sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _seg_name(segment: int) -> str:
     return "64KiB" if segment == SEGMENT_BYTES else "=frame"
 
 
-def _commit() -> str:
-    """The library version measured (the working tree may differ from it)."""
-    with contextlib.suppress(Exception):
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=5).stdout.strip()
-    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     total = (args.total_mib or (256 if args.quick else 1536)) * MIB
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
     base = Pair("socket", "socket")
     ours = [Pair(f"overlay {lp} segment{_seg_name(seg)}", "overlay", lp, seg, not args.no_shaper)
@@ -453,7 +430,7 @@ def report(base: Pair, ours: list[Pair], ratios: dict[str, dict[int, list[float]
         "pairs": done,
         "mib_per_measurement": total // MIB,
         "wall_s": round(wall, 1),
-        "commit": _commit(),
+        "commit": commit(),
     }
     print(json.dumps(out), flush=True)
     return 0
