@@ -7,9 +7,14 @@ It models what the live data plane does, and nothing fitted to live runs (it is 
 - a logical transfer u->v follows the static route net.route(u, v), cut-through at the relays:
   one flow that occupies every link of the route at once, plus each link's one-way delay and one
   segment's transmission per extra relay hop;
-- each sender keeps one FIFO per flow key (route origin, route destination): transfers with the
-  same key run one after the other, different keys share links round-robin, which at flow level
-  is max-min fairness over links and node uplink/downlink caps.
+- each sender keeps one FIFO per flow key (route origin, route destination) and first hop, as the
+  live LinkSender does per link: transfers with the same key run one after the other, different
+  keys share links round-robin, which at flow level is max-min fairness over links and node
+  uplink/downlink caps;
+- NetStorm's auxiliary routes (ChunkGroup.aux) are dispatched as agents.engine.ChunkEngine._send
+  does, when the chunk is ready: once `primary_busy_bound` transfers on the primary path are in
+  transit (queued, sending, or waiting for the first hop's ack), the first auxiliary route with
+  fewer than `aux_queue_length` in transit takes the chunk, relayed like any other route.
 
 Two engines implement this. `exact` is event driven: rates are re-solved at every event that
 changes the set of backlogged keys or a capacity (trace). Its cost grows with transfers times the
@@ -20,8 +25,10 @@ pass found active there, and chunk times follow from a vectorized FIFO recursion
 It equals `exact` when no two keys share a resource, and stays within a few percent for one-tree
 plans whose routes cross; for plans of many groups it is slower than `exact` (a key's streams
 share it evenly instead of taking turns at full rate: +20..30 % measured with 25..70 chunks per
-group, far more with only a couple). `auto` runs `exact` whenever its estimated cost is small.
-RoundPrediction.mode says which engine ran.
+group, far more with only a couple). `auto` runs `exact` whenever its estimated cost is small,
+and always for plans with auxiliary routes: their dispatch depends on every earlier send's hop ack
+across all groups at that node, in time order, which fluid's per-group vectorized FIFO recursion
+cannot reproduce, so fluid refuses such plans. RoundPrediction.mode says which engine ran.
 """
 
 from __future__ import annotations

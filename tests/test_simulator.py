@@ -18,8 +18,10 @@ from emulation.topology import Topology, internet2
 from emulation.trace import RateEvent, Trace
 from emulation.waxman import crew_mesh, from_spec, waxman
 from overlay.routing import Routes
-from scheduler.plan import Plan, make_layout, tree_group
+from scheduler.plan import ChunkGroup, Job, Plan, make_layout, tree_group
+from scheduler.planners import netstorm
 from scheduler.simulator import MBIT, SimulationStalled, max_min_rates, simulate
+from wansync.predict import oracle_view
 
 RATE = 80.0  # Mbit/s = 10 MB/s
 DELAY = 0.01
@@ -216,3 +218,156 @@ def test_smoke_1000_node_waxman():
     fluid = simulate(plan, net, mode="fluid")
     assert fluid.round_s == pytest.approx(exact.round_s)
     assert fluid.node_done_s == pytest.approx(exact.node_done_s)
+
+
+# --- NetStorm auxiliary routes: the dispatch of agents.engine.ChunkEngine._send -----------------
+# Triangle a=0, b=1, c=2, every link both ways at RATE with delay d. An auxiliary transfer is
+# relayed cut-through (one flow over both its links, 2d, plus one segment sigma at the relay); its
+# hop ack is back one link delay after the first hop got the last byte (d + d after it left).
+A, B, C = 0, 1, 2
+
+
+def triangle() -> Topology:
+    return Topology("triangle", 3, {(x, y): LinkSpec(RATE, DELAY) for x in range(3) for y in range(3) if x != y})
+
+
+def aux_plan(parent: dict[int, int | None], children: dict[int, tuple[int, ...]], chunks: int,
+             aux: dict[tuple[int, int], tuple[tuple[int, ...], ...]]) -> Plan:
+    root = next(v for v, p in parent.items() if p is None)
+    parts = tuple(sorted(parent))
+    group = ChunkGroup(tuple(range(chunks)), root, parent, children, aux)
+    return Plan(1, "hand", parts, {v: 1.0 for v in parts}, make_layout(chunks * SEG, SEG), (group,)).validate()
+
+
+def chain_with_aux(aux: bool = True) -> Plan:
+    # aggregation c -> a -> b (root), broadcast b -> a and b -> c directly, so that no broadcast
+    # shares a link with a's sends; a's edge to b has the auxiliary route a -> c -> b
+    return aux_plan({C: A, A: B, B: None}, {B: (A, C)}, 4, {(A, B): ((A, C, B),)} if aux else {})
+
+
+def test_aux_alternates_with_primary():
+    # busy bound 0: every send tries the auxiliary route first; queue length 1: it takes one
+    # chunk at a time. Chunk k reaches a from c at (k+1)tau + d.
+    #   k=0 at tau+d: aux free -> aux, runs [tau+d, 2tau+d], acked at 2tau+3d, at b 2tau+3d+sigma
+    #   k=1 at 2tau+d: aux unacked -> primary [2tau+d, 3tau+d], at b 3tau+2d
+    #   k=2 at 3tau+d: aux acked (2d < tau) -> aux [3tau+d, 4tau+d], acked 4tau+3d, at b 4tau+3d+sigma
+    #   k=3 at 4tau+d: aux unacked -> primary [4tau+d, 5tau+d], at b 5tau+2d
+    # b broadcasts in arrival order, back to back on b->a: 0 at 2tau+3d+sigma, 1 waits for it
+    # (3tau+2d < 3tau+3d+sigma), 2 and 3 too: the last ends at 6tau+3d+sigma, lands at 6tau+4d+sigma
+    plan = chain_with_aux()
+    t, d = tau(plan), DELAY
+    sigma = SEG / (RATE * MBIT)
+    assert 2 * d < t and d + sigma < t  # the regime the comment walks through
+    pred = simulate(plan, sim_network(triangle()), mode="exact", primary_busy_bound=0, aux_queue_length=1)
+    chunk = SEG * 4
+    assert pred.aux_bytes == 2 * chunk
+    assert pred.link_bytes == {(C, A): 4 * chunk, (A, B): 2 * chunk, (A, C): 2 * chunk, (C, B): 2 * chunk,
+                               (B, A): 4 * chunk, (B, C): 4 * chunk}
+    assert pred.node_done_s[B] == pytest.approx(5 * t + 2 * d)
+    assert pred.node_done_s[A] == pytest.approx(6 * t + 4 * d + sigma)
+    assert pred.round_s == pytest.approx(6 * t + 4 * d + sigma)
+    assert pred.link_busy_s[(A, C)] == pytest.approx(2 * t)
+
+
+def test_aux_unused_when_primary_never_busy():
+    # a's chunk k leaves on its primary at (k+1)tau + d, lands at b at (k+2)tau + 2d, and b's
+    # broadcasts run back to back: the last lands at 6tau + 3d, with or without auxiliary routes
+    t, d = tau(chain_with_aux()), DELAY
+    net = sim_network(triangle())
+    without = simulate(chain_with_aux(aux=False), net)
+    for mode in ("exact", "auto"):
+        pred = simulate(chain_with_aux(), net, mode=mode, primary_busy_bound=10**6)
+        assert pred.mode == "exact"
+        assert pred.aux_bytes == 0
+        assert pred.round_s == pytest.approx(6 * t + 3 * d)
+        assert pred.round_s == without.round_s and pred.node_done_s == without.node_done_s
+        assert pred.link_bytes == without.link_bytes
+    assert (A, C) not in without.link_bytes
+
+
+def test_aux_spills_queued_chunks_and_keeps_its_own_fifo():
+    # The live engine hands a leaf's chunks out at once and counts queued ones as in transit, so
+    # with the defaults (busy bound 2, queue length 5) a's chunks 0, 1 take the primary and 2, 3
+    # the auxiliary route a->c->b at t=0. The FIFO key includes the first hop: the auxiliary
+    # transfers do not wait behind the primary ones (same flow key a->b, different link).
+    #   primary: 0 [0, tau] at b tau+d, 1 [tau, 2tau] at b 2tau+d
+    #   aux:     2 [0, tau] at b tau+2d+sigma, 3 [tau, 2tau] at b 2tau+2d+sigma
+    # b broadcasts to a with auxiliary route b->c->a (disjoint from a->c->b): 0 at tau+d and 2 at
+    # tau+2d+sigma take the primary (0 is unacked until 2tau+3d, so at 2tau+d and 2tau+2d+sigma
+    # (sigma < d) the count is 2): 1 and 3 go over c. Primary: 0 [tau+d, 2tau+d], 2 [2tau+d, 3tau+d]
+    # lands 3tau+2d; aux: 1 [2tau+d, 3tau+d], 3 [3tau+d, 4tau+d] lands 4tau+3d+sigma.
+    plan = aux_plan({A: B, B: None}, {B: (A,)}, 4, {(A, B): ((A, C, B),), (B, A): ((B, C, A),)})
+    t, d = tau(plan), DELAY
+    sigma = SEG / (RATE * MBIT)
+    assert sigma < d and d + sigma < t
+    pred = simulate(plan, sim_network(triangle()))
+    chunk = SEG * 4
+    assert pred.mode == "exact"
+    assert pred.aux_bytes == 4 * chunk
+    assert pred.link_bytes == {(A, B): 2 * chunk, (A, C): 2 * chunk, (C, B): 2 * chunk,
+                               (B, A): 2 * chunk, (B, C): 2 * chunk, (C, A): 2 * chunk}
+    assert pred.node_done_s[B] == pytest.approx(2 * t + 2 * d + sigma)
+    assert pred.round_s == pytest.approx(4 * t + 3 * d + sigma)
+    # without the auxiliary routes b's broadcasts to a are the bottleneck: 5tau + 2d
+    plain = simulate(aux_plan({A: B, B: None}, {B: (A,)}, 4, {}), sim_network(triangle()))
+    assert plain.round_s == pytest.approx(5 * t + 2 * d)
+
+
+def test_fluid_refuses_aux_routes():
+    with pytest.raises(NotImplementedError):
+        simulate(chain_with_aux(), sim_network(triangle()), mode="fluid")
+
+
+def test_plans_without_aux_unchanged():
+    # golden numbers from the simulator before auxiliary dispatch existed (multi-group NetStorm
+    # plan on internet2); the dispatch parameters must not matter without auxiliary routes
+    topo = internet2().scaled(0.05)
+    plan = netstorm.plan(oracle_view(topo), Job(1_140_600, 20_000, tuple(range(9)), {"state": {}}))
+    net = sim_network(topo)
+    exact = simulate(plan, net, mode="exact")
+    assert exact.round_s == pytest.approx(0.9213374883642216, rel=1e-12)
+    assert exact.node_done_s[0] == pytest.approx(0.6541012863440191, rel=1e-12)
+    assert sum(exact.link_bytes.values()) == 72998400 and exact.aux_bytes == 0
+    fluid = simulate(plan, net, mode="fluid")
+    assert fluid.round_s == pytest.approx(1.023090548346651, rel=1e-12)
+    assert fluid.node_done_s[0] == pytest.approx(0.8033814052734177, rel=1e-12)
+    other = simulate(plan, net, mode="exact", primary_busy_bound=0, aux_queue_length=1)
+    assert other.round_s == exact.round_s and other.node_done_s == exact.node_done_s
+
+
+def test_netstorm_aux_plan_dispatches_a_share():
+    topo = internet2().scaled(0.05)
+    job = Job(1_140_600, 20_000, tuple(range(9)), {"aux": True, "aux_mode": "per_pair_disjoint", "state": {}})
+    plan = netstorm.plan(oracle_view(topo), job).with_version(1).validate(topo.links)
+    net = sim_network(topo)
+    pred = simulate(plan, net)
+    logical = 2 * 8 * plan.params * 4  # every chunk crosses 8 tree edges up and 8 down
+    assert pred.mode == "exact"
+    assert 0 < pred.aux_bytes < logical
+    assert sum(pred.link_bytes.values()) > logical  # relayed bytes count on every link they cross
+    never = simulate(plan, net, primary_busy_bound=10**6)
+    assert never.aux_bytes == 0 and sum(never.link_bytes.values()) == logical
+
+
+def test_aux_routes_with_one_first_hop_share_a_fifo():
+    # Two auxiliary routes a->c->b and a->c->d->b leave on the same link: live they are one FIFO
+    # (flow key a->b on link a->c), so they take turns at full rate instead of sharing it.
+    # Busy bound 0, queue length 1, three chunks ready at t=0 at leaf a: 0 -> a->c->b, 1 ->
+    # a->c->d->b (the first is full), 2 -> primary (both full).
+    #   0: [0, tau] lands at b tau+2d+sigma; 1: [tau, 2tau] lands 2tau+3d+2sigma; 2: [0, tau] at tau+d
+    # b broadcasts 2 [tau+d, 2tau+d], 0 [2tau+d, 3tau+d], 1 from 2tau+3d+2sigma (2d+2sigma > tau),
+    # which lands at a at 3tau+4d+2sigma.
+    D = 3
+    topo = Topology("mesh4", 4, {(x, y): LinkSpec(RATE, DELAY) for x in range(4) for y in range(4) if x != y})
+    plan = aux_plan({A: B, B: None}, {B: (A,)}, 3, {(A, B): ((A, C, B), (A, C, D, B))})
+    t, d = tau(plan), DELAY
+    sigma = SEG / (RATE * MBIT)
+    assert 2 * d + 2 * sigma > t > d + sigma
+    pred = simulate(plan, sim_network(topo), primary_busy_bound=0, aux_queue_length=1)
+    chunk = SEG * 4
+    assert pred.aux_bytes == 2 * chunk
+    assert pred.link_bytes == {(A, B): chunk, (A, C): 2 * chunk, (C, B): chunk, (C, D): chunk, (D, B): chunk,
+                               (B, A): 3 * chunk}
+    assert pred.node_done_s[B] == pytest.approx(2 * t + 3 * d + 2 * sigma)
+    assert pred.round_s == pytest.approx(3 * t + 4 * d + 2 * sigma)
+    assert pred.link_busy_s[(A, C)] == pytest.approx(2 * t)

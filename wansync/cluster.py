@@ -114,7 +114,8 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                         transient=False, disable=not console.is_terminal)
     tasks: dict[int, Any] = {}
-    predictor = RoundPredictor(cfg.topo, cfg.trace)
+    predictor = RoundPredictor(cfg.topo, cfg.trace, primary_busy_bound=cfg.primary_busy_bound,
+                               aux_queue_length=cfg.aux_queue_length)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "round":

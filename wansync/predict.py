@@ -57,13 +57,15 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
 class RoundPredictor:
     """Blind prediction for a live round: the frozen plan on the configured topology and trace."""
 
-    def __init__(self, topo: Topology, trace: Trace | None) -> None:
+    def __init__(self, topo: Topology, trace: Trace | None, *, primary_busy_bound: int = 2,
+                 aux_queue_length: int = 5) -> None:
         self.net: SimNetwork = sim_network(topo, trace)
+        self.dispatch = {"primary_busy_bound": primary_busy_bound, "aux_queue_length": aux_queue_length}
         self._cache: dict[tuple[int, float], float] = {}
 
     def round_s(self, plan: Plan, start_s: float = 0.0) -> float:
         static = not self.net.events
         key = (plan.version, 0.0 if static else round(start_s, 3))
         if key not in self._cache:
-            self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s)).round_s
+            self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s), **self.dispatch).round_s
         return self._cache[key]
