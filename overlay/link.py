@@ -186,9 +186,6 @@ class LinkSender:
             flow.remove(tr)
         return True
 
-    def backlog_bytes(self) -> int:
-        return sum(tr.total - tr.sent for tr in self.unacked.values())
-
     # --- internals ---------------------------------------------------------------------------
     def _queue(self, tr: Transfer) -> None:
         q = self._flows.get(tr.flow)
