@@ -1,11 +1,16 @@
-"""What the benchmarks share: child-process reaping, SIGTERM as an exit, the measured commit."""
+"""What the benchmarks share: their child processes (start, command pipe, CPU, reaping), SIGTERM as
+an exit, and the commit measured."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
 import os
+import signal
 import subprocess
 import time
+from multiprocessing.connection import Connection
 from typing import Any
 
 
@@ -37,3 +42,32 @@ def reap(procs: list[Any], grace_s: float = 3.0) -> None:
 def exit_on_sigterm(signum: int, frame: object) -> None:
     """A SIGTERM unwinds like an exception, so `finally` blocks reap the children."""
     raise SystemExit(128 + signum)
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel kills this child if the benchmark process dies (even by SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def recv(ctrl: Connection) -> Any:
+    """Await the next command on a pipe without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future = loop.create_future()
+
+    def ready() -> None:
+        loop.remove_reader(ctrl.fileno())
+        try:
+            fut.set_result(ctrl.recv())
+        except EOFError:
+            fut.set_result(None)
+
+    loop.add_reader(ctrl.fileno(), ready)
+    return await fut

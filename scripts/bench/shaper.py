@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import math
 import multiprocessing as mp
-import os
 import signal
 import statistics
 import sys
@@ -34,7 +32,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
-from bench_common import commit, exit_on_sigterm, reap
+from bench_common import commit, cpu_s, die_with_parent, exit_on_sigterm, reap, recv
 
 from emulation.link import LinkShaper, LinkSpec
 from emulation.topology import INTERNET2_DELAY_S, Topology, internet2
@@ -50,33 +48,10 @@ CTX = mp.get_context("fork")  # the parent holds no threads or event loops
 
 
 # --- node process -------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this child if the benchmark process dies (even by SIGKILL)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os._exit(1)
 
 
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
-async def _recv(ctrl: Connection) -> Any:
-    """Await the next command on a pipe without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future = loop.create_future()
-
-    def ready() -> None:
-        loop.remove_reader(ctrl.fileno())
-        try:
-            fut.set_result(ctrl.recv())
-        except EOFError:
-            fut.set_result(None)
-
-    loop.add_reader(ctrl.fileno(), ready)
-    return await fut
 
 
 async def _sleep_until(t: float) -> None:
@@ -113,7 +88,7 @@ class Bins:
 
 
 def node_main(ctrl: Connection, node: int, topo: Topology, active: list[int]) -> None:
-    _die_with_parent()
+    die_with_parent()
     asyncio.run(_node(ctrl, node, topo, active))
 
 
@@ -122,7 +97,7 @@ async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int]) 
     shapers = {b: LinkShaper(s, seed=node * 1000 + b) for b, s in specs.items()}
     ov = Overlay(node, CLUSTER, Sink(), neighbors=topo.neighbors(node), pacers=shapers)
     ctrl.send(await ov.listen())
-    ov.connect(await _recv(ctrl))
+    ov.connect(await recv(ctrl))
     await ov.wait_connected(30)
     bins = {peer: Bins() for peer in topo.neighbors(node)}
     for peer, proto in ov._conns.items():  # the codec's receive-side byte hook, per connection
@@ -132,7 +107,7 @@ async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int]) 
     lags: list[float] = []
     lag_task = asyncio.create_task(_lag(lags))
     rnd = 0
-    while (cmd := await _recv(ctrl)) is not None:
+    while (cmd := await recv(ctrl)) is not None:
         scale, t0, warm, dur = cmd
         rnd += 1
         await _sleep_until(t0)
@@ -144,9 +119,9 @@ async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int]) 
         stop = asyncio.Event()
         feeders = [asyncio.create_task(_feed(ov, node, rnd, dst, shapers[dst], payload, stop)) for dst in active]
         await _sleep_until(t0 + warm)
-        c0, lags[:] = _cpu(), []
+        c0, lags[:] = cpu_s(), []
         await _sleep_until(t0 + warm + dur)
-        cpu = _cpu() - c0
+        cpu = cpu_s() - c0
         nb = int(round((warm + dur) / BIN_S))
         result = {
             "node": node,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import multiprocessing as mp
 import os
@@ -33,7 +32,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
-from bench_common import commit, exit_on_sigterm, reap
+from bench_common import commit, cpu_s, die_with_parent, exit_on_sigterm, reap, recv
 
 from emulation.link import LinkShaper, LinkSpec
 from overlay.link import SEGMENT_BYTES
@@ -50,17 +49,8 @@ CTX = mp.get_context("fork")  # the parent holds no threads or loops; fork start
 
 
 # --- helpers shared by the children ---------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this child if the benchmark process dies (even by SIGKILL)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os._exit(1)
 
 
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def _run_loop(loop_name: str, main: Callable[[], Any]) -> None:
@@ -73,20 +63,6 @@ def _run_loop(loop_name: str, main: Callable[[], Any]) -> None:
         runner.run(main())
 
 
-async def _recv(ctrl: Connection) -> Any:
-    """Await the next command on a pipe without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future = loop.create_future()
-
-    def ready() -> None:
-        loop.remove_reader(ctrl.fileno())
-        try:
-            fut.set_result(ctrl.recv())
-        except EOFError:
-            fut.set_result(None)
-
-    loop.add_reader(ctrl.fileno(), ready)
-    return await fut
 
 
 @contextlib.contextmanager
@@ -109,7 +85,7 @@ _HDR = struct.Struct("!QQ")  # total bytes, frame bytes (total 0 = stop)
 
 
 def socket_rx(ctrl: Connection) -> None:
-    _die_with_parent()
+    die_with_parent()
     srv = socket.create_server(("127.0.0.1", 0))
     ctrl.send(srv.getsockname()[1])
     sock, _ = srv.accept()
@@ -120,7 +96,7 @@ def socket_rx(ctrl: Connection) -> None:
         total, frame = _HDR.unpack(hdr)
         if total == 0:
             break
-        c0 = _cpu()
+        c0 = cpu_s()
         left = total
         while left:
             want, got = min(frame, left), 0
@@ -131,7 +107,7 @@ def socket_rx(ctrl: Connection) -> None:
                 got += n
             left -= want
         sock.sendall(b"k")
-        ctrl.send(_cpu() - c0)
+        ctrl.send(cpu_s() - c0)
     sock.close()
 
 
@@ -145,20 +121,20 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
 
 
 def socket_tx(ctrl: Connection, port: int) -> None:
-    _die_with_parent()
+    die_with_parent()
     sock = socket.create_connection(("127.0.0.1", port))
     payload = memoryview(np.arange(max(FRAMES) // 4, dtype=np.float32)).cast("B")
     ack = memoryview(bytearray(1))
     ctrl.send("ready")
     while (cmd := ctrl.recv()) is not None:
         frame, total, _ = cmd
-        c0, t0 = _cpu(), time.perf_counter()
+        c0, t0 = cpu_s(), time.perf_counter()
         sock.sendall(_HDR.pack(total, frame))
         view = payload[:frame]
         for _ in range(total // frame):
             sock.sendall(view)
         _recv_exact(sock, ack)
-        ctrl.send((time.perf_counter() - t0, _cpu() - c0))
+        ctrl.send((time.perf_counter() - t0, cpu_s() - c0))
     sock.sendall(_HDR.pack(0, 0))
     sock.close()
 
@@ -190,7 +166,7 @@ def _pacers(peer: int, shaped: bool) -> dict[int, LinkShaper] | None:
 
 
 def overlay_rx(ctrl: Connection, loop_name: str, segment: int, shaped: bool, profile: str | None) -> None:
-    _die_with_parent()
+    die_with_parent()
     with _profiled(profile):
         _run_loop(loop_name, lambda: _overlay_rx(ctrl, segment, shaped))
 
@@ -203,20 +179,20 @@ async def _overlay_rx(ctrl: Connection, segment: int, shaped: bool) -> None:
     c0 = 0.0
 
     def finished() -> None:
-        ctrl.send(_cpu() - c0)
+        ctrl.send(cpu_s() - c0)
 
     sink.done = finished
-    while (cmd := await _recv(ctrl)) is not None:
+    while (cmd := await recv(ctrl)) is not None:
         total, rnd = cmd
         ov.forget_before(1, rnd)
-        sink.got, sink.want, c0 = 0, total, _cpu()
+        sink.got, sink.want, c0 = 0, total, cpu_s()
         ctrl.send("armed")
     await ov.close()
 
 
 def overlay_tx(ctrl: Connection, port: int, loop_name: str, segment: int, shaped: bool,
                profile: str | None) -> None:
-    _die_with_parent()
+    die_with_parent()
     with _profiled(profile):
         _run_loop(loop_name, lambda: _overlay_tx(ctrl, port, segment, shaped))
 
@@ -228,17 +204,17 @@ async def _overlay_tx(ctrl: Connection, port: int, segment: int, shaped: bool) -
     await ov.wait_connected(30)
     payload = memoryview(np.arange(max(FRAMES) // 4, dtype=np.float32)).cast("B")
     ctrl.send("ready")
-    while (cmd := await _recv(ctrl)) is not None:
+    while (cmd := await recv(ctrl)) is not None:
         frame, total, rnd = cmd
         ov.forget_before(1, rnd)
         view = payload[:frame]
-        c0, t0 = _cpu(), time.perf_counter()
+        c0, t0 = cpu_s(), time.perf_counter()
         transfers = [ov.send_chunk({"t": "CHUNK", "job": 1, "round": rnd, "attempt": 0, "version": 0,
                                     "chunk": i, "kind": "bcast", "origin": 0, "contributors": b"\x01",
                                     "t_send": 0.0}, view, (0, 1))
                      for i in range(total // frame)]
         await asyncio.gather(*(tr.done for tr in transfers))
-        ctrl.send((time.perf_counter() - t0, _cpu() - c0))
+        ctrl.send((time.perf_counter() - t0, cpu_s() - c0))
     await ov.close()
 
 
