@@ -64,6 +64,10 @@ class LinkShaper:
         return self.bucket.rate / MBIT
 
     @property
+    def rate_Bps(self) -> float:
+        return self.bucket.rate
+
+    @property
     def max_write(self) -> int:
         burst = min(self.bucket.burst, self.uplink.burst) if self.uplink else self.bucket.burst
         return min(burst, max(MIN_PIECE, int(PIECE_S * self.bucket.rate)))

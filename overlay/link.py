@@ -17,6 +17,7 @@ leave the emulated wire idle (the schedule, not the wake-up, decides the rate).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -38,7 +39,9 @@ class Pacer(Protocol):
 
     max_write: int
     delay_s: float
+    jitter_s: float
     early_s: float  # how much before its time a piece may be written
+    rate_Bps: float  # the link's current rate in bytes/s (inf: unlimited)
 
     def release_in(self, nbytes: int) -> float:
         """Take nbytes of tokens; seconds from now until they have crossed the link (rate + delay)."""
@@ -233,10 +236,9 @@ class LinkSender:
         """Single-hop transfers need no cut-through: segments of ~DIRECT_SEGMENT_S of link time
         (64 KiB up to 52 Mbit/s, up to 4 MiB unshaped) save a header, a validation and a syscall
         per 64 KiB where the rate makes them costly, and keep round-robin turns short in time."""
-        bucket = getattr(self.pacer, "bucket", None)
-        if self.pacer is None or bucket is None or bucket.unlimited:
+        if self.pacer is None or math.isinf(self.pacer.rate_Bps):
             return max(self.segment_bytes, DIRECT_SEGMENT_MAX)
-        n = int(bucket.rate * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
+        n = int(self.pacer.rate_Bps * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
         return min(max(self.segment_bytes, DIRECT_SEGMENT_MAX), max(self.segment_bytes, n))
 
     async def _send_loop(self) -> None:
@@ -361,11 +363,9 @@ class LinkSender:
         self._last_write = max(now, due)  # only lateness counts; acks do not extend the backlog
 
     def _line_cap(self) -> float:
-        bucket = getattr(self.pacer, "bucket", None)
-        if self.pacer is None or bucket is None or bucket.unlimited:
+        if self.pacer is None or math.isinf(self.pacer.rate_Bps):
             return LINE_SLACK
-        ahead = self.pacer.delay_s + getattr(self.pacer, "jitter_s", 0.0) + LOOKAHEAD_S
-        return bucket.rate * ahead + LINE_SLACK
+        return self.pacer.rate_Bps * (self.pacer.delay_s + self.pacer.jitter_s + LOOKAHEAD_S) + LINE_SLACK
 
     @property
     def _early(self) -> float:
