@@ -26,7 +26,7 @@ from emulation.trace import Trace
 from overlay.clock import SyncedClock
 from overlay.control import ControlConn
 from overlay.peers import Overlay
-from scheduler.plan import Plan
+from scheduler.plan import Plan, aux_from_wire
 
 from .engine import ChunkEngine
 from .workload import contribution, expected
@@ -72,7 +72,9 @@ class Agent:
                  trace: Trace | None = None, shaped: bool = True, host: str = "127.0.0.1",
                  listen_port: int = 0, probe_bytes: int = PROBE_CHUNK_BYTES, probe_num: int = PROBE_CHUNK_NUM,
                  primary_busy_bound: int = 2, aux_queue_length: int = 5, clock_skew: float = 0.0,
-                 clock_sync: bool = True) -> None:
+                 clock_sync: bool = True, relay_by_table: bool = False) -> None:
+        """relay_by_table: relays route auxiliary chunks by their own tables instead of the source
+        route, which is what NetStorm's protocol forbids (Fig. 10's loop; tests only)."""
         self.node = node
         self.cluster = cluster
         self.scheduler = scheduler
@@ -100,7 +102,10 @@ class Agent:
         self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.shapers,
                                downlink=downlink, host=host, on_sample=self._sample, clock=self.clock.now)
         self.engine.overlay = self.overlay
+        if relay_by_table:
+            self.overlay.relay_by_table = self.engine.table_route
         self.plans: dict[int, Plan] = {}
+        self.engine.plans = self.plans
         self.ctl: ControlConn | None = None
         self._replies: dict[tuple[int, int], asyncio.Future] = {}
         self._lag = LoopLag()
@@ -157,6 +162,8 @@ class Agent:
                     fut = self._replies.pop((msg["job"], msg["round"]), None)
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
+                elif t == "AUX_UPDATE":
+                    self.engine.set_aux(msg["version"], tuple(aux_from_wire(g) for g in msg["groups"]))
                 elif t == "ABORT":
                     fut = self._replies.pop((msg["job"], msg["round"]), None)
                     if fut is not None and not fut.done():
@@ -188,6 +195,16 @@ class Agent:
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
             self._flush_samples()
+            self._send_counters()
+
+    def _send_counters(self) -> None:
+        """Cumulative bytes per outgoing link: the scheduler turns them into live throughput and metrics."""
+        if self.ctl is not None:
+            links = {b: s.meter.bytes for b, s in self.overlay.senders.items()}
+            try:
+                self.ctl.send({"t": "COUNTERS", "node": self.node, "time": self.clock.now(), "links": links})
+            except ConnectionError:
+                pass
 
     def _flush_samples(self) -> None:
         if self.samples and self.ctl is not None:

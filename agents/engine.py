@@ -21,7 +21,7 @@ import numpy as np
 from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int
 from overlay.peers import Overlay
 from overlay.routing import Routes
-from scheduler.plan import Plan
+from scheduler.plan import AuxTable, Plan
 
 log = logging.getLogger("wansync.engine")
 
@@ -88,6 +88,30 @@ class ChunkEngine:
         self._stash: dict[tuple[int, int, int, int], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
         self.stashed_frames = 0
         self.on_error: Callable[[RoundKey, Exception], None] | None = None
+        self.plans: dict[int, Plan] = {}  # every version this node holds (the agent fills it)
+        # auxiliary tables pushed by AUX_UPDATE after a version was published: version -> per group
+        self.aux_tables: dict[int, tuple[AuxTable, ...]] = {}
+
+    def set_aux(self, version: int, groups: tuple[AuxTable, ...]) -> None:
+        """New auxiliary tables take effect for the next chunk sent; chunks in flight keep their route."""
+        self.aux_tables[version] = groups
+
+    def aux_for(self, plan: Plan, group: int) -> AuxTable:
+        pushed = self.aux_tables.get(plan.version)
+        return pushed[group] if pushed is not None and group < len(pushed) else plan.groups[group].aux
+
+    def table_route(self, h: dict[str, Any]) -> tuple[int, ...]:
+        """Where this node's own auxiliary table sends a chunk it relays: the rest of a route through
+        this node, or the min-hop route. Only for reproducing Fig. 10's loop (relaying by table);
+        normally relays follow the source route in the header."""
+        origin, dst = h["path"][0], h["path"][-1]
+        plan = self.plans.get(h["version"])
+        if plan is not None:
+            group = next((gi for gi, g in enumerate(plan.groups) if h["chunk"] in g.chunks), None)
+            for r in self.aux_for(plan, group).get((origin, dst), ()) if group is not None else ():
+                if self.node in r[:-1]:
+                    return r[r.index(self.node):]
+        return self.routes.route(self.node, dst)
 
     # --- round lifecycle -----------------------------------------------------------------------------
     def begin_round(self, job: int, rnd: int, attempt: int, plan: Plan, contribution: np.ndarray) -> RoundState:
@@ -230,7 +254,7 @@ class ChunkEngine:
                   "contributors": bitmap_bytes(contributors),
                   "t_send": 0.0}
         path = self.routes.route(self.node, dst)
-        aux = st.plan.groups[st.chunk_group[c]].aux.get((self.node, dst))
+        aux = self.aux_for(st.plan, st.chunk_group[c]).get((self.node, dst))
         if aux and self.overlay.in_transit(path) >= self.primary_busy_bound:
             # the primary is busy: the first auxiliary route with room takes it (source-routed, relays
             # only forward); when every one is full the chunk queues on the primary after all

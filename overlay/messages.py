@@ -69,7 +69,7 @@ SCHEMAS: dict[str, Schema] = {
     "TOPO_REQUEST": {"job": (INT, True), "round": (INT, True), "have": (LIST, False)},
     "TOPO_REPLY": {"job": (INT, True), "round": (INT, True), "version": (INT, True),
                    "plan": (DICT, False)},
-    "AUX_UPDATE": {"version": (INT, True), "aux": (DICT, True)},
+    "AUX_UPDATE": {"job": (INT, True), "version": (INT, True), "groups": (LIST, True)},  # per group: wire aux
     "ROUND_DONE": {"node": (INT, True), "job": (INT, True), "round": (INT, True),
                    "attempt": (INT, True), "version": (INT, True), "digest": (BIN, True),
                    "ok": (BOOL, True), "t_start": (NUM, True), "t_end": (NUM, True),
@@ -77,6 +77,8 @@ SCHEMAS: dict[str, Schema] = {
     "ABORT": {"job": (INT, True), "round": (INT, True), "attempt": (INT, True)},
     "CLOCK": {"t0": (NUM, True), "t1": (NUM, False)},
     "STATS": {"node": (INT, True), "job": (INT, True), "stats": (DICT, True)},
+    # cumulative bytes sent per outgoing link (dst -> bytes) at `time` (synced clock): live throughput, metrics
+    "COUNTERS": {"node": (INT, True), "time": (NUM, True), "links": (DICT, True)},
     "SHUTDOWN": {},
     # data plane: agent <-> agent
     "CHUNK": {**_KEY, "contributors": (BIN, True), "t_send": (NUM, True), "path": (LIST, True),

@@ -179,7 +179,7 @@ class Plan:
             "groups": [{"chunks": list(g.chunks), "root": g.root,
                         "parent": [[n, -1 if p is None else p] for n, p in sorted(g.parent.items())],
                         "children": [[n, list(k)] for n, k in sorted(g.children.items())],
-                        "aux": [[a, b, [list(r) for r in rs]] for (a, b), rs in sorted(g.aux.items())]}
+                        "aux": aux_to_wire(g.aux)}
                        for g in self.groups],
             "multicast": None if self.multicast is None
             else [[s, list(r)] for s, r in sorted(self.multicast.items())],
@@ -193,7 +193,7 @@ class Plan:
                     chunks=tuple(g["chunks"]), root=g["root"],
                     parent={n: (None if p == -1 else p) for n, p in g["parent"]},
                     children={n: tuple(k) for n, k in g["children"]},
-                    aux={(a, b): tuple(tuple(r) for r in rs) for a, b, rs in g.get("aux", [])})
+                    aux=aux_from_wire(g.get("aux", [])))
                 for g in d["groups"])
             mc = d.get("multicast")
             return cls(version=d["version"], scheme=d["scheme"], participants=tuple(d["participants"]),
@@ -202,6 +202,17 @@ class Plan:
                        multicast=None if mc is None else {s: tuple(r) for s, r in mc})
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"malformed plan on the wire: {exc!r}") from None
+
+
+AuxTable = Mapping[tuple[NodeId, NodeId], tuple[tuple[NodeId, ...], ...]]
+
+
+def aux_to_wire(aux: AuxTable) -> list[list[Any]]:
+    return [[a, b, [list(r) for r in rs]] for (a, b), rs in sorted(aux.items())]
+
+
+def aux_from_wire(wire: Iterable[Any]) -> dict[tuple[NodeId, NodeId], tuple[tuple[NodeId, ...], ...]]:
+    return {(a, b): tuple(tuple(r) for r in rs) for a, b, rs in wire}
 
 
 def tree_group(chunks: Iterable[int], root: NodeId, parent: Mapping[NodeId, NodeId | None]) -> ChunkGroup:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from overlay.control import ControlConn
 from overlay.messages import ProtocolError
 
 from . import planners
-from .plan import Job, Plan
+from .plan import Job, Plan, aux_to_wire
 from .view import NetworkView
 
 log = logging.getLogger("wansync.scheduler")
@@ -89,6 +89,9 @@ class JobState:
     planner: Callable[[NetworkView, Job], Plan] | None = None
     last_plan_t: float = 0.0
     replans: int = 0
+    view_at_aux: dict[tuple[int, int], float] = field(default_factory=dict)
+    last_aux_t: float = 0.0
+    aux_updates: int = 0  # AUX_UPDATE pushes: new auxiliary tables without a new version
 
 
 class Scheduler:
@@ -116,6 +119,9 @@ class Scheduler:
         self.policy_bytes = 0  # size of every published plan, as sent to one agent
         self._registered = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
+        # what happened when, for dashboards and results: plan versions, jobs, faults (note_event)
+        self.timeline: list[dict[str, Any]] = []
+        self.link_bytes: dict[tuple[int, int], int] = {}  # cumulative bytes per directed link (COUNTERS)
         self._tasks: set[asyncio.Task] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -155,6 +161,22 @@ class Scheduler:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def note_event(self, kind: str, **data: Any) -> dict[str, Any]:
+        """Put something on the timeline (plan, job, a fault injector's link_down, ...) and tell observers."""
+        entry = {"t": time.time(), "kind": kind, **data}
+        self.timeline.append(entry)
+        self.on_event("timeline", entry)
+        return entry
+
+    def subscribe(self, fn: Event) -> None:
+        """One more observer of every event (dashboard, metrics), called after the owner's on_event."""
+        prev = self.on_event
+
+        def both(kind: str, data: dict[str, Any]) -> None:
+            prev(kind, data)
+            fn(kind, data)
+        self.on_event = both
+
     # --- jobs -------------------------------------------------------------------------------------
     async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
                       options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None) -> JobState:
@@ -174,6 +196,7 @@ class Scheduler:
         for a in self.agents.values():
             a.conn.send(msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": plan.version})
+        self.note_event("job", job=js.job, scheme=scheme, rounds=js.rounds, version=plan.version)
         await js.finished.wait()
         return js
 
@@ -184,6 +207,39 @@ class Scheduler:
         self.current.plan = self._publish(plan)
         return self.current.plan.version
 
+    def push_aux(self, plan: Plan, nodes: Iterable[int] | None = None) -> None:
+        """Auxiliary tables for an already published version, pushed at once, no version change:
+        safe because auxiliary chunks carry their whole source route (NetStorm §VII-B). `nodes`
+        (tests) delivers to some agents only, as a slow network would."""
+        js = self.current
+        if js is None or plan.version not in self.plans:
+            raise RuntimeError(f"no running job with plan v{plan.version}")
+        plan.validate(self.view.links())
+        msg = {"t": "AUX_UPDATE", "job": js.job, "version": plan.version,
+               "groups": [aux_to_wire(g.aux) for g in plan.groups]}
+        if nodes is None:
+            self.plans[plan.version] = plan  # agents that get this version later get the new tables with it
+            if js.plan.version == plan.version:
+                js.plan = plan
+        self.policy_bytes += len(msgpack.packb(msg))
+        for n in sorted(self.agents) if nodes is None else nodes:
+            self.agents[n].conn.send(msg)
+        self.on_event("aux_update", {"version": plan.version, "nodes": None if nodes is None else list(nodes)})
+
+    def _maybe_refresh_aux(self, js: JobState) -> None:
+        """Between versions, recompute auxiliary routes (Algorithm 3) every UPDATE_TIME if the view moved."""
+        if (not planners.refreshes_aux(js.scheme, js.spec.options) or time.time() - js.last_aux_t < self.update_time
+                or not self.view.changed_since(js.view_at_aux or js.view_at_plan, self.update_rate)):
+            return
+        js.last_aux_t = time.time()
+        js.view_at_aux = self.view.snapshot()
+        t = time.perf_counter()
+        new = planners.refresh_aux(self.view, js.spec, js.plan)
+        js.policy_s += time.perf_counter() - t
+        if [g.aux for g in new.groups] != [g.aux for g in js.plan.groups]:
+            js.aux_updates += 1
+            self.push_aux(new)
+
     def _publish(self, plan: Plan) -> Plan:
         plan.validate(self.view.links())
         self.version += 1
@@ -191,6 +247,7 @@ class Scheduler:
         self.plans[plan.version] = plan
         self.policy_bytes += len(msgpack.packb(plan.to_wire()))
         self.on_event("plan", {"version": plan.version, "scheme": plan.scheme, "plan": plan})
+        self.note_event("plan", version=plan.version, scheme=plan.scheme)
         return plan
 
     def _version_for(self, js: JobState, rnd: int) -> int:
@@ -290,6 +347,8 @@ class Scheduler:
                 src, dst, nbytes, seconds = s[0], s[1], s[2], s[3]
                 self.view.observe(int(src), int(dst), int(nbytes), float(seconds))
             self.on_event("samples", {"node": a.node, "samples": msg["samples"]})
+            if self.current is not None:
+                self._maybe_refresh_aux(self.current)
         elif t == "ROUND_DONE":
             self._round_done(a, msg)
         elif t == "STATS":
@@ -297,6 +356,10 @@ class Scheduler:
             if js is not None and msg["job"] == js.job:
                 js.stats[a.node] = msg["stats"]
                 self._maybe_finish(js)
+        elif t == "COUNTERS":
+            for dst, nbytes in msg["links"].items():
+                self.link_bytes[(a.node, int(dst))] = int(nbytes)
+            self.on_event("counters", {"node": a.node, "time": msg["time"], "links": msg["links"]})
         elif t == "HEARTBEAT":
             pass
         else:

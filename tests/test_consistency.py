@@ -66,3 +66,95 @@ async def test_with_the_protocol_the_same_race_is_harmless_and_every_round_exact
         assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
     finally:
         await stop_cluster(sched, tasks)
+
+
+# --- Fig. 10: auxiliary tables that update asynchronously -------------------------------------------
+
+# s=0 pushes to its parent d=3; relays X=1 and Y=2. The old auxiliary route is 0->1->2->3, the new
+# one 0->2->1->3. A relay that routes by its own table while only Y has the new one sends a chunk
+# X -> Y -> X -> ...: a loop. Source routing (the protocol) carries the sender's route in the header.
+OLD_ROUTE, NEW_ROUTE = (0, 1, 2, 3), (0, 2, 1, 3)
+
+
+def fig10_topology():
+    from emulation.link import LinkSpec
+    from emulation.topology import Topology
+
+    links = {}
+    for a, b in ((0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (0, 3)):
+        links[(a, b)] = links[(b, a)] = LinkSpec(100.0, 0.001)
+    return Topology("fig10", 4, links)
+
+
+def fig10_plan(route) -> Plan:
+    from scheduler.plan import make_layout, tree_group
+
+    g = tree_group(range(10), 3, {0: 3, 1: 3, 2: 3, 3: None})
+    g = ChunkGroup(g.chunks, g.root, g.parent, g.children, {(0, 3): (route,)})
+    return Plan(0, "fig10", (0, 1, 2, 3), dict.fromkeys(range(4), 1.0), make_layout(PARAMS, CHUNK), (g,))
+
+
+async def start_fig10(cluster, relay_by_table):
+    from agents.agent import Agent
+    from scheduler.service import Scheduler
+
+    topo = fig10_topology()
+    sched = Scheduler(cluster, 4)
+    port = await sched.start()
+    # busy bound 0: every chunk node 0 sends goes the auxiliary way while the route has room
+    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=False, primary_busy_bound=0,
+                    relay_by_table=relay_by_table) for n in range(4)]
+    tasks = [asyncio.create_task(a.run()) for a in agents]
+    await sched.wait_agents(20)
+    return sched, agents, tasks
+
+
+def push_new_route_to_y_only(holder):
+    """Right after round 0 froze (plan v1 with the old route), only relay Y=2 learns the new table."""
+    def on_event(kind, data):
+        if kind == "topo_request" and data["round"] == 1 and not holder.get("pushed"):
+            holder["pushed"] = True
+            sched = holder["sched"]
+            sched.push_aux(fig10_plan(NEW_ROUTE).with_version(sched.current.plan.version), nodes=[2])
+    return on_event
+
+
+async def run_fig10(relay_by_table, cluster):
+    holder: dict = {}
+    sched, agents, tasks = await start_fig10(cluster, relay_by_table)
+    holder["sched"] = sched
+    sched.on_event = push_new_route_to_y_only(holder)
+    from scheduler import planners
+    planners.PLANNERS["fig10"] = lambda view, job: fig10_plan(OLD_ROUTE)
+    return sched, agents, tasks
+
+
+def loops(agents) -> int:
+    """Chunks that came back to a node they had passed: refused as a path visiting a node twice."""
+    return sum(e.field == "path" and "twice" in str(e) for a in agents for e in a.overlay.errors)
+
+
+async def test_fig10_relaying_by_own_tables_loops_while_tables_update():
+    sched, agents, tasks = await run_fig10(True, "fig10-off")
+    try:
+        job = asyncio.create_task(sched.run_job("fig10", rounds=3, params=PARAMS, chunk_params=CHUNK))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(job), 4)
+        # chunks of node 0 went 0 -> 1 (old table) -> 2 (new table: back to 1) -> 1: a loop, dropped
+        assert loops(agents) > 0
+        assert [r.round for r in sched.current.records] == [0]  # round 1 never completes
+        job.cancel()
+    finally:
+        await stop_cluster(sched, tasks)
+
+
+async def test_fig10_source_routing_cannot_loop_and_every_round_is_exact():
+    sched, agents, tasks = await run_fig10(False, "fig10-on")
+    try:
+        js = await asyncio.wait_for(sched.run_job("fig10", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
+        assert loops(agents) == 0
+        assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert agents[2].engine.aux_tables  # Y did get the new table ...
+        assert sum(st["aux_bytes"] for st in js.stats.values()) > 0  # ... and auxiliary routes carried chunks
+    finally:
+        await stop_cluster(sched, tasks)

@@ -234,6 +234,7 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
             "loop_lag_p99_s": lag, "cpu_share": cpu,
             # overheads (NetStorm §6): topology-request wait, policy compute and bytes, held frames, aux share
             "trp_wait_s_median": statistics.median(r.trp_wait_s for r in recs), "replans": js.replans,
+            "aux_updates": js.aux_updates,
             "stashed_frames": sum(st.get("stashed_frames", 0) for st in js.stats.values()),
             "aux_share": (sum(st.get("aux_bytes", 0) for st in js.stats.values())
                           / max(1, sum(st.get("sent_bytes", 0) for st in js.stats.values()))),

@@ -46,6 +46,15 @@ def get(scheme: str) -> Planner:
     return resolve(scheme)[0]
 
 
+def refreshes_aux(scheme: str, options: Mapping[str, Any]) -> bool:
+    """Whether the scheme's auxiliary tables are recomputed between versions (NetStorm with aux)."""
+    return VARIANTS.get(scheme, (scheme, {}))[0] == "netstorm" and bool(options.get("aux"))
+
+
+def refresh_aux(view: NetworkView, job: Job, plan: Plan) -> Plan:
+    return netstorm.refresh_aux(view, job, plan)
+
+
 def adaptive(scheme: str, options: Mapping[str, Any]) -> bool:
     name = VARIANTS.get(scheme, (scheme, {}))[0]
     return name in ADAPTIVE and options.get("awareness", True) is not False

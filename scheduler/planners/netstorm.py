@@ -142,6 +142,17 @@ def plan(view: NetworkView, job: Job) -> Plan:
                 tuple(groups))
 
 
+def refresh_aux(view: NetworkView, job: Job, plan: Plan) -> Plan:
+    """Algorithm 3 again on the current view, for the trees `plan` already has (§VII-B: auxiliary
+    tables change without a new version; source routing keeps chunks in flight safe)."""
+    opts = job.options
+    table = aux_paths(view, job.participants, mode=str(opts.get("aux_mode", "global_prune")))
+    if opts.get("explore", True):
+        table = with_exploration(view, job.participants, table)
+    return Plan(plan.version, plan.scheme, plan.participants, plan.weights, plan.layout,
+                tuple(with_aux(g, table) for g in plan.groups), plan.multicast)
+
+
 def aux_paths(view: NetworkView, participants: Sequence[int], *, mode: str = "global_prune",
               max_per_pair: int = 4) -> dict[tuple[int, int], list[tuple[int, ...]]]:
     """Algorithm 3: per ordered pair, auxiliary relay paths over links the faster paths left idle.
