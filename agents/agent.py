@@ -19,16 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from emulation.link import MBIT, LinkShaper
+from emulation.link import MBIT, LinkShaper, LinkSpec
 from emulation.token_bucket import TokenBucket
 from emulation.topology import Topology
 from emulation.trace import Trace
+from overlay.auth import AuthError, Handshake, TlsFiles
 from overlay.clock import SyncedClock
 from overlay.control import ControlConn
 from overlay.peers import Overlay
 from scheduler.plan import Plan, aux_from_wire
 
-from .engine import ChunkEngine
+from .engine import ChunkEngine, RoundAborted
 from .workload import contribution, expected
 
 log = logging.getLogger("wansync.agent")
@@ -40,6 +41,14 @@ LAG_TICK_S = 0.01
 # them make one size-weighted estimate (sum of bytes / sum of seconds) per directed link
 PROBE_CHUNK_BYTES = 2_000_000
 PROBE_CHUNK_NUM = 4
+
+
+class _Rewind(Exception):
+    """A round this agent had finished was aborted (others had not): go back to it."""
+
+    def __init__(self, rnd: int) -> None:
+        super().__init__(rnd)
+        self.round = rnd
 
 
 class LoopLag:
@@ -72,9 +81,16 @@ class Agent:
                  trace: Trace | None = None, shaped: bool = True, host: str = "127.0.0.1",
                  listen_port: int = 0, probe_bytes: int = PROBE_CHUNK_BYTES, probe_num: int = PROBE_CHUNK_NUM,
                  primary_busy_bound: int = 2, aux_queue_length: int = 5, clock_skew: float = 0.0,
-                 clock_sync: bool = True, relay_by_table: bool = False) -> None:
+                 clock_sync: bool = True, relay_by_table: bool = False, rate_shaping: bool = True,
+                 secret: bytes | None = None,
+                 scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None) -> None:
         """relay_by_table: relays route auxiliary chunks by their own tables instead of the source
-        route, which is what NetStorm's protocol forbids (Fig. 10's loop; tests only)."""
+        route, which is what NetStorm's protocol forbids (Fig. 10's loop; tests only).
+        rate_shaping=False: the kernel shapes rates and applies the trace (tc backend); the
+        application keeps only link delay and jitter (this kernel has no netem)."""
+        self.rate_shaping = rate_shaping
+        self.secret = secret  # cluster secret (overlay.auth); None: unauthenticated (--insecure)
+        self.tls = tls
         self.node = node
         self.cluster = cluster
         self.scheduler = scheduler
@@ -87,20 +103,24 @@ class Agent:
         self.clock_sync = clock_sync
         self.engine = ChunkEngine(node, routes, primary_busy_bound=primary_busy_bound,
                                   aux_queue_length=aux_queue_length)
+        if hold_budget is not None:
+            self.engine.hold_budget = hold_budget
         self.probe_bytes = probe_bytes
         self.probe_num = probe_num
         self._probes: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
         uplink = (TokenBucket(topo.uplink_mbps[node] * MBIT)
-                  if shaped and node in topo.uplink_mbps else None)
+                  if shaped and rate_shaping and node in topo.uplink_mbps else None)
         self.shapers: dict[int, LinkShaper] = {}
         if shaped:
-            self.shapers = {b: LinkShaper(s, uplink=uplink, seed=node * 1000 + b)
+            self.shapers = {b: LinkShaper(s if rate_shaping else LinkSpec(math.inf, s.delay_s, s.jitter_s),
+                                          uplink=uplink, seed=node * 1000 + b)
                             for (a, b), s in topo.links.items() if a == node}
         downlink = (TokenBucket(topo.downlink_mbps[node] * MBIT)
-                    if shaped and node in topo.downlink_mbps else None)
+                    if shaped and rate_shaping and node in topo.downlink_mbps else None)
         self.samples: list[list[float]] = []
         self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.shapers,
-                               downlink=downlink, host=host, on_sample=self._sample, clock=self.clock.now)
+                               downlink=downlink, host=host, on_sample=self._sample, clock=self.clock.now,
+                               secret=secret, tls=tls)
         self.engine.overlay = self.overlay
         if relay_by_table:
             self.overlay.relay_by_table = self.engine.table_route
@@ -111,6 +131,12 @@ class Agent:
         self._lag = LoopLag()
         self._trace_task: asyncio.Task | None = None
         self.params = None  # the model this agent keeps (updated with each round's result)
+        self.epoch = self.overlay.epoch  # this process's incarnation: a restarted agent is a newer one
+        self.live_peers: set[int] = set()
+        self.scheduler_wait_s = scheduler_wait_s
+        self._seen = (0, 0)  # highest job id and plan version seen (a restarted scheduler starts above)
+        self._attempt: dict[tuple[int, int], int] = {}  # (job, round) -> attempt to run next
+        self._applied: tuple[int, int, np.ndarray | None, int] = (-1, -1, None, 1)  # last round applied
 
     def _sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
         """One chunk fully arrived over src->dst; every probe_num probes make one report.
@@ -134,40 +160,26 @@ class Agent:
 
     async def run(self) -> None:
         port = await self.overlay.listen(self.listen_port)
-        self.ctl = ctl = await ControlConn.connect(*self.scheduler)
-        ctl.send({"t": "HELLO", "node": self.node, "cluster": self.cluster, "role": "agent"})
-        reply = await ctl.recv()
-        if reply is None or reply["t"] != "HELLO":
-            raise ConnectionError(f"node {self.node}: the scheduler refused us (cluster {self.cluster!r})")
-        if self.clock_sync:
-            await self._sync_clock(ctl)
-        ctl.send({"t": "REGISTER", "node": self.node, "host": self.host, "port": port,
-                  "neighbors": self.topo.neighbors(self.node), "pid": os.getpid()})
         self._lag.start()
         reporter = asyncio.create_task(self._report_loop())
         jobs: set[asyncio.Task] = set()
+        ctl: ControlConn | None = None
         try:
-            while True:
-                msg = await ctl.recv()
-                if msg is None or msg["t"] == "SHUTDOWN":
+            ctl = await self._connect(port)
+            while await self._serve_scheduler(ctl, jobs) == "lost":
+                # the scheduler went away (crashed, restarted): drop its jobs, wait for it, register again
+                for task in jobs:
+                    task.cancel()
+                for st in list(self.engine.rounds.values()):
+                    self.overlay.abort(st.job)
+                    self.engine.abort(st.job, st.round, st.attempt)
+                    self.engine.end_round(st)
+                log.warning("node %d: lost the scheduler; waiting up to %.0f s for it", self.node,
+                            self.scheduler_wait_s)
+                ctl = await self._connect(port, wait_s=self.scheduler_wait_s)
+                if ctl is None:
+                    log.error("node %d: no scheduler for %.0f s; leaving", self.node, self.scheduler_wait_s)
                     break
-                t = msg["t"]
-                if t == "PEERS":
-                    self.overlay.connect({int(n): (h, p) for n, (h, p) in msg["peers"].items()})
-                elif t == "JOB":
-                    task = asyncio.create_task(self._job(msg))
-                    jobs.add(task)
-                    task.add_done_callback(jobs.discard)
-                elif t == "TOPO_REPLY":
-                    fut = self._replies.pop((msg["job"], msg["round"]), None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-                elif t == "AUX_UPDATE":
-                    self.engine.set_aux(msg["version"], tuple(aux_from_wire(g) for g in msg["groups"]))
-                elif t == "ABORT":
-                    fut = self._replies.pop((msg["job"], msg["round"]), None)
-                    if fut is not None and not fut.done():
-                        fut.set_exception(RuntimeError(f"scheduler aborted job {msg['job']} round {msg['round']}"))
         finally:
             reporter.cancel()
             for task in jobs:
@@ -176,7 +188,101 @@ class Agent:
             if self._trace_task is not None:
                 self._trace_task.cancel()
             await self.overlay.close()
-            ctl.close()
+            if ctl is not None:
+                ctl.close()
+
+    async def _connect(self, port: int, wait_s: float | None = None) -> ControlConn | None:
+        """Dial, authenticate, sync clocks, register. First time: fail loudly. After losing the
+        scheduler: retry with backoff for up to wait_s, then give up (None)."""
+        deadline, backoff = time.time() + (wait_s or 0.0), 0.1
+        while True:
+            try:
+                ctl = await ControlConn.connect(*self.scheduler,
+                                                ssl=self.tls.client_context() if self.tls else None)
+            except (OSError, TimeoutError) as exc:
+                if wait_s is None:
+                    raise ConnectionError(f"node {self.node}: cannot reach the scheduler: {exc}") from None
+                if time.time() > deadline:
+                    return None
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+                continue
+            self.ctl = ctl
+            try:  # HELLO both ways, then HMAC proofs both ways (overlay/auth.py)
+                await ctl.handshake(Handshake(self.cluster, self.node, "agent", dialer=True, secret=self.secret,
+                                              expect=-1, peer_role="scheduler", hello_extra={"epoch": self.epoch}))
+            except (AuthError, TimeoutError) as exc:
+                why = exc.reason if isinstance(exc, AuthError) else "no handshake reply in time"
+                raise ConnectionError(f"node {self.node}: the scheduler refused us or failed authentication: "
+                                      f"{why}") from None
+            if self.clock_sync:
+                await self._sync_clock(ctl)
+            # a restarted scheduler numbers jobs and versions above what any agent has seen
+            ctl.send({"t": "REGISTER", "node": self.node, "host": self.host, "port": port,
+                      "neighbors": self.topo.neighbors(self.node), "pid": os.getpid(),
+                      "seen_job": self._seen[0], "seen_version": max(self.plans, default=self._seen[1])})
+            return ctl
+
+    async def _serve_scheduler(self, ctl: ControlConn, jobs: set[asyncio.Task]) -> str:
+        """Messages from the scheduler until it says SHUTDOWN ("shutdown"), fences this incarnation
+        ("fenced") or the connection ends ("lost")."""
+        while True:
+            msg = await ctl.recv()
+            if msg is None:
+                return "lost"
+            t = msg["t"]
+            if t == "SHUTDOWN":
+                return "shutdown"
+            if t == "PEERS":
+                peers = {int(n): (v[0], v[1]) for n, v in msg["peers"].items()}
+                self.live_peers = set(peers) & self.overlay.neighbors
+                self.overlay.connect(peers)
+            elif t == "FENCE" and msg["node"] == self.node:
+                log.error("node %d: the scheduler declared this incarnation lost (it was silent too long); "
+                          "leaving - restart the agent to rejoin", self.node)
+                return "fenced"
+            elif t == "FENCE":  # a lost agent's incarnation: cut it off, never accept it again
+                self.live_peers.discard(msg["node"])
+                self.overlay.fence(msg["node"], msg["epoch"])
+            elif t == "JOB":
+                self._seen = (max(self._seen[0], msg["job"]), self._seen[1])
+                task = asyncio.create_task(self._job(msg))
+                jobs.add(task)
+                task.add_done_callback(jobs.discard)
+            elif t == "TOPO_REPLY":
+                fut = self._replies.pop((msg["job"], msg["round"]), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif t == "AUX_UPDATE":
+                self.engine.set_aux(msg["version"], tuple(aux_from_wire(g) for g in msg["groups"]))
+            elif t == "EMU":
+                self._emu(msg)
+            elif t == "ABORT":
+                self._on_abort(msg["job"], msg["round"], msg["attempt"])
+
+    def _emu(self, msg: dict[str, Any]) -> None:
+        """A link fault on the application backend (emulation.faults.AppLinkControl): rate -> this
+        node's shaper of src->dst; down -> cut and refuse the peer; blackhole -> hold our direction."""
+        op, a, b = msg["op"], msg["src"], msg["dst"]
+        if self.node not in (a, b):
+            log.warning("node %d: EMU %s for link %d-%d, which is not ours", self.node, op, a, b)
+            return
+        peer = b if self.node == a else a
+        if peer not in self.overlay.neighbors:
+            log.warning("node %d: EMU %s: node %d is not a neighbour", self.node, op, peer)
+            return
+        if op == "down":
+            self.overlay.suspend(peer, msg["on"])
+            return
+        shaper = self.shapers.get(peer)
+        if shaper is None or not self.rate_shaping:
+            log.warning("node %d: EMU %s on %d-%d ignored: the application does not shape this link",
+                        self.node, op, a, b)
+        elif op == "rate":
+            if self.node == a:
+                shaper.set_rate(msg["mbps"])
+        else:
+            shaper.blackhole(msg["on"])
 
     async def _sync_clock(self, ctl: ControlConn, exchanges: int = CLOCK_EXCHANGES) -> None:
         """Cristian: a few CLOCK round trips to the scheduler, keep the shortest."""
@@ -194,8 +300,18 @@ class Agent:
     async def _report_loop(self) -> None:
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
+            self._heartbeat()
             self._flush_samples()
             self._send_counters()
+
+    def _heartbeat(self) -> None:
+        """Liveness and progress: bytes received tell the scheduler a round still moves."""
+        if self.ctl is not None:
+            rx = sum(m.bytes for m in self.overlay.meters_in.values())
+            try:
+                self.ctl.send({"t": "HEARTBEAT", "node": self.node, "time": self.clock.now(), "rx": rx})
+            except ConnectionError:
+                pass
 
     def _send_counters(self) -> None:
         """Cumulative bytes per outgoing link: the scheduler turns them into live throughput and metrics."""
@@ -218,6 +334,8 @@ class Agent:
         """Replay the shared trace from t0 for every job, so every scheme sees the same WAN."""
         if self._trace_task is not None:
             self._trace_task.cancel()
+        if not self.rate_shaping:  # the tc backend's launcher applies it to the kernel
+            return
         for b, sh in self.shapers.items():
             sh.set_rate(self.topo.links[(self.node, b)].rate_mbps)
         mine = [e for e in self.trace.events if e.src == self.node and e.dst in self.shapers]
@@ -234,7 +352,7 @@ class Agent:
     async def _job(self, msg: dict[str, Any]) -> None:
         assert self.ctl is not None
         job, rounds, nparams = msg["job"], msg["rounds"], msg["params"]
-        await self.overlay.wait_connected(60)
+        await self.overlay.wait_connected(60, peers=self.live_peers)
         self._start_trace(msg.get("t0") or self.clock.now())
         cpu0, wall0 = _cpu_s(), time.time()
         guard0 = {b: sh.guard() for b, sh in self.shapers.items()}
@@ -242,29 +360,46 @@ class Agent:
         self._lag.take_p99()
         aux0 = (self.engine.aux_bytes, self.engine.sent_bytes)
         self.params = np.zeros(nparams, dtype=np.float32)
-        for rnd in range(rounds):
-            tc = time.time()
+        rnd = msg.get("start", 0)
+        computed: dict[int, float] = {}
+        while rnd < rounds:
+            attempt = self._attempt.get((job, rnd), 0)
             contrib = contribution(rnd, 0, self.node, nparams)
-            if msg["compute_s"] > 0:
-                await asyncio.sleep(msg["compute_s"])
-            t_compute = time.time() - tc
+            if rnd not in computed:  # a retried attempt reuses the round's gradient
+                tc = time.time()
+                if msg["compute_s"] > 0:
+                    await asyncio.sleep(msg["compute_s"])
+                computed[rnd] = time.time() - tc
             fut = asyncio.get_running_loop().create_future()
             self._replies[(job, rnd)] = fut
             t_ask = time.time()
-            self.ctl.send({"t": "TOPO_REQUEST", "job": job, "round": rnd, "have": sorted(self.plans)})
-            reply = await fut
+            self.ctl.send({"t": "TOPO_REQUEST", "job": job, "round": rnd, "attempt": attempt,
+                           "have": sorted(self.plans)})
+            try:
+                reply = await fut
+            except RoundAborted:
+                continue  # this round's attempt was aborted before it started: ask again
+            except _Rewind as rw:
+                rnd = self._rewind(rw.round)
+                continue
             t_wait = time.time() - t_ask
+            if reply.get("skip"):  # rejoined after this round was frozen
+                rnd += 1
+                continue
             if "plan" in reply:
                 self.plans[reply["version"]] = Plan.from_wire(reply["plan"])
             plan = self.plans[reply["version"]]
             self.overlay.forget_before(job, rnd - 1)
             self.engine.drop_stale(job, rnd)
             t_start = self.clock.now()
-            st = self.engine.begin_round(job, rnd, 0, plan, contrib)
+            st = self.engine.begin_round(job, rnd, attempt, plan, contrib)
             error = ""
             try:
                 result = await st.done
                 ok = True
+            except RoundAborted:
+                self.engine.end_round(st)
+                continue  # retried under the attempt (and plan) the scheduler hands out next
             except Exception as exc:  # a RoundError: reported, never silently wrong
                 result, ok, error = st.result, False, str(exc)
             t_end = self.clock.now()
@@ -274,14 +409,39 @@ class Agent:
                 ok, error = await asyncio.to_thread(self._verify_and_apply, result, rnd, plan, nparams)
             digest = await asyncio.to_thread(_digest, result)
             self._flush_samples()
-            done = {"t": "ROUND_DONE", "node": self.node, "job": job, "round": rnd, "attempt": 0,
-                    "version": plan.version, "digest": digest,
-                    "ok": ok, "t_start": t_start, "t_end": t_end, "t_compute": t_compute, "t_wait": t_wait}
+            done = {"t": "ROUND_DONE", "node": self.node, "job": job, "round": rnd, "attempt": attempt,
+                    "version": plan.version, "digest": digest, "ok": ok, "t_start": t_start, "t_end": t_end,
+                    "t_compute": computed[rnd], "t_wait": t_wait}
             if error:
                 done["error"] = error
             self.ctl.send(done)
+            self._applied = (job, rnd, result.copy() if ok else None, len(plan.participants))
+            rnd += 1
         self.ctl.send({"t": "STATS", "node": self.node, "job": job,
                        "stats": self._stats(cpu0, wall0, guard0, meter0, aux0)})
+
+    def _on_abort(self, job: int, rnd: int, attempt: int) -> None:
+        """ABORT: drop the attempt everywhere here; the job loop asks for the next attempt. If this
+        node had already finished that round (others had not), it goes back and redoes it."""
+        self._attempt[(job, rnd)] = max(self._attempt.get((job, rnd), 0), attempt + 1)
+        self.overlay.abort(job, rnd, attempt)
+        self.engine.abort(job, rnd, attempt)
+        fut = self._replies.get((job, rnd))
+        if fut is not None and not fut.done():
+            self._replies.pop((job, rnd))
+            fut.set_exception(RoundAborted(f"job {job} round {rnd} attempt {attempt} aborted"))
+        nxt = self._replies.get((job, rnd + 1))
+        if nxt is not None and not nxt.done() and self._applied[:2] == (job, rnd):
+            self._replies.pop((job, rnd + 1))
+            nxt.set_exception(_Rewind(rnd))
+
+    def _rewind(self, rnd: int) -> int:
+        """Undo this round's model update: its result is about to be computed again."""
+        _, _, result, n = self._applied
+        if result is not None and self.params is not None:
+            self.params += np.float32(0.01 / n) * result
+        self._applied = (-1, -1, None, 1)
+        return rnd
 
     def _verify_and_apply(self, result: np.ndarray, rnd: int, plan: Plan, nparams: int) -> tuple[bool, str]:
         """Exact check against the closed-form sum, then this agent's own model update."""
@@ -300,7 +460,7 @@ class Agent:
         for b, s in self.overlay.senders.items():
             m, m0 = s.meter.snapshot(), meter0[b]
             entry: dict[str, Any] = {k: m[k] - m0[k] for k in ("bytes", "chunks", "busy_s", "segments", "resent")}
-            if b in self.shapers:
+            if b in self.shapers and self.rate_shaping:
                 g, g0 = self.shapers[b].guard(), guard0[b]
                 exp = g["expected_bytes"] - g0["expected_bytes"]
                 sent = g["sent_bytes"] - g0["sent_bytes"]
@@ -310,7 +470,8 @@ class Agent:
         return {"links": links, "loop_lag_p99_s": self._lag.take_p99(),
                 "cpu_s": _cpu_s() - cpu0, "wall_s": wall, "stashed_frames": self.engine.stashed_frames,
                 "aux_bytes": self.engine.aux_bytes - aux0[0], "sent_bytes": self.engine.sent_bytes - aux0[1],
-                "protocol_errors": len(self.overlay.errors)}
+                "protocol_errors": len(self.overlay.errors),
+                "app_rate_shaping": bool(self.shapers) and self.rate_shaping}
 
 
 def _digest(result: np.ndarray) -> bytes:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int
-from overlay.peers import Overlay
+from overlay.peers import HoldRefused, Overlay
 from overlay.routing import Routes
 from scheduler.plan import AuxTable, Plan
 
@@ -30,6 +30,10 @@ RoundKey = tuple[int, int, int, int]  # job, round, attempt, version
 
 class RoundError(RuntimeError):
     """The round cannot end exact (a contribution doubled or missing); it must be aborted."""
+
+
+class RoundAborted(RuntimeError):
+    """The scheduler aborted this attempt (an agent was lost, or the round stalled); it is retried."""
 
 
 @dataclass
@@ -68,6 +72,9 @@ class RoundState:
         return (self.job, self.round, self.attempt, self.plan.version)
 
 
+# Bytes this node may hold for rounds after (or before) the one it runs; current-round frames are
+# never counted or refused. Over budget a frame is refused unacknowledged and resent later.
+HOLD_BUDGET = 256 << 20
 PRIMARY_BUSY_BOUND = 2  # NetStorm's best setting (Fig. 17)
 AUXILIARY_QUEUE_LENGTH = 5
 
@@ -87,8 +94,15 @@ class ChunkEngine:
         self.rounds: dict[RoundKey, RoundState] = {}
         self._stash: dict[tuple[int, int, int, int], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
         self.stashed_frames = 0
+        self.hold_budget = HOLD_BUDGET
+        self.current: tuple[int, int] | None = None  # (job, round) this node runs or runs next
+        self.held_peak = 0  # most bytes ever held for other rounds (<= hold_budget)
+        self.hold_refused = 0  # segments refused for the budget (resent by their senders later)
+        self._held: dict[tuple[int, int, int, int], int] = {}  # stash key -> bytes held under it
+        self._refused_from: dict[int, set[tuple[int, int]]] = {}  # peer -> (job, round)s refused
         self.on_error: Callable[[RoundKey, Exception], None] | None = None
         self.plans: dict[int, Plan] = {}  # every version this node holds (the agent fills it)
+        self.aborted: dict[tuple[int, int], int] = {}  # (job, round) -> highest aborted attempt
         # auxiliary tables pushed by AUX_UPDATE after a version was published: version -> per group
         self.aux_tables: dict[int, tuple[AuxTable, ...]] = {}
 
@@ -136,8 +150,16 @@ class ChunkEngine:
                         bitmap_int(bitmap(plan.participants)), waiting, [1 << me] * len(plan.layout),
                         final_bytes=[0] * len(plan.layout))
         self.rounds[st.key] = st
+        self.current = (job, rnd)
         for h, data in self._stash.pop(st.key, []):
-            self._segment(st, h, memoryview(data))
+            try:
+                self.chunk_buffer(h)  # held frames were never checked against the plan: check now
+                self._segment(st, h, memoryview(data))
+            except ProtocolError as exc:
+                log.warning("node %d: dropped a held frame: %s", self.node, exc)
+            except RoundError as exc:
+                self._fail(st, exc)
+        self._ask_resend()
         st.started = True
         for c in range(len(plan.layout)):
             if st.waiting[c] == 0:
@@ -146,9 +168,21 @@ class ChunkEngine:
 
     def end_round(self, st: RoundState) -> None:
         self.rounds.pop(st.key, None)
+        if self.current == (st.job, st.round):
+            self.current = (st.job, st.round + 1)  # the next round's early frames are not "future"
+
+    def abort(self, job: int, rnd: int, attempt: int) -> None:
+        """Attempts up to `attempt` of this round end now; their frames, held or late, are dropped."""
+        self.aborted[(job, rnd)] = max(attempt, self.aborted.get((job, rnd), -1))
+        for key, st in list(self.rounds.items()):
+            if key[:2] == (job, rnd) and key[2] <= attempt and not st.done.done():
+                st.done.set_exception(RoundAborted(f"job {job} round {rnd} attempt {key[2]} aborted"))
+        for k in [k for k in self._stash if k[:2] == (job, rnd) and k[2] <= attempt]:
+            self.stashed_frames -= len(self._stash.pop(k))
 
     def drop_stale(self, job: int, rnd: int) -> None:
         """Forget held frames of rounds that can no longer start."""
+        self.current = (job, rnd)
         for k in [k for k in self._stash if (k[0], k[1]) < (job, rnd)]:
             self.stashed_frames -= len(self._stash.pop(k))
 
@@ -156,6 +190,7 @@ class ChunkEngine:
     def chunk_buffer(self, h: dict[str, Any]) -> memoryview | None:
         st = self.rounds.get((h["job"], h["round"], h["attempt"], h["version"]))
         if st is None:
+            self._may_hold(h)
             return None  # held until this node has the round and its plan
         c = h["chunk"]
         if not 0 <= c < len(st.plan.layout):
@@ -181,14 +216,54 @@ class ChunkEngine:
     def chunk_segment(self, h: dict[str, Any], payload: memoryview) -> None:
         key = (h["job"], h["round"], h["attempt"], h["version"])
         st = self.rounds.get(key)
+        if st is None and key[2] <= self.aborted.get(key[:2], -1):
+            return  # a late frame of an aborted attempt
         if st is None:
             self._stash[key].append((h, bytes(payload)))
             self.stashed_frames += 1
+            self._held[key] = self._held.get(key, 0) + len(payload)
+            self.held_peak = max(self.held_peak, self.held_bytes())
             return
         try:
             self._segment(st, h, payload)
         except RoundError as exc:
             self._fail(st, exc)
+
+    # --- held frames: bounded memory, nothing lost ---------------------------------------------------
+    def held_bytes(self) -> int:
+        """Bytes held for rounds other than the current one: what the hold budget bounds."""
+        for k in [k for k in self._held if k not in self._stash]:  # replayed or dropped since
+            del self._held[k]
+        return sum(n for k, n in self._held.items() if k[:2] != self.current)
+
+    def _may_hold(self, h: dict[str, Any]) -> None:
+        """Refuse a frame for another round when holding it would exceed the budget.
+
+        Refused means not stored, hence never acknowledged: the sender keeps the chunk, and the
+        overlay drops that connection when the round begins (`_ask_resend`), so the sender resends
+        it from its start and the frames go straight into place (already held offsets are dropped
+        as duplicates). Back-pressure (pausing the socket) is not used: the current round's frames
+        on the same connection would wait behind the future ones, and the future round can only
+        begin once the current one ends: a deadlock."""
+        rnd = (h["job"], h["round"])
+        if rnd == self.current or self.held_bytes() + h["nbytes"] <= self.hold_budget:
+            return
+        peer = h["path"][h["hop"]]
+        self.hold_refused += 1
+        seen = self._refused_from.setdefault(peer, set())
+        if rnd not in seen:
+            seen.add(rnd)
+            log.warning("node %d: hold budget full (%d of %d bytes held for other rounds than %s): refusing "
+                        "job %d round %d frames from node %d unacknowledged; they are resent when it begins",
+                        self.node, self.held_bytes(), self.hold_budget, self.current, rnd[0], rnd[1], peer)
+        raise HoldRefused(f"hold budget of {self.hold_budget} bytes full")
+
+    def _ask_resend(self) -> None:
+        """A round began: peers whose frames were refused resend everything unacknowledged (a reconnect)."""
+        peers, self._refused_from = self._refused_from, {}
+        for peer in peers:
+            if self.overlay is not None:
+                self.overlay.drop_connection(peer)
 
     # --- internals -------------------------------------------------------------------------------------
     def _segment(self, st: RoundState, h: dict[str, Any], payload: memoryview) -> None:

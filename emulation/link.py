@@ -8,6 +8,7 @@ and a run with such a link is invalid.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ EARLY_S = 0.0005
 # (at least one MTU), so a 5 Mbit/s link is not lumpy at 100 ms scale (its 16 KiB burst is 26 ms).
 PIECE_S = 0.002
 MIN_PIECE = 1500
+UNLIMITED_PIECE = 256 * 1024  # delay-only shapers (tc backend): pieces only bound the delay line's writes
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class LinkShaper:
     def __init__(self, spec: LinkSpec, *, uplink: TokenBucket | None = None, seed: int = 0) -> None:
         self.spec = spec
         self.bucket = TokenBucket(spec.rate_mbps * MBIT, reserve_s=EARLY_S)
+        # outage (trace rate 0) and blackhole (fault): the link holds every byte until both end;
+        # the sender waits on `wait_open` instead of scheduling, so no backlog is booked meanwhile
+        self._outage = False
+        self._blackhole = False
+        self._open: asyncio.Event | None = None
         self.uplink = uplink
         self.early_s = EARLY_S
         self.delay_s = spec.delay_s
@@ -61,19 +68,50 @@ class LinkShaper:
 
     @property
     def rate_mbps(self) -> float:
-        return self.bucket.rate / MBIT
+        return 0.0 if self._outage else self.bucket.rate / MBIT
 
     @property
     def rate_Bps(self) -> float:
-        return self.bucket.rate
+        return 0.0 if self._outage else self.bucket.rate
+
+    @property
+    def held(self) -> bool:
+        """True while the link carries nothing: an outage (rate 0) or a blackhole."""
+        return self._outage or self._blackhole
+
+    async def wait_open(self) -> None:
+        if self._open is None:
+            self._open = asyncio.Event()
+        while self.held:
+            self._open.clear()
+            await self._open.wait()
+
+    def blackhole(self, on: bool) -> None:
+        """Fault: hold every byte (the TCP connection stays up, so only deadlines notice) until off.
+        Held bytes are then delivered, not discarded: one TCP stream cannot lose a middle piece without
+        breaking its framing, and after a real blackhole TCP retransmits them as well."""
+        self._blackhole = on
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self.held and self._open is not None:
+            self._open.set()
 
     @property
     def max_write(self) -> int:
+        if self.bucket.unlimited and self.uplink is None:  # delay-only (the kernel shapes the rate)
+            return UNLIMITED_PIECE
         burst = min(self.bucket.burst, self.uplink.burst) if self.uplink else self.bucket.burst
         return min(burst, max(MIN_PIECE, int(PIECE_S * self.bucket.rate)))
 
     def set_rate(self, rate_mbps: float) -> None:
-        self.bucket.set_rate(rate_mbps * MBIT)
+        """0 is an outage (see emulation.trace): the bucket keeps its last rate, the link holds."""
+        if rate_mbps < 0:
+            raise ValueError(f"rate_mbps must be >= 0, got {rate_mbps}")
+        self._outage = rate_mbps == 0
+        if not self._outage:
+            self.bucket.set_rate(rate_mbps * MBIT)
+        self._wake()
 
     def release_in(self, nbytes: int) -> float:
         wait = self.bucket.delay_for(nbytes)
@@ -87,6 +125,9 @@ class LinkShaper:
         self._pending += nbytes
 
     def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
+        if self.bucket.unlimited:  # delay-only: no rate to keep books against
+            self._pending = 0
+            return
         span = max(0.0, until - since) + last_nbytes / self.bucket.rate
         self.busy_s += span
         self.expected_bytes += span * self.bucket.rate

@@ -121,7 +121,34 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
     return Topology("internet2", 9, links)
 
 
-BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N")
+BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME")
+PRESETS = Path(__file__).parent / "presets"  # measured matrices; each file names its source
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.toml"))
+
+
+def preset(spec: str) -> Topology:
+    """`geo:NAME[:x=F]`: a measured matrix from emulation/presets/NAME.toml, every rate times F
+    (default 1; real inter-region rates may be more than one small machine can emulate)."""
+    _, _, rest = spec.partition(":")
+    name, *opts = rest.split(":") if rest else [""]
+    if name not in presets():
+        raise TopologyError(f"topology: unknown preset {name!r} in {spec!r}; presets: {', '.join(presets())}")
+    factor = 1.0
+    for opt in opts:
+        key, _, val = opt.partition("=")
+        try:
+            if key != "x":
+                raise ValueError
+            factor = float(val)
+        except ValueError:
+            raise TopologyError(f"topology: {spec!r}: option {opt!r} is not x=FACTOR") from None
+        if not factor > 0:
+            raise TopologyError(f"topology: {spec!r}: x must be positive, got {factor}")
+    topo = load(PRESETS / f"{name}.toml")
+    return topo if factor == 1.0 else topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
 
 
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
@@ -132,6 +159,8 @@ def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
         from .waxman import from_spec  # waxman builds on this module
 
         topo = from_spec(spec)
+    elif name == "geo":
+        topo = preset(spec)
     elif name == "internet2":
         topo = internet2(seed=seed)
     elif name in ("uniform", "hetero"):

@@ -24,13 +24,16 @@ MAX_PAYLOAD = 256 * 1024 * 1024
 SCRATCH = 256 * 1024
 SOCKET_BUFFER = 4 << 20
 MAX_INVALID = 16  # invalid messages tolerated from one peer before it is disconnected
+# Control connections carry a whole plan in TOPO_REPLY's header (~0.5 KiB per node for a ring), and
+# never a payload; their scratch buffer grows to a large header only when one arrives.
+CONTROL_MAX_HEADER = 8 << 20
 
 
-def encode(header: dict[str, Any]) -> bytes:
+def encode(header: dict[str, Any], max_header: int = MAX_HEADER) -> bytes:
     """Length prefix plus msgpack header; the payload (header['nbytes'] bytes) is written after it."""
     body = msgpack.packb(header, use_bin_type=True)
-    if len(body) > MAX_HEADER:
-        raise ValueError(f"header of {len(body)} bytes exceeds {MAX_HEADER}")
+    if len(body) > max_header:
+        raise ValueError(f"header of {len(body)} bytes exceeds {max_header}")
     return LEN.pack(len(body)) + body
 
 
@@ -61,10 +64,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, handler: FrameHandler | None = None, *, peer: object = None,
                  max_payload: int = MAX_PAYLOAD, max_invalid: int = MAX_INVALID,
-                 on_bytes: Callable[[int], None] | None = None) -> None:
+                 on_bytes: Callable[[int], None] | None = None, max_header: int = MAX_HEADER) -> None:
         self.handler = handler
         self.peer = peer
         self.max_payload = max_payload
+        self.max_header = max_header  # both ways: larger headers are a FramingError (in) / ValueError (out)
         self.max_invalid = max_invalid
         self.invalid = 0
         self.on_bytes = on_bytes  # receive-side hook (downlink shaping, meters)
@@ -128,7 +132,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     # --- writing --------------------------------------------------------------------------
     def write(self, header: dict[str, Any], payload: memoryview | bytes | None = None) -> None:
         assert self.transport is not None
-        self.transport.write(encode(header))
+        self.transport.write(encode(header, self.max_header))
         if payload is not None and len(payload):
             self.transport.write(payload)
 
@@ -186,8 +190,19 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._start:
             self._buf[:n] = self._buf[self._start:self._end]
         self._start, self._end = 0, n
-        if n == len(self._buf):  # a header longer than scratch cannot happen: MAX_HEADER < SCRATCH
+        if n == len(self._buf):  # cannot happen: _parse grows scratch to fit any header it accepted
             raise FramingError("header does not fit", peer=self.peer)
+
+    def _fit(self, size: int) -> None:
+        """Room for one whole `size`-byte frame head (size <= 4 + max_header, checked by the caller)."""
+        if size > len(self._buf):
+            n = self._end - self._start
+            grown = bytearray(size)
+            grown[:n] = self._buf[self._start:self._end]
+            self._buf, self._view = grown, memoryview(grown)
+            self._start, self._end = 0, n
+        elif self._start + size > len(self._buf):
+            self._compact()
 
     def _parse(self) -> None:
         while self._state == _HEAD and not self._dead:
@@ -195,11 +210,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if avail < 4:
                 break
             (hlen,) = LEN.unpack_from(self._buf, self._start)
-            if hlen == 0 or hlen > MAX_HEADER:
-                raise FramingError(f"header length {hlen} outside 1..{MAX_HEADER}", peer=self.peer)
+            if hlen == 0 or hlen > self.max_header:
+                raise FramingError(f"header length {hlen} outside 1..{self.max_header}", peer=self.peer)
             if avail < 4 + hlen:
-                if self._start + 4 + hlen > len(self._buf):
-                    self._compact()
+                self._fit(4 + hlen)
                 break
             body = self._view[self._start + 4:self._start + 4 + hlen]
             self._start += 4 + hlen
@@ -242,6 +256,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._state = _PAYLOAD
         if self._start == self._end:
             self._start = self._end = 0
+            if len(self._buf) > SCRATCH:  # a large header came and went: give its memory back
+                self._buf = bytearray(SCRATCH)
+                self._view = memoryview(self._buf)
 
     def _begin_discard(self, nbytes: int) -> None:
         take = min(nbytes, self._end - self._start)

@@ -189,6 +189,18 @@ class LinkSender:
             flow.remove(tr)
         return True
 
+    def cancel(self, drop: Callable[[tuple], bool]) -> int:
+        """Forget transfers whose key `drop` names (an aborted attempt): never sent or resent again."""
+        gone = [k for k in self.unacked if drop(k)]
+        for k in gone:
+            tr = self.unacked.pop(k)
+            if tr.done is not None and not tr.done.done():
+                tr.done.cancel()
+            flow = self._flows.get(tr.flow)
+            if flow and tr in flow:
+                flow.remove(tr)
+        return len(gone)
+
     # --- internals ---------------------------------------------------------------------------
     def _queue(self, tr: Transfer) -> None:
         q = self._flows.get(tr.flow)
@@ -249,6 +261,12 @@ class LinkSender:
                 continue
             conn = self.conn
             try:
+                if self.pacer is not None and getattr(self.pacer, "held", False):
+                    # outage or blackhole: nothing crosses (acks neither) until it ends; idle, so
+                    # the fidelity guard books no backlog for the held time
+                    self._set_idle(True)
+                    await self.pacer.wait_open()  # type: ignore[attr-defined]
+                    continue
                 while self._control:
                     self._emit_control(conn, encode(self._control.popleft()))
                 nxt = self._next_segment()

@@ -23,6 +23,9 @@ ANY = (object,)
 # Kinds of data frame: a partial sum going up a tree, a final value coming down, a source's own
 # parameters (multicast schemes), or a probe that only measures a link.
 CHUNK_KINDS = ("agg", "bcast", "mcast", "probe")
+# A relay allocates a chunk's `total` bytes when its first segment arrives: never more than this
+# (the largest frame a connection takes, overlay.codec.MAX_PAYLOAD).
+MAX_CHUNK_BYTES = 256 * 1024 * 1024
 
 
 class ProtocolError(Exception):
@@ -59,16 +62,20 @@ SCHEMAS: dict[str, Schema] = {
     "AUTH": {"mac": (BIN, True)},
     # control plane: agent <-> scheduler
     "REGISTER": {"node": (INT, True), "host": (STR, True), "port": (INT, True),
-                 "neighbors": (LIST, True), "pid": (INT, False)},
+                 "neighbors": (LIST, True), "pid": (INT, False), "seen_job": (INT, False),
+                 "seen_version": (INT, False)},  # seen_*: what this agent saw of an earlier scheduler
     "PEERS": {"peers": (DICT, True)},
-    "HEARTBEAT": {"node": (INT, True), "time": (NUM, True)},
+    "HEARTBEAT": {"node": (INT, True), "time": (NUM, True), "rx": (INT, False)},  # rx: data bytes received
     "REPORT": {"node": (INT, True), "samples": (LIST, True)},
     "READY": {"round": (INT, True), "progress": (NUM, True)},
     "JOB": {"job": (INT, True), "scheme": (STR, True), "rounds": (INT, True), "params": (INT, True),
-            "compute_s": (NUM, True), "t0": (NUM, False), "warmup": (INT, False)},
-    "TOPO_REQUEST": {"job": (INT, True), "round": (INT, True), "have": (LIST, False)},
+            "compute_s": (NUM, True), "t0": (NUM, False), "warmup": (INT, False),
+            "start": (INT, False)},  # start: first round for an agent that rejoined mid-job
+    "TOPO_REQUEST": {"job": (INT, True), "round": (INT, True), "have": (LIST, False), "attempt": (INT, False)},
     "TOPO_REPLY": {"job": (INT, True), "round": (INT, True), "version": (INT, True),
-                   "plan": (DICT, False)},
+                   "plan": (DICT, False), "attempt": (INT, False), "skip": (BOOL, False)},
+    # a lost agent's incarnation: its connections are dropped and that epoch is never accepted again
+    "FENCE": {"node": (INT, True), "epoch": (INT, True)},
     "AUX_UPDATE": {"job": (INT, True), "version": (INT, True), "groups": (LIST, True)},  # per group: wire aux
     "ROUND_DONE": {"node": (INT, True), "job": (INT, True), "round": (INT, True),
                    "attempt": (INT, True), "version": (INT, True), "digest": (BIN, True),
@@ -80,6 +87,8 @@ SCHEMAS: dict[str, Schema] = {
     # cumulative bytes sent per outgoing link (dst -> bytes) at `time` (synced clock): live throughput, metrics
     "COUNTERS": {"node": (INT, True), "time": (NUM, True), "links": (DICT, True)},
     "SHUTDOWN": {},
+    # emulation control (scheduler -> the agents owning a link; fault injection on the app backend)
+    "EMU": {"op": (STR, True), "src": (INT, True), "dst": (INT, True), "mbps": (NUM, False), "on": (BOOL, False)},
     # data plane: agent <-> agent
     "CHUNK": {**_KEY, "contributors": (BIN, True), "t_send": (NUM, True), "path": (LIST, True),
               "hop": (INT, True), "off": (INT, True), "total": (INT, True), "nbytes": (INT, True)},
@@ -117,9 +126,29 @@ def validate(header: Any, peer: object = None) -> dict[str, Any]:
                             msg_type=t)
     if t == "CHUNK":
         _validate_chunk(header, peer)
+    elif t == "EMU":
+        _validate_emu(header, peer)
     elif t == "ACK" and header["kind"] not in CHUNK_KINDS:
         raise ProtocolError(f"unknown kind {header['kind']!r}", field="kind", peer=peer, msg_type=t)
     return header
+
+
+EMU_OPS = ("rate", "down", "blackhole")
+
+
+def _validate_emu(h: dict[str, Any], peer: object) -> None:
+    if h["op"] not in EMU_OPS:
+        raise ProtocolError(f"unknown op {h['op']!r} (one of {', '.join(EMU_OPS)})", field="op", peer=peer,
+                            msg_type="EMU")
+    if h["src"] == h["dst"] or h["src"] < 0 or h["dst"] < 0:
+        raise ProtocolError("src and dst must be two different node ids", field="dst", peer=peer, msg_type="EMU")
+    if h["op"] == "rate":
+        mbps = h.get("mbps")
+        if mbps is None or isinstance(mbps, bool) or not 0 <= mbps < float("inf"):
+            raise ProtocolError("rate needs a finite mbps >= 0 (0 = outage)", field="mbps", peer=peer,
+                                msg_type="EMU")
+    elif "on" not in h:
+        raise ProtocolError(f"{h['op']} needs on=true|false", field="on", peer=peer, msg_type="EMU")
 
 
 def _validate_chunk(h: dict[str, Any], peer: object) -> None:
@@ -134,6 +163,9 @@ def _validate_chunk(h: dict[str, Any], peer: object) -> None:
         raise ProtocolError("outside the path", field="hop", peer=peer, msg_type="CHUNK")
     if h["nbytes"] <= 0:
         raise ProtocolError("a data frame carries at least one byte", field="nbytes", peer=peer, msg_type="CHUNK")
+    if h["total"] > MAX_CHUNK_BYTES:
+        raise ProtocolError(f"chunk of {h['total']} bytes exceeds {MAX_CHUNK_BYTES}", field="total", peer=peer,
+                            msg_type="CHUNK")
     if h["off"] < 0 or h["off"] + h["nbytes"] > h["total"]:
         raise ProtocolError("segment outside the chunk", field="off", peer=peer, msg_type="CHUNK")
     if h["nbytes"] % 4 or h["off"] % 4 or h["total"] % 4:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .codec import FrameProtocol
+from .auth import HANDSHAKE_TIMEOUT_S, AuthError, Handshake, TlsFiles
+from .codec import MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol
 from .link import SEGMENT_BYTES, LinkSender, Pacer, Transfer
 from .messages import ProtocolError, ack_for, chunk_key
 
@@ -24,6 +25,13 @@ log = logging.getLogger("wansync.overlay")
 
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
+
+
+class HoldRefused(Exception):
+    """The sink cannot hold this segment now (its memory budget for other rounds is full).
+
+    The overlay discards it without recording or acknowledging it, so the sender keeps the chunk
+    and sends it again after the next reconnect; nothing is lost and nothing counts as invalid."""
 
 
 class ChunkSink(Protocol):
@@ -63,9 +71,18 @@ class Overlay:
     def __init__(self, node: int, cluster: str, sink: ChunkSink, *, neighbors: list[int],
                  pacers: Mapping[int, Pacer] | None = None, downlink: ReceiveLimiter | None = None,
                  segment_bytes: int = SEGMENT_BYTES, on_sample: Sample | None = None,
-                 host: str = "127.0.0.1", clock: Callable[[], float] = time.time) -> None:
+                 host: str = "127.0.0.1", clock: Callable[[], float] = time.time, secret: bytes | None = None,
+                 tls: TlsFiles | None = None, max_payload: int = MAX_PAYLOAD, max_header: int = MAX_HEADER,
+                 max_invalid: int = MAX_INVALID) -> None:
+        """secret: the cluster secret neighbours must prove they hold (overlay.auth); None = no
+        authentication (--insecure). tls: mutual TLS on every data connection. max_*: per-frame
+        limits on what a neighbour may send, and how many invalid messages before we hang up."""
         self.node = node
         self.cluster = cluster
+        self.secret = secret
+        self.tls = tls
+        self.limits = {"max_payload": max_payload, "max_header": max_header, "max_invalid": max_invalid}
+        self._refusals: set[tuple[object, str]] = set()  # handshake failures already logged once
         self.sink = sink
         self.neighbors = set(neighbors)
         self.host = host
@@ -88,29 +105,53 @@ class Overlay:
         self._conns: dict[int, FrameProtocol] = {}
         self._connected: dict[int, asyncio.Event] = {n: asyncio.Event() for n in self.neighbors}
         self._dialers: list[asyncio.Task] = []
+        self._dialing: set[int] = set()
+        self._addrs: dict[int, tuple[str, int]] = {}
+        self.min_epoch: dict[int, int] = {}  # peer -> lowest incarnation accepted (FENCE)
+        self.epoch = time.time_ns()  # this process's incarnation, sent in HELLO
         self._closing = False
+        # link-down faults: peers we neither dial nor accept until `suspend(peer, False)`
+        self._down: set[int] = set()
+        self._up = {n: asyncio.Event() for n in self.neighbors}
         self._discard = memoryview(bytearray(SEGMENT_BYTES))
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def listen(self, port: int = 0) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: self._protocol(None), self.host, port)
+        self._server = await loop.create_server(lambda: self._protocol(None), self.host, port,
+                                                ssl=self.tls.server_context() if self.tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
         for s in self.senders.values():
             s.start()
         return self.port
 
     def connect(self, peers: Mapping[int, tuple[str, int]]) -> None:
-        """Dial every neighbour with a higher id (one connection per pair); lower ids dial us."""
+        """Dial every neighbour with a higher id (one connection per pair); lower ids dial us. Called
+        again when a peer restarted somewhere else: its dialer picks up the new address."""
         for n in sorted(self.neighbors):
             if n > self.node:
                 if n not in peers:
+                    if n in self._addrs:
+                        continue  # lost for now; keep its last address
                     raise ValueError(f"no address for neighbour {n}")
-                self._dialers.append(asyncio.create_task(self._dial_forever(n, *peers[n]),
-                                                         name=f"dial {self.node}->{n}"))
+                moved = n in self._addrs and self._addrs[n] != tuple(peers[n])
+                self._addrs[n] = (peers[n][0], int(peers[n][1]))
+                if n not in self._dialing:
+                    self._dialing.add(n)
+                    self._dialers.append(asyncio.create_task(self._dial_forever(n), name=f"dial {self.node}->{n}"))
+                elif moved:
+                    self.drop_connection(n)
 
-    async def wait_connected(self, timeout: float = 30.0) -> None:
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._connected.values())), timeout)
+    def fence(self, peer: int, epoch: int) -> None:
+        """A lost peer's incarnation `epoch` and older are refused from now on (zombies)."""
+        if peer in self.neighbors:
+            self.min_epoch[peer] = max(self.min_epoch.get(peer, 0), epoch + 1)
+            self.drop_connection(peer)
+
+    async def wait_connected(self, timeout: float = 30.0, peers: Iterable[int] | None = None) -> None:
+        """Until every neighbour (or those in `peers`: the live ones) is connected."""
+        want = self.neighbors if not peers else set(peers) & self.neighbors
+        await asyncio.wait_for(asyncio.gather(*(self._connected[n].wait() for n in want)), timeout)
 
     async def close(self) -> None:
         self._closing = True
@@ -129,6 +170,19 @@ class Overlay:
         conn = self._conns.get(peer)
         if conn is not None and conn.transport is not None:
             conn.transport.abort()
+
+    def suspend(self, peer: int, down: bool) -> None:
+        """Link down (fault injection): cut the socket and neither dial nor accept the peer until up.
+        Unacknowledged chunks stay with their senders and go again after the reconnect."""
+        if peer not in self.neighbors:
+            raise ValueError(f"node {peer} is not a neighbour of node {self.node}")
+        if down:
+            self._down.add(peer)
+            self._up[peer].clear()
+            self.drop_connection(peer)
+        else:
+            self._down.discard(peer)
+            self._up[peer].set()
 
     # --- sending ---------------------------------------------------------------------------------
     def send_chunk(self, header: dict[str, Any], payload: memoryview, path: tuple[int, ...]) -> Transfer:
@@ -153,6 +207,15 @@ class Overlay:
     def _acked(self, path: tuple[int, ...]) -> None:
         self._in_transit[path] -= 1
 
+    def abort(self, job: int, rnd: int | None = None, attempt: int | None = None) -> int:
+        """Drop every transfer of this round's attempts up to `attempt` (or of the whole job), sent
+        or relayed through us: they are never sent or resent again."""
+        def drop(k: tuple) -> bool:
+            return k[0] == job and (rnd is None or (k[1] == rnd and (attempt is None or k[2] <= attempt)))
+        for key in [k for k in self._rx if drop(k)]:
+            del self._rx[key]
+        return sum(s.cancel(drop) for s in self.senders.values())
+
     def forget_before(self, job: int, rnd: int) -> None:
         """Duplicate detection only needs keys of rounds still in flight (agents run one round ahead)."""
         for jr in [jr for jr in self._done if jr < (job, rnd)]:
@@ -162,22 +225,27 @@ class Overlay:
 
     # --- receiving -------------------------------------------------------------------------------
     def _protocol(self, peer: int | None) -> FrameProtocol:
-        proto = FrameProtocol(peer=peer, on_bytes=None)
+        proto = FrameProtocol(peer=peer, on_bytes=None, **self.limits)
         proto.handler = _Handshake(self, proto, expect=peer)
         if self.downlink is not None:
             proto.on_bytes = _receive_pacer(proto, self.downlink)
         return proto
 
-    async def _dial_forever(self, peer: int, host: str, port: int) -> None:
+    async def _dial_forever(self, peer: int) -> None:
         backoff = RECONNECT_MIN_S
         loop = asyncio.get_running_loop()
         while not self._closing:
+            if peer in self._down:
+                await self._up[peer].wait()
+                backoff = RECONNECT_MIN_S
+            host, port = self._addrs[peer]
             try:
-                _, proto = await loop.create_connection(lambda: self._protocol(peer), host, port)
+                _, proto = await loop.create_connection(lambda: self._protocol(peer), host, port,
+                                                        ssl=self.tls.client_context() if self.tls else None)
                 hs = proto.handler
                 assert isinstance(hs, _Handshake)
-                proto.write({"t": "HELLO", "node": self.node, "cluster": self.cluster, "role": "agent"})
-                await asyncio.wait_for(hs.done, 10.0)
+                hs.start()
+                await asyncio.wait_for(hs.done, HANDSHAKE_TIMEOUT_S)
                 backoff = RECONNECT_MIN_S
                 await proto.closed
             except (OSError, TimeoutError, ProtocolError, ConnectionError) as exc:
@@ -220,7 +288,10 @@ class Overlay:
         if rx is not None and rx.total != h["total"]:
             raise ProtocolError("total changed within one chunk", field="total", peer=peer, msg_type="CHUNK")
         if hop + 2 == len(path):  # this node is the destination
-            dest = self.sink.chunk_buffer(h)
+            try:
+                dest = self.sink.chunk_buffer(h)
+            except HoldRefused:  # not recorded, so never acked: discarded like a duplicate, resent later
+                return "dup", key
             if rx is None:
                 rx = self._rx[key] = _Rx(h["total"])
             rx.src = peer
@@ -286,49 +357,106 @@ def _resume(proto: FrameProtocol) -> None:
         proto.transport.resume_reading()
 
 
+def _retrieved(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class _Handshake:
-    """Until HELLO is exchanged the connection carries nothing else."""
+    """Until the neighbour is authenticated (overlay.auth: HELLO both ways, then AUTH both ways) the
+    connection carries nothing else; one invalid message, a wrong secret or silence ends it."""
 
     def __init__(self, overlay: Overlay, proto: FrameProtocol, expect: int | None) -> None:
         self.overlay = overlay
         self.proto = proto
         self.expect = expect
-        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.auth = Handshake(overlay.cluster, overlay.node, "agent", dialer=expect is not None,
+                              secret=overlay.secret, expect=expect, peer_role="agent", check_peer=self._check,
+                              hello_extra={"epoch": overlay.epoch})
+        loop = asyncio.get_running_loop()
+        self.done: asyncio.Future = loop.create_future()
+        self.done.add_done_callback(_retrieved)  # an acceptor's outcome is only logged, never awaited
+        # an accepted connection that never finishes the handshake must not stay open forever
+        self._timer = None if expect is not None else loop.call_later(HANDSHAKE_TIMEOUT_S, self._timeout)
+
+    def start(self) -> None:
+        """Dialer: the opening HELLO."""
+        self.proto.write(self.auth.start())
+
+    def _check(self, node: int, role: str) -> str | None:
+        if node not in self.overlay.neighbors:
+            return f"node {node} is not a neighbour of node {self.overlay.node}"
+        return None
 
     def on_header(self, header: dict[str, Any]) -> memoryview | None:
         raise ProtocolError("payload before the handshake", peer=self.proto.peer)
 
     def on_frame(self, header: dict[str, Any], payload: memoryview | None) -> None:
         ov = self.overlay
-        if header["t"] != "HELLO":
-            self._refuse(f"expected HELLO, got {header['t']}")
+        if header["t"] == "HELLO" and header["node"] in ov._down:
+            # the link is down (fault): no error, the peer just cannot get through
+            self._settle(ConnectionError("link down"))
+            self.proto.close()
             return
-        node, cluster = header["node"], header["cluster"]
-        if cluster != ov.cluster:
-            self._refuse(f"cluster {cluster!r} is not {ov.cluster!r}")
+        try:
+            replies = self.auth.receive(header)
+        except AuthError as exc:
+            self._refuse(exc.reason)
             return
-        if node not in ov.neighbors or (self.expect is not None and node != self.expect):
-            self._refuse(f"node {node} is not a neighbour of node {ov.node}")
-            return
-        if self.expect is None:  # we accepted: answer, then both sides are ready
-            self.proto.write({"t": "HELLO", "node": ov.node, "cluster": ov.cluster, "role": "agent"})
-        ov._attach(node, self.proto)
+        for reply in replies:
+            self.proto.write(reply)
+        if self.auth.done:
+            node = self.auth.peer
+            assert node is not None and self.auth.peer_hello is not None
+            epoch = self.auth.peer_hello.get("epoch", 0)
+            if epoch < ov.min_epoch.get(node, 0):
+                self._refuse(f"node {node} runs incarnation {epoch}, which was fenced when it was lost (a zombie)")
+                return
+            ov._refusals = {r for r in ov._refusals if r[0] != node}  # log the next failure again
+            ov._attach(node, self.proto)
+            self._settle(None, node)
+
+    def _settle(self, exc: Exception | None, node: int | None = None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self.done.done():
-            self.done.set_result(node)
+            if exc is None:
+                self.done.set_result(node)
+            else:
+                self.done.set_exception(exc)
+
+    def _log_once(self, why: str) -> None:
+        """One clear line per peer and reason: a dialer retrying every 2 s must not flood the log."""
+        key = (self.auth.peer if self.auth.peer is not None else self.expect, why)
+        level = logging.DEBUG if key in self.overlay._refusals else logging.WARNING
+        self.overlay._refusals.add(key)
+        log.log(level, "node %d refused a connection: %s", self.overlay.node, why)
 
     def _refuse(self, why: str) -> None:
-        log.warning("node %d refused a connection: %s", self.overlay.node, why)
-        self.overlay.errors.append(ProtocolError(why, peer=self.proto.peer))
-        if not self.done.done():
-            self.done.set_exception(ProtocolError(why, peer=self.proto.peer))
+        if self.done.done():
+            return
+        self._log_once(why)
+        self.overlay.errors.append(AuthError(why, peer=self.proto.peer))
+        self._settle(AuthError(why, peer=self.proto.peer))
         self.proto.close()
 
+    def _timeout(self) -> None:
+        self._timer = None
+        self._refuse(f"no handshake within {HANDSHAKE_TIMEOUT_S:.0f} s")
+
     def on_invalid(self, error: ProtocolError) -> None:
-        self._refuse(str(error))
+        self._refuse(error.reason if isinstance(error, ProtocolError) else str(error))
 
     def on_closed(self, error: Exception | None) -> None:
         if not self.done.done():
-            self.done.set_exception(ConnectionError(f"closed during handshake: {error}"))
+            why = self.auth.closed_reason()
+            if isinstance(error, ProtocolError):  # e.g. a truncated frame: name it
+                why = error.reason
+                self.overlay.errors.append(error)
+            if self.expect is not None or isinstance(error, ProtocolError):
+                self._log_once(why)  # dialled: the other end refused us (it logged why)
+            self._settle(ConnectionError(why))
 
 
 class _PeerConn:
@@ -366,4 +494,7 @@ class _PeerConn:
         self.overlay.errors.append(error)
 
     def on_closed(self, error: Exception | None) -> None:
+        if isinstance(error, ProtocolError):  # a truncated frame: what it held is resent, never half used
+            log.warning("node %d: %s", self.overlay.node, error)
+            self.overlay.errors.append(error)
         self.overlay._detach(self.peer, self.proto)

@@ -13,6 +13,7 @@ synchronization itself and not the previous round's broadcast tail seen by an ea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import statistics
 import time
@@ -22,11 +23,12 @@ from typing import Any
 
 import msgpack
 
+from overlay.auth import AuthError, Handshake, TlsFiles
 from overlay.codec import FrameProtocol
-from overlay.control import ControlConn
+from overlay.control import ControlConn, control_protocol
 from overlay.messages import ProtocolError
 
-from . import planners
+from . import deadline, planners
 from .plan import Job, Plan, aux_to_wire
 from .view import NetworkView
 
@@ -45,6 +47,8 @@ class AgentInfo:
     pid: int | None = None
     versions: set[int] = field(default_factory=set)
     last_seen: float = 0.0
+    epoch: int = 0  # the agent process's incarnation (HELLO); a fenced epoch never comes back
+    rx_bytes: int = 0  # data-plane bytes received so far (HEARTBEAT): round progress
 
 
 @dataclass
@@ -65,6 +69,8 @@ class RoundRecord:
     trp_wait_s: float = 0.0  # longest time an agent waited for this round's topology reply
     coverage: float = 0.0  # share of directed links the view has measured, when the round ended
     prediction_s: float | None = None  # filled in by whoever knows the configured network
+    attempt: int = 0  # > 0: earlier attempts were aborted (a lost agent, a stall) and retried
+    participants: int = 0
     def to_json(self) -> dict[str, Any]:
         return {"type": "round", **{k: v for k, v in self.__dict__.items()}}
 
@@ -92,15 +98,25 @@ class JobState:
     view_at_aux: dict[tuple[int, int], float] = field(default_factory=dict)
     last_aux_t: float = 0.0
     aux_updates: int = 0  # AUX_UPDATE pushes: new auxiliary tables without a new version
+    attempt: dict[int, int] = field(default_factory=dict)  # round -> current attempt
+    aborts: list[dict[str, Any]] = field(default_factory=list)  # every aborted attempt, with why and when
+    started: dict[int, float] = field(default_factory=dict)  # round -> when its current attempt started
+    predicted: dict[int, float | None] = field(default_factory=dict)  # version -> simulated on the view
+    job_msg: dict[str, Any] = field(default_factory=dict)  # the JOB message, for agents that rejoin
 
 
 class Scheduler:
     def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1, update_time: float = 0.0,
                  on_event: Event | None = None, predict: Callable[[Plan, float], float] | None = None,
-                 consistency: bool = True) -> None:
+                 consistency: bool = True, heartbeat_timeout: float = 1.5, secret: bytes | None = None,
+                 tls: TlsFiles | None = None) -> None:
         """predict(plan, seconds since the job's t0) -> predicted round time: the simulator on the
-        configured network, where the caller knows it (scheduler/ never sees the emulator itself)."""
+        configured network, where the caller knows it (scheduler/ never sees the emulator itself).
+        secret: the cluster secret agents must prove they hold (overlay.auth); None = no
+        authentication (--insecure, trusted networks and in-process tests only). tls: serve TLS."""
         self.cluster = cluster
+        self.secret = secret
+        self.tls = tls
         self.expected = nodes
         self.update_rate = update_rate  # re-plan only if some link's rate moved by more than this (relative)
         self.update_time = update_time  # ... and at most this often (seconds; NetStorm's UPDATE_TIME)
@@ -109,6 +125,12 @@ class Scheduler:
         # False reproduces what NetStorm's topology request protocol prevents (Fig. 8): every agent
         # gets the newest version when it asks, no freeze per round, no barrier. Tests only.
         self.consistency = consistency
+        # an agent silent this long (no heartbeat: frozen, partitioned) is declared lost
+        self.heartbeat_timeout = heartbeat_timeout
+        self.lost: dict[int, dict[str, Any]] = {}  # node -> when and why it was declared lost
+        self.fenced: dict[int, int] = {}  # node -> highest epoch refused from now on
+        self._progress = (0, time.time())  # (sum of agents' received bytes, when it last grew)
+        self._closing = False
         self.view = NetworkView()
         self.agents: dict[int, AgentInfo] = {}
         self.plans: dict[int, Plan] = {}
@@ -127,11 +149,15 @@ class Scheduler:
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, host, port)
+        self._server = await loop.create_server(self._accept, host, port,
+                                                ssl=self.tls.server_context() if self.tls else None)
+        watch = loop.create_task(self._watchdog())
+        self._tasks.add(watch)
+        watch.add_done_callback(self._tasks.discard)
         return self._server.sockets[0].getsockname()[1]
 
     def _accept(self) -> FrameProtocol:
-        proto = FrameProtocol(peer="agent?")
+        proto = control_protocol("agent?")
         conn = ControlConn(proto)
         task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._tasks.add(task)
@@ -144,11 +170,21 @@ class Scheduler:
         except TimeoutError:
             missing = sorted(set(range(self.expected)) - set(self.agents))
             raise TimeoutError(f"agents {missing} did not register within {timeout:.0f} s") from None
-        peers = {n: [a.host, a.port] for n, a in self.agents.items()}
-        for a in self.agents.values():
-            a.conn.send({"t": "PEERS", "peers": peers})
+        self._send_peers()
+
+    def _send_peers(self) -> None:
+        peers = {n: [a.host, a.port, a.epoch] for n, a in self.agents.items()}
+        for a in list(self.agents.values()):
+            self._send(a, {"t": "PEERS", "peers": peers})
+
+    def _send(self, a: AgentInfo, msg: dict[str, Any]) -> None:
+        try:
+            a.conn.send(msg)
+        except ConnectionError:  # its loss is handled where the connection ends
+            pass
 
     async def shutdown(self) -> None:
+        self._closing = True
         for a in self.agents.values():
             try:
                 a.conn.send({"t": "SHUTDOWN"})
@@ -191,8 +227,8 @@ class Scheduler:
                       view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
                       t0=time.time() if t0 is None else t0, planner=planner, last_plan_t=time.time())
         self.current = js
-        msg = {"t": "JOB", "job": js.job, "scheme": scheme, "rounds": js.rounds, "params": params,
-               "compute_s": compute_s, "t0": js.t0, "warmup": warmup}
+        msg = js.job_msg = {"t": "JOB", "job": js.job, "scheme": scheme, "rounds": js.rounds, "params": params,
+                            "compute_s": compute_s, "t0": js.t0, "warmup": warmup}
         for a in self.agents.values():
             a.conn.send(msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": plan.version})
@@ -254,7 +290,10 @@ class Scheduler:
         """First request for a round freezes its version; adaptive schemes may re-plan just before."""
         if rnd in js.frozen:
             return js.frozen[rnd]
-        if (planners.adaptive(js.scheme, js.spec.options) and rnd > 0
+        alive = tuple(sorted(self.agents))
+        if alive != js.spec.participants:  # an agent was lost or came back: plan for who is here
+            self._replan_members(js, alive)
+        elif (planners.adaptive(js.scheme, js.spec.options) and rnd > 0
                 and time.time() - js.last_plan_t >= self.update_time
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
             t = time.perf_counter()
@@ -268,27 +307,110 @@ class Scheduler:
         js.frozen[rnd] = js.plan.version
         return js.plan.version
 
+    def _replan_members(self, js: JobState, alive: tuple[int, ...]) -> None:
+        old = js.spec.participants
+        js.spec = dataclasses.replace(js.spec, participants=alive)
+        js.spec.options["state"].clear()  # frozen roots may be gone: choose again among the living
+        if js.spec.options.get("hub") is not None and js.spec.options["hub"] not in alive:
+            del js.spec.options["hub"]  # the chosen hub is lost: the planner picks the best one alive
+        t = time.perf_counter()
+        js.plan = self._publish(js.planner(self.view, js.spec))
+        js.policy_s += time.perf_counter() - t
+        js.replans += 1
+        js.view_at_plan = self.view.snapshot()
+        js.last_plan_t = time.time()
+        self.note_event("membership", job=js.job, was=list(old), now=list(alive), version=js.plan.version)
+
+    # --- failures ---------------------------------------------------------------------------------
+    def _lost(self, node: int, why: str) -> None:
+        """Declare an agent gone: fence its incarnation, abort the round it was part of, re-plan."""
+        a = self.agents.pop(node, None)
+        if a is None or self._closing:
+            return
+        self.fenced[node] = max(self.fenced.get(node, 0), a.epoch)
+        self.lost[node] = {"t": time.time(), "why": why, "epoch": a.epoch}
+        log.warning("agent %d lost (%s); fencing epoch %d", node, why, a.epoch)
+        self.note_event("agent_lost", node=node, why=why)
+        self._send(a, {"t": "FENCE", "node": node, "epoch": a.epoch})  # a frozen agent reads it when it wakes
+        a.conn.close()
+        for b in list(self.agents.values()):
+            self._send(b, {"t": "FENCE", "node": node, "epoch": a.epoch})
+        js = self.current
+        if js is None or js.finished.is_set():
+            return
+        for rnd in sorted(r for r in js.frozen if r not in {x.round for x in js.records}):
+            if node in self.plans[js.frozen[rnd]].participants:
+                self._abort(js, rnd, f"agent {node} lost: {why}")
+
+    def _abort(self, js: JobState, rnd: int, why: str) -> None:
+        """The round's current attempt cannot end exact: everyone drops it and retries on a new plan."""
+        att = js.attempt.get(rnd, 0)
+        js.attempt[rnd] = att + 1
+        js.aborts.append({"round": rnd, "attempt": att, "why": why, "t": time.time(),
+                          "t_start": js.started.get(rnd)})
+        js.frozen.pop(rnd, None)
+        js.asked.pop(rnd, None)
+        js.done.pop(rnd, None)
+        js.started.pop(rnd, None)
+        log.warning("job %d round %d attempt %d aborted: %s", js.job, rnd, att, why)
+        self.note_event("abort", job=js.job, round=rnd, attempt=att, why=why)
+        for a in list(self.agents.values()):
+            self._send(a, {"t": "ABORT", "job": js.job, "round": rnd, "attempt": att})
+
+    async def _watchdog(self, tick: float = 0.2) -> None:
+        """Heartbeat deadlines for agents; stall and overrun deadlines (scheduler/deadline.py) for rounds."""
+        while True:
+            await asyncio.sleep(tick)
+            now = time.time()
+            for a in list(self.agents.values()):
+                if now - a.last_seen > self.heartbeat_timeout:
+                    self._lost(a.node, f"silent for {now - a.last_seen:.1f} s")
+            js = self.current
+            if js is None or js.finished.is_set():
+                continue
+            rx = sum(a.rx_bytes for a in self.agents.values())
+            if rx != self._progress[0]:
+                self._progress = (rx, now)
+            for rnd, t0 in list(js.started.items()):
+                if rnd in js.done and len(js.done[rnd]) == len(self.plans[js.frozen[rnd]].participants):
+                    continue
+                if len(js.asked.get(rnd, ())) or rnd not in js.frozen:
+                    continue  # not started yet: waiting at the barrier
+                plan = self.plans[js.frozen[rnd]]
+                quiet = now - max(self._progress[1], t0)
+                aborts = sum(1 for x in js.aborts if x["round"] == rnd)
+                if quiet > deadline.stall_s(plan, self.view) * 2 ** aborts:
+                    self._abort(js, rnd, f"no data moved for {quiet:.1f} s")
+                    continue
+                recent = [r.round_s for r in js.records[-5:] if r.version == plan.version]
+                limit = deadline.overrun_s(self._predicted(js, plan), recent, aborts)
+                if now - t0 > limit:
+                    self._abort(js, rnd, f"round ran {now - t0:.1f} s, over its deadline of {limit:.1f} s")
+
+    def _predicted(self, js: JobState, plan: Plan) -> float | None:
+        if plan.version not in js.predicted:
+            js.predicted[plan.version] = deadline.predict_on_view(plan, self.view)
+        return js.predicted[plan.version]
+
     # --- one agent's control connection ---------------------------------------------------------------
     async def _serve(self, conn: ControlConn) -> None:
         info: AgentInfo | None = None
         try:
-            first = await conn.recv()
-            if first is None:
+            # HELLO both ways, then HMAC proofs both ways (overlay/auth.py); nothing registers before
+            hs = Handshake(self.cluster, -1, "scheduler", dialer=False, secret=self.secret, peer_role="agent",
+                           check_peer=self._may_connect)
+            try:
+                node = await conn.handshake(hs)
+            except (AuthError, TimeoutError, ConnectionError) as exc:
+                if hs.peer_hello is not None or conn.errors or isinstance(exc, TimeoutError):
+                    addr = conn.proto.transport.get_extra_info("peername") if conn.proto.transport else None
+                    why = exc.reason if isinstance(exc, AuthError) else f"no handshake ({type(exc).__name__})"
+                    log.warning("scheduler refused a control connection from %s: %s", addr, why)
                 return
-            if first["t"] != "HELLO" or first["cluster"] != self.cluster:
-                why = (f"cluster {first.get('cluster')!r} is not {self.cluster!r}" if first["t"] == "HELLO"
-                       else f"expected HELLO, got {first['t']}")
-                log.warning("refused a control connection: %s", why)
-                conn.close()
-                return
-            node = first["node"]
-            if not 0 <= node < self.expected:
-                log.warning("refused unknown node %d (cluster has nodes 0..%d)", node, self.expected - 1)
-                conn.close()
-                return
-            conn.send({"t": "HELLO", "node": -1, "cluster": self.cluster, "role": "scheduler"})
+            first = hs.peer_hello
+            assert first is not None
             conn.proto.peer = f"agent {node}"
-            info = AgentInfo(node, conn, last_seen=time.time())
+            info = AgentInfo(node, conn, last_seen=time.time(), epoch=int(first.get("epoch", 0)))
             while True:
                 msg = await conn.recv()
                 if msg is None:
@@ -303,10 +425,31 @@ class Scheduler:
         finally:
             if info is not None and self.agents.get(info.node) is info:
                 self.on_event("agent_lost", {"node": info.node})
+                self._lost(info.node, "control connection closed")
+
+    def _may_connect(self, node: int, role: str) -> str | None:
+        if not 0 <= node < self.expected:
+            return f"unknown node {node} (cluster has nodes 0..{self.expected - 1})"
+        return None
 
     def _handle(self, a: AgentInfo, msg: dict[str, Any]) -> None:
         t = msg["t"]
         if t == "REGISTER":
+            if a.epoch <= self.fenced.get(a.node, -1):
+                log.warning("refused node %d: epoch %d was fenced (a zombie of a lost agent)", a.node, a.epoch)
+                self._send(a, {"t": "FENCE", "node": a.node, "epoch": a.epoch})
+                a.conn.close()
+                return
+            old = self.agents.get(a.node)
+            if old is not None and old is not a:
+                if a.epoch <= old.epoch:
+                    log.warning("refused node %d epoch %d: epoch %d is registered", a.node, a.epoch, old.epoch)
+                    a.conn.close()
+                    return
+                self._lost(a.node, f"replaced by epoch {a.epoch}")
+            # never reuse a job id or version an agent saw from an earlier scheduler (restarted)
+            self.job_id = max(self.job_id, msg.get("seen_job", 0))
+            self.version = max(self.version, msg.get("seen_version", 0))
             a.host, a.port, a.pid = msg["host"], msg["port"], msg.get("pid")
             a.neighbors = tuple(int(n) for n in msg["neighbors"])
             self.agents[a.node] = a
@@ -316,12 +459,16 @@ class Scheduler:
             self.on_event("agent", {"node": a.node, "neighbors": a.neighbors})
             if len(self.agents) == self.expected:
                 self._registered.set()
+            if self._registered.is_set():  # a restarted agent: everyone learns where it is now
+                self._rejoin(a)
         elif t == "TOPO_REQUEST":
             js = self.current
             if js is None or msg["job"] != js.job:
                 a.conn.send({"t": "ABORT", "job": msg["job"], "round": msg["round"], "attempt": 0})
                 return
-            rnd = msg["round"]
+            rnd, attempt = msg["round"], msg.get("attempt", 0)
+            if attempt != js.attempt.get(rnd, 0):
+                return  # an aborted attempt: the ABORT is on its way
             if not self.consistency:
                 v = js.plan.version
                 reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v}
@@ -332,16 +479,22 @@ class Scheduler:
                 return
             v = self._version_for(js, rnd)
             self.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
+            members = self.plans[v].participants
+            if a.node not in members:  # joined after this round was frozen: it sits this one out
+                self._send(a, {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt,
+                               "skip": True})
+                return
             asked = js.asked.setdefault(rnd, {})
             asked[a.node] = set(msg.get("have", ()))
-            if len(asked) < len(js.spec.participants):
+            if len(asked) < len(members):
                 return
             for node, have in asked.items():
-                reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v}
+                reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt}
                 if v not in have:
                     reply["plan"] = self.plans[v].to_wire()
-                self.agents[node].conn.send(reply)
+                self._send(self.agents[node], reply)
             del js.asked[rnd]
+            js.started[rnd] = time.time()
         elif t == "REPORT":
             for s in msg["samples"]:
                 src, dst, nbytes, seconds = s[0], s[1], s[2], s[3]
@@ -361,7 +514,7 @@ class Scheduler:
                 self.link_bytes[(a.node, int(dst))] = int(nbytes)
             self.on_event("counters", {"node": a.node, "time": msg["time"], "links": msg["links"]})
         elif t == "HEARTBEAT":
-            pass
+            a.rx_bytes = int(msg.get("rx", a.rx_bytes))
         else:
             log.warning("agent %d sent unexpected %s", a.node, t)
 
@@ -370,12 +523,16 @@ class Scheduler:
         if js is None or msg["job"] != js.job:
             return
         rnd = msg["round"]
+        if msg["attempt"] != js.attempt.get(rnd, 0) or (self.consistency and rnd not in js.frozen):
+            return  # finished an attempt that was aborted meanwhile
         got = js.done.setdefault(rnd, {})
         got[a.node] = msg
         if not msg["ok"]:
             self.errors.append(f"node {a.node} job {js.job} round {rnd}: {msg.get('error', 'wrong result')}")
-        if len(got) < len(js.spec.participants):
+        members = self.plans[js.frozen[rnd]].participants if rnd in js.frozen else js.spec.participants
+        if len(got) < len(members):
             return
+        js.started.pop(rnd, None)
         starts = [m["t_start"] for m in got.values()]
         ends = [m["t_end"] for m in got.values()]
         rec = RoundRecord(
@@ -385,7 +542,8 @@ class Scheduler:
             versions_agree={m["version"] for m in got.values()} == {js.frozen.get(rnd, -1)},
             t_start=min(starts), t_end=max(ends), warmup=rnd < js.warmup,
             errors=[m["error"] for m in got.values() if m.get("error")],
-            trp_wait_s=max(m.get("t_wait", 0.0) for m in got.values()), coverage=self.view.coverage())
+            trp_wait_s=max(m.get("t_wait", 0.0) for m in got.values()), coverage=self.view.coverage(),
+            attempt=msg["attempt"], participants=len(members))
         if self.predict is not None and rec.version in self.plans:
             rec.prediction_s = self.predict(self.plans[rec.version], rec.t_start - js.t0)
         js.records.append(rec)
@@ -393,5 +551,17 @@ class Scheduler:
         self._maybe_finish(js)
 
     def _maybe_finish(self, js: JobState) -> None:
-        if len(js.records) == js.rounds and len(js.stats) == len(js.spec.participants):
+        """Done when every round is recorded and every agent still here sent its job stats."""
+        if len(js.records) == js.rounds and all(n in js.stats for n in self.agents):
             js.finished.set()
+
+    def _rejoin(self, a: AgentInfo) -> None:
+        """A restarted agent: peers learn its address and epoch; it joins the running job from the next
+        round that is not frozen yet (whose plan then includes it)."""
+        self._send_peers()
+        js = self.current
+        if js is None or js.finished.is_set():
+            return
+        start = max(js.frozen, default=-1) + 1
+        self.note_event("agent_rejoined", node=a.node, epoch=a.epoch, round=start)
+        self._send(a, {**js.job_msg, "start": start})

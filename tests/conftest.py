@@ -2,3 +2,21 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    """Say how many kernel (tc backend) tests ran, or why they were skipped: CI logs must show it."""
+    counts: dict[str, int] = {}
+    reasons: set[str] = set()
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            if getattr(rep, "nodeid", "").startswith("tests/test_tc.py") and rep.when in ("call", "setup"):
+                if outcome == "passed" and rep.when == "setup":
+                    continue
+                counts[outcome] = counts.get(outcome, 0) + 1
+                if outcome == "skipped" and isinstance(rep.longrepr, tuple):
+                    reasons.add(str(rep.longrepr[2]))
+    if counts:
+        line = ", ".join(f"{n} {k}" for k, n in counts.items())
+        why = f" ({'; '.join(sorted(reasons))})" if reasons else ""
+        terminalreporter.write_line(f"tc backend tests: {line}{why}")

@@ -15,10 +15,17 @@ from overlay.peers import Overlay
 from scheduler.plan import Plan
 
 
+SECRET = b"harness-cluster-secret-0123456789"  # tests run authenticated, as `wansync run` does
+
+
 class LocalNet:
     def __init__(self, topo: Topology, *, shaped: bool = False, cluster: str = "test",
-                 segment_bytes: int = 64 * 1024, primary_busy_bound: int = 2) -> None:
+                 segment_bytes: int = 64 * 1024, primary_busy_bound: int = 2,
+                 secret: bytes | None = SECRET, hold_budget: int | None = None) -> None:
+        """secret: every connection authenticates (overlay.auth) unless None (--insecure)."""
         self.topo = topo
+        self.secret = secret
+        self.hold_budget = hold_budget
         self.routes = topo.routes()
         self.engines: dict[int, ChunkEngine] = {}
         self.overlays: dict[int, Overlay] = {}
@@ -35,9 +42,11 @@ class LocalNet:
             pacers = ({b: LinkShaper(s) for (a, b), s in self.topo.links.items() if a == n}
                       if self.shaped else None)
             ov = Overlay(n, self.cluster, eng, neighbors=self.topo.neighbors(n), pacers=pacers,
-                         segment_bytes=self.segment_bytes,
+                         segment_bytes=self.segment_bytes, secret=self.secret,
                          on_sample=lambda *s: self.samples.append(s))
             eng.overlay = ov
+            if self.hold_budget is not None:
+                eng.hold_budget = self.hold_budget
             addrs[n] = ("127.0.0.1", await ov.listen())
             self.engines[n], self.overlays[n] = eng, ov
         for ov in self.overlays.values():

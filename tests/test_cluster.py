@@ -14,10 +14,15 @@ from emulation.topology import internet2, uniform
 from scheduler.service import Scheduler
 
 
-async def start_cluster(topo, cluster="c1", on_event=None, shaped=False):
-    sched = Scheduler(cluster, topo.nodes, on_event=on_event)
+SECRET = b"test-cluster-secret-0123456789ab"
+
+
+async def start_cluster(topo, cluster="c1", on_event=None, shaped=False, secret=SECRET, tls=None, **agent_kw):
+    """An authenticated scheduler and agents in this process (secret=None: --insecure; tls: TlsFiles)."""
+    sched = Scheduler(cluster, topo.nodes, on_event=on_event, secret=secret, tls=tls)
     port = await sched.start()
-    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=shaped) for n in range(topo.nodes)]
+    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=shaped, secret=secret, tls=tls, **agent_kw)
+              for n in range(topo.nodes)]
     tasks = [asyncio.create_task(a.run()) for a in agents]
     await sched.wait_agents(20)
     return sched, agents, tasks
@@ -89,7 +94,7 @@ def test_wansync_run_end_to_end_reaps_its_processes(tmp_path, loop):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert all(r["schema"] == 1 for r in recs)
+    assert all(r["schema"] == 2 for r in recs)
     rounds = [r for r in recs if r["type"] == "round"]
     assert {r["scheme"] for r in rounds} == {"star", "ring"} and len(rounds) == 2 * 3
     assert all(r["ok"] and r["versions_agree"] for r in rounds)

@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from emulation.faults import FaultError
 from emulation.topology import Topology, TopologyError, build
+from emulation.trace import TraceError
+
+if TYPE_CHECKING:
+    from overlay.auth import TlsFiles
 
 DEFAULT_SCHEMES = "star,ring,mst,ktree"
 TRACE_HORIZON_S = 6 * 3600.0
@@ -21,11 +28,30 @@ def _topology(args: argparse.Namespace) -> Topology:
 
 
 def _trace(args: argparse.Namespace, topo: Topology):  # noqa: ANN202
-    from emulation.trace import Trace, redraw
+    """--trace-file (computed by the launcher, already scaled) > --trace SPEC > --dynamic (redraw:PERIOD)."""
+    from emulation.trace import Trace
+    from emulation.trace import build as build_trace
 
-    if not getattr(args, "dynamic", False):
-        return Trace()
-    return redraw(topo.links, args.period, TRACE_HORIZON_S, seed=args.seed).scaled(args.scale)
+    if getattr(args, "trace_file", None):
+        return Trace.read(args.trace_file).check(topo.links, f"trace file {args.trace_file}")
+    spec = getattr(args, "trace", None)
+    if spec is not None and getattr(args, "dynamic", False):
+        raise TraceError("trace: give --trace or --dynamic/--period (an alias of --trace redraw:PERIOD), not both")
+    if spec is None:
+        if not getattr(args, "dynamic", False):
+            return Trace()
+        spec = f"redraw:{args.period:g}"
+    base = {k: s.rate_mbps for k, s in topo.links.items()}
+    return build_trace(spec, base, horizon_s=TRACE_HORIZON_S, seed=args.seed).scaled(args.scale)
+
+
+def _faults(args: argparse.Namespace, topo: Topology) -> list:
+    from emulation.faults import check, load_scenario, parse
+
+    faults = [parse(s) for s in args.fault or ()]
+    if args.scenario is not None:
+        faults += load_scenario(args.scenario)
+    return check(faults, topo.nodes, topo.links)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -39,7 +65,37 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="event loop (default asyncio: as fast as uvloop on one link here, half its CPU when shaping)")
     p.add_argument("--dynamic", action="store_true", help="redraw every directed link's rate every --period s")
     p.add_argument("--period", type=float, default=180.0, help="redraw period at full scale (default 180 s)")
+    p.add_argument("--trace", default=None, metavar="SPEC",
+                   help="fluctuation: constant | redraw:PERIOD | walk:period=10,step=0.2,lo=20,hi=155 | "
+                        "markov:mean_up=60,mean_down=5 | steps:T=F,... | steps:FILE | csv:FILE (time,src,dst,rate); "
+                        "seeded by --seed, times scaled by --scale (--dynamic = redraw:--period)")
+    p.add_argument("--trace-file", type=Path, default=None, metavar="PATH",
+                   help="a computed trace (JSON, already scaled), as `run` hands its agents")
     p.add_argument("-v", "--verbose", action="store_true")
+
+
+def _tls_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("TLS (optional, for runs across real WANs; all three or none)")
+    g.add_argument("--tls-cert", default=None, metavar="PEM", help="this node's certificate (signed by --tls-ca)")
+    g.add_argument("--tls-key", default=None, metavar="PEM", help="its private key")
+    g.add_argument("--tls-ca", default=None, metavar="PEM", help="CA that signs every node's certificate")
+
+
+def _security(args: argparse.Namespace) -> tuple[bytes | None, TlsFiles | None]:
+    """(cluster secret, TLS files) for `wansync agent`: a node never runs open to strangers by accident."""
+    from overlay.auth import SECRET_ENV, SecretError, TlsFiles, load_secret
+
+    try:
+        secret = load_secret(args.secret_file)
+        tls = TlsFiles.from_args(args.tls_cert, args.tls_key, args.tls_ca)
+    except SecretError as exc:
+        raise SystemExit(f"wansync: {exc}") from None
+    if secret is None and not args.insecure:
+        raise SystemExit(f"wansync: no cluster secret: give --secret-file FILE or set ${SECRET_ENV} "
+                         "(or --insecure, on a trusted network only)")
+    if secret is not None and args.insecure:
+        raise SystemExit("wansync: --insecure given, but a cluster secret is configured too")
+    return secret, tls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
     r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
     r.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
+    _tls_args(r)
+    r.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                   help="inject a fault (repeatable): KIND:WHAT@WHEN, e.g. 'kill:node=3@t=20', "
+                        "'blackhole:link=2-5@round=3,for=10', 'collapse:link=0-1,factor=7@t=2,for=5' "
+                        "(kinds: kill, freeze, down, blackhole, collapse)")
+    r.add_argument("--scenario", type=Path, default=None, metavar="FILE",
+                   help="TOML file of [[faults]] tables with the fields of --fault")
+    r.add_argument("--http", default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="serve the live dashboard, JSON API and /metrics here (default 127.0.0.1:0, a free port)")
+    r.add_argument("--no-http", action="store_true", help="no dashboard, API or metrics server")
+    r.add_argument("--backend", choices=("app", "tc"), default="app",
+                   help="who shapes links: app (token buckets in the agents, default) or tc (the kernel: one "
+                        "network namespace per node, veth + htb per link; root only)")
     ns = r.add_argument_group("NetStorm (schemes netstorm, netstorm-std, netstorm-lite)")
     ns.add_argument("--roots", type=int, default=None, help="number of roots N (default: all nodes)")
     ns.add_argument("--aux-mode", choices=("global_prune", "per_pair_disjoint"), default="global_prune")
@@ -76,11 +145,33 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--cluster", required=True, help="cluster id (must match the scheduler's)")
     a.add_argument("--listen", default="127.0.0.1:0", help="data-plane HOST:PORT (default 127.0.0.1:0)")
     a.add_argument("--no-shaping", action="store_true", help="real WAN: do not emulate link rates or delays")
+    a.add_argument("--delay-only", action="store_true",
+                   help="the kernel shapes rates (tc backend): emulate only link delay and jitter, ignore the trace")
     a.add_argument("--primary-busy-bound", type=int, default=2, help="PRIMARY_BUSY_BOUND (chunks in transit)")
     a.add_argument("--aux-queue-length", type=int, default=5, help="AUXILIARY_QUEUE_LENGTH")
     a.add_argument("--probe-num", type=int, default=4, help="PROBE_CHUNK_NUM")
     a.add_argument("--probe-bytes", type=int, default=None,
                    help="PROBE_CHUNK_SIZE in bytes (default 2 MB x --scale)")
+    a.add_argument("--secret-file", default=None, metavar="FILE",
+                   help="cluster secret (>= 16 bytes; default: $WANSYNC_SECRET); neighbours and the scheduler "
+                        "must prove they hold it (HMAC challenge-response both ways)")
+    a.add_argument("--insecure", action="store_true",
+                   help="run without a cluster secret: anyone who can reach the ports may join (trusted networks)")
+    a.add_argument("--hold-budget-mb", type=float, default=256.0,
+                   help="memory for frames of rounds after the current one (default 256); over it they are "
+                        "refused unacknowledged and resent when their round begins")
+    _tls_args(a)
+
+    e = sub.add_parser("emu", help="kernel emulation housekeeping (tc backend)")
+    e.add_argument("action", choices=("clean", "status"),
+                   help="clean: remove namespaces and links of runs whose launcher is gone; status: list them")
+    e.add_argument("--force", action="store_true", help="clean: also runs whose launcher is still alive")
+    e.add_argument("-v", "--verbose", action="store_true")
+
+    pl = sub.add_parser("plot", help="PNG figures from a results file: round times, link throughput, speedup")
+    pl.add_argument("results", type=Path, help="JSON-lines results file of `wansync run --out`")
+    pl.add_argument("--out-dir", type=Path, default=None, help="where the PNGs go (default: beside the results)")
+    pl.add_argument("-v", "--verbose", action="store_true")
 
     m = sub.add_parser("simulate", help="predict round times and link loads with the flow-level simulator")
     _common(m)
@@ -102,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             return _agent(args)
         if args.cmd == "simulate":
             return _simulate(args)
-    except TopologyError as exc:
+        if args.cmd == "emu":
+            return _emu(args)
+        if args.cmd == "plot":
+            return _plot(args)
+    except (TopologyError, TraceError, FaultError) as exc:
         print(f"wansync: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -123,22 +218,63 @@ def _run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise SystemExit("wansync: --rounds must be >= 1")
     topo = _topology(args)
+    if args.backend == "tc":
+        from emulation.tc import unavailable
+
+        if reason := unavailable():
+            print(f"wansync: --backend tc unavailable here: {reason}", file=sys.stderr)
+            return 2
     cfg = RunConfig(topology=args.topology, topo=topo, schemes=schemes, model=args.model, scale=args.scale,
+                    backend=args.backend,
                     rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
                     warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period,
                     trace=_trace(args, topo), update_time_s=args.update_time, update_rate=args.update_rate,
                     primary_busy_bound=args.primary_busy_bound, aux_queue_length=args.aux_queue_length,
-                    probe_num=args.probe_num,
+                    probe_num=args.probe_num, http=_http_arg(args), faults=_faults(args, topo),
                     options={k: v for k, v in (("roots", args.roots), ("aux_mode", args.aux_mode),
                                                ("reroot", args.netstorm_reroot),
                                                ("both_directions", args.both_directions)) if v})
     cfg.params  # noqa: B018 - validates --model early
+    from overlay.auth import SecretError, TlsFiles
+
+    try:  # the cluster secret itself is generated per run (wansync/cluster.py)
+        cfg.tls = TlsFiles.from_args(args.tls_cert, args.tls_key, args.tls_ca)
+    except SecretError as exc:
+        raise SystemExit(f"wansync: {exc}") from None
     set_loop(args.loop)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     jobs = asyncio.run(run(cfg))
     exact = all(r.ok and r.digests_agree and r.versions_agree for js in jobs for r in js.records)
     if not exact:
         print("wansync: some rounds did not end with the exact sum (see the results file)", file=sys.stderr)
     return 0 if exact else 1
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C: agents are reaped and tc namespaces removed on the way out."""
+    raise SystemExit(128 + signum)
+
+
+def _emu(args: argparse.Namespace) -> int:
+    """`wansync emu clean|status`: leftovers of tc runs (a run killed by SIGKILL cannot tidy up)."""
+    from emulation import tc
+
+    if args.action == "status":
+        for prefix, names in sorted(tc.leftovers().items()):
+            print(f"{prefix}: {len(names)} namespaces/links, launcher {'alive' if tc.owner_alive(prefix) else 'gone'}")
+        return 0
+    if os.geteuid() != 0:
+        print("wansync: emu clean needs root", file=sys.stderr)
+        return 2
+    done = tc.clean(force=args.force)
+    for prefix, names in sorted(done.items()):
+        print(f"removed run {prefix}: {len(names)} namespaces/links")
+    kept = sorted(set(tc.leftovers()) - set(done))
+    if kept:
+        print(f"kept live runs: {', '.join(kept)} (--force removes them too)")
+    if not done and not kept:
+        print("nothing to clean")
+    return 0
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -184,11 +320,46 @@ def _agent(args: argparse.Namespace) -> int:
     lhost, _, lport = args.listen.rpartition(":")
     set_loop(args.loop)
     probe_bytes = args.probe_bytes if args.probe_bytes is not None else int(PROBE_CHUNK_BYTES * args.scale)
+    secret, tls = _security(args)
     agent = Agent(args.node, args.cluster, (host, int(port)), topo, trace=_trace(args, topo),
                   shaped=not args.no_shaping, host=lhost or "127.0.0.1", listen_port=int(lport or 0),
+                  rate_shaping=not args.delay_only,
                   probe_bytes=probe_bytes, probe_num=args.probe_num, primary_busy_bound=args.primary_busy_bound,
-                  aux_queue_length=args.aux_queue_length)
-    asyncio.run(agent.run())
+                  aux_queue_length=args.aux_queue_length, secret=secret, tls=tls,
+                  hold_budget=int(args.hold_budget_mb * (1 << 20)))
+    try:
+        asyncio.run(agent.run())
+    except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why
+        print(f"wansync: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _http_arg(args: argparse.Namespace) -> str | None:
+    """--http HOST:PORT checked before any process starts; None with --no-http."""
+    from scheduler.http import parse_hostport
+
+    if args.no_http:
+        return None
+    try:
+        parse_hostport(args.http)
+    except ValueError as exc:
+        raise SystemExit(f"wansync: --http: {exc}") from None
+    return args.http
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .plot import PlotError, plot
+
+    try:
+        written, skipped = plot(args.results, args.out_dir)
+    except PlotError as exc:
+        print(f"wansync plot: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    for why in skipped:
+        print(f"wansync plot: skipped {why}", file=sys.stderr)
     return 0
 
 

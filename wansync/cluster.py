@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +25,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agents.workload import chunk_params, model_params
+from emulation.faults import AppLinkControl, Fault, FaultInjector, LinkControl
+from emulation.tc import TcNetwork
 from emulation.topology import Topology
 from emulation.trace import Trace
+from overlay.auth import SECRET_ENV, TlsFiles, generate_secret
+from scheduler.live import LiveState
 from scheduler.service import JobState, Scheduler
 
 from .predict import RoundPredictor
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: adds `throughput` and `event` records (README: Results file)
 # asyncio, not uvloop: both carry an unshaped link at ~0.85x a raw socket here (transport bench), but
 # with the shaper uvloop's ms-granular timers cost about twice the CPU for the same fidelity
 DEFAULT_LOOP = "asyncio"
@@ -64,6 +69,12 @@ class RunConfig:
     probe_num: int = 4
     rounds_by_scheme: dict[str, int] = field(default_factory=dict)  # overrides `rounds` per scheme
     extra_agent_args: list[str] = field(default_factory=list)
+    http: str | None = None  # dashboard/API/metrics HOST:PORT (port 0: a free one); None: no HTTP server
+    backend: str = "app"  # app: token buckets in the agents; tc: the kernel (emulation/tc.py)
+    faults: list[Fault] = field(default_factory=list)  # --fault / --scenario (emulation/faults.py)
+    link_control: LinkControl | None = None  # who realises link faults (default: EMU messages to agents)
+    trace_file: Path | None = None  # set by run(): the computed trace every agent loads (--trace-file)
+    tls: TlsFiles | None = None  # --tls-cert/--tls-key/--tls-ca: mutual TLS on control and data connections
 
     @property
     def params(self) -> int:
@@ -95,21 +106,52 @@ def agent_command(cfg: RunConfig, node: int, port: int, cluster: str) -> list[st
            "--loop", cfg.loop]
     if cfg.topology in ("uniform", "hetero") or cfg.topology.startswith(("uniform:", "hetero:")):
         cmd += ["--nodes", str(cfg.topo.nodes)]
-    if cfg.dynamic:
+    if cfg.trace_file is not None:  # the launcher's computed trace: agents never redraw it themselves
+        cmd += ["--trace-file", str(cfg.trace_file)]
+    elif cfg.dynamic:
         cmd += ["--dynamic", "--period", str(cfg.period_s)]
     cmd += ["--primary-busy-bound", str(cfg.primary_busy_bound), "--aux-queue-length", str(cfg.aux_queue_length),
             "--probe-num", str(cfg.probe_num)]
-    return cmd + cfg.extra_agent_args
+    if cfg.tls is not None:
+        cmd += ["--tls-cert", cfg.tls.cert, "--tls-key", cfg.tls.key, "--tls-ca", cfg.tls.ca]
+    return cmd + cfg.extra_agent_args  # the cluster secret goes in the environment, never in argv (ps)
+
+
+def tc_agent_command(cmd: list[str], net: TcNetwork, node: int, port: int) -> list[str]:
+    """The same agent inside its namespace: scheduler over the unshaped control bridge, data on its
+    netns address (so agent-to-agent bytes cross the shaped veths), delay only in the application."""
+    cmd = list(cmd)
+    cmd[cmd.index("--scheduler") + 1] = f"{net.ctl_host}:{port}"
+    return net.exec_prefix(node) + cmd + ["--listen", f"{net.data_addr(node)}:0", "--delay-only"]
+
+
+async def apply_trace_tc(net: TcNetwork, topo: Topology, trace: Trace, t0: float) -> None:
+    """The run's trace, applied to the kernel (`tc class change`) from a job's t0, as agents would."""
+    await asyncio.to_thread(net.set_rates, {k: s.rate_mbps for k, s in topo.links.items()})
+    events = sorted(trace.events)
+    i = 0
+    while i < len(events):
+        t = events[i].t
+        batch = {}
+        while i < len(events) and events[i].t == t:
+            batch[(events[i].src, events[i].dst)] = events[i].rate_mbps
+            i += 1
+        await asyncio.sleep(max(0.0, t0 + t - time.time()))
+        await asyncio.to_thread(net.set_rates, batch)
 
 
 async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True) -> list[JobState]:
     console = console or Console(stderr=True)
     cluster = "run-" + secrets.token_hex(4)
+    secret = generate_secret()  # one per run, handed to the agents in their environment
+    agent_env = {**os.environ, SECRET_ENV: secret}
     results = Results(cfg.out)
     results.write({"type": "run", "topology": cfg.topo.name, "nodes": cfg.topo.nodes, "schemes": cfg.schemes,
                    "model": cfg.model, "params": cfg.params, "chunk_params": cfg.chunk, "scale": cfg.scale,
                    "rounds": cfg.rounds, "warmup": cfg.warmup, "loop": cfg.loop, "seed": cfg.seed,
-                   "dynamic": cfg.dynamic, "links": cfg.topo.to_dict()["links"]})
+                   "dynamic": cfg.dynamic, "links": cfg.topo.to_dict()["links"],
+                   "trace": None if cfg.trace is None else cfg.trace.spec,
+                   "faults": [f.describe() for f in cfg.faults]})
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                         transient=False, disable=not console.is_terminal)
@@ -136,16 +178,53 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
         elif kind == "plan":
             results.write({"type": "plan", "version": data["version"], "scheme": data["scheme"],
                            "plan": data["plan"].to_wire()})
+        elif kind == "timeline":
+            results.write({"type": "event", "kind": data["kind"], "at": data["t"],
+                           "data": {k: v for k, v in data.items() if k not in ("t", "kind")}})
 
     sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event, predict=predictor.round_s,
-                      update_time=cfg.update_time_s * cfg.scale, update_rate=cfg.update_rate)
-    port = await sched.start()
+                      update_time=cfg.update_time_s * cfg.scale, update_rate=cfg.update_rate,
+                      secret=secret.encode(), tls=cfg.tls)
+    live = LiveState(sched)
+    live.listeners.append(lambda kind, it: kind == "point" and results.write(
+        {"type": "throughput", "src": it["src"], "dst": it["dst"], "at": it["t"], "mbps": it["mbps"],
+         "bytes": it["bytes"]}))
+    dashboard = await _start_dashboard(cfg.http, sched, live, console)
+    ticker = asyncio.create_task(_tick_progress(progress, tasks, live))
     procs: list[subprocess.Popen] = []
     jobs: list[JobState] = []
+    injector = _fault_injector(cfg, sched, procs, results)
+    if cfg.trace is not None and cfg.trace.events:
+        fd, name = tempfile.mkstemp(prefix="wansync-trace-", suffix=".json")
+        os.close(fd)
+        cfg.trace_file = Path(name)
+        cfg.trace.write(cfg.trace_file)
+    net: TcNetwork | None = None
+    trace_task: list[asyncio.Task] = []
     try:
+        if cfg.backend == "tc":
+            net = TcNetwork(cfg.topo)
+            await asyncio.to_thread(net.setup)
+            console.print(f"tc backend: run {net.prefix}, {cfg.topo.nodes} namespaces, one shaped veth pair per "
+                          "link; no netem in this kernel, so link delay and jitter stay in the agents")
+
+            def on_job(kind: str, data: dict[str, Any], net: TcNetwork = net) -> None:
+                if kind == "job" and sched.current is not None and cfg.trace is not None and cfg.trace.events:
+                    for t in trace_task:
+                        t.cancel()
+                    trace_task[:] = [asyncio.ensure_future(apply_trace_tc(net, cfg.topo, cfg.trace,
+                                                                          sched.current.t0))]
+            sched.subscribe(on_job)
+        port = await sched.start(net.ctl_host if net is not None else "127.0.0.1")
         for n in range(cfg.topo.nodes):
-            procs.append(subprocess.Popen(agent_command(cfg, n, port, cluster), stdin=subprocess.DEVNULL))
+            cmd = agent_command(cfg, n, port, cluster)
+            procs.append(subprocess.Popen(tc_agent_command(cmd, net, n, port) if net is not None else cmd,
+                                          stdin=subprocess.DEVNULL, env=agent_env))
         await _wait_or_die(sched.wait_agents(60), procs)
+        if injector is not None:
+            if net is not None and cfg.link_control is None and hasattr(net, "set_blackhole"):
+                injector.links = net  # type: ignore[assignment]  # the kernel realises link faults
+            injector.start()
         with progress:
             for scheme in cfg.schemes:
                 rounds = cfg.rounds_by_scheme.get(scheme, cfg.rounds)
@@ -159,15 +238,92 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
                 jobs.append(js)
                 summary = summarize(js, cfg)
                 results.write({"type": "job", **summary})
+                sched.note_event("guard", scheme=scheme, job=js.job, valid=summary["guard_valid"],
+                                 worst_ratio=summary["guard_worst_ratio"], bad_links=summary["guard_bad_links"][:5])
                 for node, st in js.stats.items():
                     results.write({"type": "node_stats", "job": js.job, "scheme": scheme, "node": node, **st})
         if show_table:
             print_table(console, jobs, cfg)
         return jobs
     finally:
+        if injector is not None:
+            await injector.stop()  # heals what is still active: a frozen agent must be able to exit
+        if cfg.trace_file is not None:
+            cfg.trace_file.unlink(missing_ok=True)
+        for t in trace_task:
+            t.cancel()
+        ticker.cancel()
+        if dashboard is not None:
+            await dashboard.stop()
         await sched.shutdown()
         reap(procs)
+        if net is not None:
+            net.teardown()
         results.close()
+
+
+def _fault_injector(cfg: RunConfig, sched: Scheduler, procs: list[subprocess.Popen],
+                    results: Results) -> FaultInjector | None:
+    """Faults of the run, fed the scheduler's job and round events; every step is a `fault` record
+    in the results file and an event on the scheduler's timeline (the dashboard shows it)."""
+    if not cfg.faults:
+        return None
+
+    def send(node: int, msg: dict[str, Any]) -> None:
+        agent = sched.agents.get(node)
+        if agent is None:
+            raise RuntimeError(f"node {node} is not registered")
+        agent.conn.send(msg)
+
+    def rate_of(src: int, dst: int) -> float:
+        rate = cfg.topo.links[(src, dst)].rate_mbps
+        if cfg.trace is not None and sched.current is not None:  # agents replay the trace from each job's t0
+            t = time.time() - sched.current.t0
+            for e in cfg.trace.for_link(src, dst):
+                if e.t > t:
+                    break
+                rate = e.rate_mbps
+        return rate
+
+    def report(rec: dict[str, Any]) -> None:
+        results.write(rec)
+        sched.note_event("fault", **{("fault" if k == "kind" else k): v for k, v in rec.items() if k != "type"})
+
+    injector = FaultInjector(cfg.faults, links=cfg.link_control or AppLinkControl(send),
+                             pid_of=lambda n: procs[n].pid if n < len(procs) else None, rate_of=rate_of,
+                             report=report)
+    sched.subscribe(injector.on_event)
+    return injector
+
+
+async def _start_dashboard(http: str | None, sched: Scheduler, live: LiveState, console: Console) -> Any:
+    """The live page, JSON API and /metrics, served from this process; prints the URL to open."""
+    if http is None:
+        return None
+    from scheduler.http import DashboardServer, parse_hostport
+
+    host, port = parse_hostport(http)
+    server = DashboardServer(sched, live, host=host, port=port)
+    url = await server.start()
+    console.print(f"dashboard: {url}  (JSON: {url}api, Prometheus: {url}metrics)", highlight=False, soft_wrap=True)
+    return server
+
+
+async def _tick_progress(progress: Progress, tasks: dict[int, Any], live: LiveState) -> None:
+    """Terminal line per scheme: last and running round time, plan version, the slowest link in use."""
+    while True:
+        await asyncio.sleep(0.5)
+        job = live.job
+        tid = tasks.get(job["job"]) if job else None
+        if job is None or tid is None or job["done"] >= job["rounds"]:
+            continue
+        last = next((r for r in reversed(live.rounds) if r["job"] == job["job"]), None)
+        info = f"last {last['round_s']:.2f}s{'' if last['ok'] else ' WRONG'} " if last else ""
+        info += f"now {time.time() - job['last_end']:.1f}s v{live.sched.version}"
+        slow = live.slowest_link()
+        if slow is not None:
+            info += f" slowest {slow[0]}->{slow[1]} {slow[2]:.0f} Mb/s"
+        progress.update(tid, info=info)
 
 
 async def _wait_or_die(aw: Any, procs: list[subprocess.Popen]) -> Any:

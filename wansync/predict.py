@@ -16,7 +16,7 @@ from emulation.topology import Topology
 from emulation.trace import Trace
 from scheduler import planners
 from scheduler.plan import Job, Plan
-from scheduler.simulator import RoundPrediction, SimNetwork, simulate
+from scheduler.simulator import RoundPrediction, SimNetwork, SimulationStalled, simulate
 from scheduler.view import NetworkView
 
 
@@ -61,11 +61,16 @@ class RoundPredictor:
                  aux_queue_length: int = 5) -> None:
         self.net: SimNetwork = sim_network(topo, trace)
         self.dispatch = {"primary_busy_bound": primary_busy_bound, "aux_queue_length": aux_queue_length}
-        self._cache: dict[tuple[int, float], float] = {}
+        self._cache: dict[tuple[int, float], float | None] = {}
 
-    def round_s(self, plan: Plan, start_s: float = 0.0) -> float:
+    def round_s(self, plan: Plan, start_s: float = 0.0) -> float | None:
+        """None where the trace leaves a needed link at rate 0 for good (a CSV trace may): no
+        prediction is better than a crashed scheduler."""
         static = not self.net.events
         key = (plan.version, 0.0 if static else round(start_s, 3))
         if key not in self._cache:
-            self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s), **self.dispatch).round_s
+            try:
+                self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s), **self.dispatch).round_s
+            except SimulationStalled:
+                self._cache[key] = None
         return self._cache[key]

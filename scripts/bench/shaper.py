@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 from bench_common import commit, cpu_s, die_with_parent, exit_on_sigterm, reap, recv
 
-from emulation.link import LinkShaper, LinkSpec
+from emulation.link import MBIT, LinkShaper, LinkSpec
+from emulation.tc import TcNetwork, enter_netns, unavailable
 from emulation.topology import INTERNET2_DELAY_S, Topology, internet2
 from overlay.peers import Overlay
 
@@ -87,15 +88,21 @@ class Bins:
         self.bins[i] += n
 
 
-def node_main(ctrl: Connection, node: int, topo: Topology, active: list[int]) -> None:
+def node_main(ctrl: Connection, node: int, topo: Topology, active: list[int], netns: str | None = None,
+              host: str = "127.0.0.1") -> None:
+    """netns: the tc backend; the node lives in its namespace and keeps only the links' delay."""
     die_with_parent()
-    asyncio.run(_node(ctrl, node, topo, active))
+    if netns is not None:
+        enter_netns(netns)
+    asyncio.run(_node(ctrl, node, topo, active, netns is not None, host))
 
 
-async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int]) -> None:
+async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int], kernel: bool = False,
+                host: str = "127.0.0.1") -> None:
     specs = {b: s for (a, b), s in topo.links.items() if a == node}
-    shapers = {b: LinkShaper(s, seed=node * 1000 + b) for b, s in specs.items()}
-    ov = Overlay(node, CLUSTER, Sink(), neighbors=topo.neighbors(node), pacers=shapers)
+    shapers = {b: LinkShaper(LinkSpec(math.inf, s.delay_s, s.jitter_s) if kernel else s, seed=node * 1000 + b)
+               for b, s in specs.items()}
+    ov = Overlay(node, CLUSTER, Sink(), neighbors=topo.neighbors(node), pacers=shapers, host=host)
     ctrl.send(await ov.listen())
     ov.connect(await recv(ctrl))
     await ov.wait_connected(30)
@@ -108,16 +115,20 @@ async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int]) 
     lag_task = asyncio.create_task(_lag(lags))
     rnd = 0
     while (cmd := await recv(ctrl)) is not None:
-        scale, t0, warm, dur = cmd
+        scale, t0, warm, dur, steps = cmd
         rnd += 1
         await _sleep_until(t0)
-        for b, sh in shapers.items():
-            sh.set_rate(specs[b].rate_mbps * scale)
+        if not kernel:  # tc: the parent changes the kernel's classes
+            for b, sh in shapers.items():
+                sh.set_rate(specs[b].rate_mbps * scale)
+        steppers = [] if kernel else [asyncio.create_task(_steps(shapers, specs, t0, steps))]
         for bn in bins.values():
             bn.t0, bn.bins = t0, []
         g0 = {b: shapers[b].guard() for b in active}  # the guard books a backlog when it ends
         stop = asyncio.Event()
-        feeders = [asyncio.create_task(_feed(ov, node, rnd, dst, shapers[dst], payload, stop)) for dst in active]
+        top = max([scale] + [x for _, x in steps])
+        feeders = [asyncio.create_task(_feed(ov, node, rnd, dst, specs[dst].rate_mbps * top * MBIT, payload, stop))
+                   for dst in active]
         await _sleep_until(t0 + warm)
         c0, lags[:] = cpu_s(), []
         await _sleep_until(t0 + warm + dur)
@@ -130,6 +141,8 @@ async def _node(ctrl: Connection, node: int, topo: Topology, active: list[int]) 
             "lag_p99_ms": 1e3 * (float(np.percentile(lags, 99)) if lags else 0.0),
         }
         stop.set()  # drain: the next trial starts with empty queues, and the guard closes its books
+        for t in steppers:
+            t.cancel()
         await asyncio.wait_for(asyncio.gather(*feeders), REPLY_TIMEOUT_S / 2)
         await asyncio.sleep(2 * max((s.delay_s for s in specs.values()), default=0.0) + 0.05)
         result["guard"] = {b: _guard_ratio(g0[b], shapers[b].guard()) for b in active}
@@ -145,13 +158,22 @@ def _guard_ratio(g0: dict[str, float], g1: dict[str, float]) -> float:
     return (g1["sent_bytes"] - g0["sent_bytes"]) / expected if expected > 0 else 1.0
 
 
-async def _feed(ov: Overlay, node: int, rnd: int, dst: int, shaper: LinkShaper, payload: memoryview,
+async def _steps(shapers: dict[int, LinkShaper], specs: dict[int, LinkSpec], t0: float,
+                 steps: list[tuple[float, float]]) -> None:
+    """Rate steps of the application shaper: at t0 + offset, every link to rate x scale."""
+    for offset, scale in steps:
+        await _sleep_until(t0 + offset)
+        for b, sh in shapers.items():
+            sh.set_rate(specs[b].rate_mbps * scale)
+
+
+async def _feed(ov: Overlay, node: int, rnd: int, dst: int, rate_Bps: float, payload: memoryview,
                 stop: asyncio.Event) -> None:
     """Keep the link backlogged (1 MiB chunks covering 0.3 s at its rate) until `stop`, then drain."""
     pending: set[asyncio.Future] = set()
     chunk = 0
     while not stop.is_set():
-        want = 2 + math.ceil(shaper.bucket.rate * 0.3 / CHUNK)
+        want = 2 + math.ceil(rate_Bps * 0.3 / CHUNK)
         while len(pending) < want:
             header = {"t": "CHUNK", "job": 1, "round": rnd, "attempt": 0, "version": 0, "chunk": chunk,
                       "kind": "bcast", "origin": node, "contributors": bytes([1]), "t_send": 0.0}
@@ -213,20 +235,25 @@ class Cluster:
 
     topo: Topology
     active: list[tuple[int, int]]
+    net: TcNetwork | None = None  # the tc backend: nodes in its namespaces, rates in its htb classes
     procs: list[Any] = field(default_factory=list)
     ctrls: dict[int, Connection] = field(default_factory=dict)
+
+    def host(self, n: int) -> str:
+        return self.net.data_addr(n) if self.net is not None else "127.0.0.1"
 
     def start(self) -> None:
         ports = {}
         for n in range(self.topo.nodes):
             parent, child = CTX.Pipe()
             p = CTX.Process(target=node_main, daemon=True,
-                            args=(child, n, self.topo, [b for a, b in self.active if a == n]))
+                            args=(child, n, self.topo, [b for a, b in self.active if a == n],
+                                  self.net.netns_of(n) if self.net is not None else None, self.host(n)))
             self.procs.append(p)
             p.start()
             self.ctrls[n] = parent
         for n, c in self.ctrls.items():
-            ports[n] = ("127.0.0.1", self._reply(c))
+            ports[n] = (self.host(n), self._reply(c))
         for c in self.ctrls.values():
             c.send(ports)
         for c in self.ctrls.values():
@@ -239,11 +266,25 @@ class Cluster:
             raise TimeoutError(f"no reply from a node within {REPLY_TIMEOUT_S} s")
         return conn.recv()
 
-    def trial(self, scale: float, warm: float, dur: float) -> Trial:
+    def _kernel_rates(self, scale: float) -> None:
+        assert self.net is not None
+        self.net.set_rates({k: s.rate_mbps * scale for k, s in self.topo.links.items()})
+
+    def trial(self, scale: float, warm: float, dur: float, steps: list[tuple[float, float]] | None = None
+              ) -> Trial:
+        """Every active link backlogged for warm + dur s at rate x scale; steps: (offset, new scale)."""
+        steps = steps or []
+        if self.net is not None:
+            self._kernel_rates(scale)
         t0 = time.monotonic() + 0.3
         for c in self.ctrls.values():
-            c.send((scale, t0, warm, dur))
+            c.send((scale, t0, warm, dur, steps))
+        if self.net is not None:  # the kernel's steps, from here (the nodes only feed and count)
+            for offset, x in steps:
+                time.sleep(max(0.0, t0 + offset - time.monotonic()))
+                self._kernel_rates(x)
         replies = [self._reply(c) for c in self.ctrls.values()]
+        self.last_bins = {(src, r["node"]): bins for r in replies for src, bins in r["bins"].items()}
         guard = {(r["node"], dst): g for r in replies for dst, g in r["guard"].items()}
         skip = int(round(warm / BIN_S))
         links = []
@@ -268,13 +309,44 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(topo: Topology, active: list[tuple[int, int]]) -> Any:
-    cl = Cluster(topo, active)
+def running(topo: Topology, active: list[tuple[int, int]], backend: str = "app") -> Any:
+    net = TcNetwork(topo) if backend == "tc" else None
+    cl = Cluster(topo, active, net)
     try:
+        if net is not None:
+            net.setup()
         cl.start()
         yield cl
     finally:
         cl.stop()
+        if net is not None:
+            net.teardown()
+
+
+def step_settle(cl: Cluster, base_mbps: float, low_mbps: float, warm: float, hold: float,
+                delay_s: float) -> tuple[float, float]:
+    """(down, up): seconds from a rate step until 100 ms windows at the receiver are within 5 % of
+    the new rate (that window and the next two). Windows start one link delay after the step, when
+    the change can first be seen at the far end."""
+    link = cl.topo.links[(0, 1)].rate_mbps  # trials scale the configured rate
+    t_down, t_up = warm + hold, warm + 2 * hold
+    cl.trial(base_mbps / link, warm, 3 * hold, steps=[(t_down, low_mbps / link), (t_up, base_mbps / link)])
+    bins = np.asarray(cl.last_bins[(0, 1)], dtype=float)
+    t = np.arange(len(bins)) * BIN_S  # bin i covers [t, t + BIN_S) after the trial's t0
+    rx_t = (np.cumsum(bins), t + BIN_S)
+
+    def settle(t_step: float, rate: float, until: float) -> float:
+        start = t_step + delay_s
+        # re-bin the byte arrivals into 100 ms windows starting at `start` (linear inside a bin)
+        edges = np.arange(start, until, BIN_S)
+        cum = np.interp(edges, np.concatenate([[0.0], rx_t[1]]), np.concatenate([[0.0], rx_t[0]]))
+        mbps = np.diff(cum) * 8 / BIN_S / 1e6
+        ok = np.abs(mbps - rate) <= 0.05 * rate
+        for k in range(len(ok) - 2):
+            if ok[k:k + 3].all():
+                return round((k + 1) * BIN_S, 3)
+        return math.inf
+    return settle(t_down, low_mbps, t_up), settle(t_up, base_mbps, warm + 3 * hold)
 
 
 
@@ -313,25 +385,79 @@ def search(cl: Cluster, first: Trial, warm: float, dur: float, budget_end: float
     return trials
 
 
+def round_times(backend: str, scale: float, rounds: int, schemes: list[str]) -> dict[str, float]:
+    """Median round time per scheme on internet2 via `wansync run`'s own machinery (all rounds exact)."""
+    from rich.console import Console
+
+    from wansync.cluster import RunConfig, run
+
+    topo = internet2().scaled(scale)
+    cfg = RunConfig(topology="internet2", topo=topo, schemes=schemes, model="resnet50", scale=scale,
+                    rounds=rounds, warmup=1, hub=5, backend=backend)
+    jobs = asyncio.run(run(cfg, Console(stderr=True, quiet=True), show_table=False))
+    out = {}
+    for js in jobs:
+        if not all(r.ok and r.digests_agree and r.versions_agree for r in js.records):
+            raise RuntimeError(f"{backend}/{js.scheme}: a round was not exact")
+        out[js.scheme] = statistics.median(r.round_s for r in js.records if not r.warmup)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="measured window per case (default 10)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="measured window per case (default 4)")
     ap.add_argument("--warmup", type=float, default=0.5, help="ignored start of every window (default 0.5)")
-    ap.add_argument("--search-seconds", type=float, default=3.0, help="window per search step (default 3)")
-    ap.add_argument("--budget-s", type=float, default=140.0, help="no new search step after this many seconds")
-    ap.add_argument("--quick", action="store_true", help="3 s windows, 1.5 s search steps")
+    ap.add_argument("--search-seconds", type=float, default=2.0, help="window per search step (default 2)")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="no new search step after this many seconds from the start (default 120)")
+    ap.add_argument("--step-hold", type=float, default=1.5, help="seconds at each rate of the step test")
+    ap.add_argument("--run-scale", type=float, default=0.02, help="--scale of the internet2 round-time runs")
+    ap.add_argument("--run-rounds", type=int, default=3, help="measured rounds per scheme in those runs")
+    ap.add_argument("--schemes", default="star,ring,mst,ktree", help="schemes of the round-time comparison")
+    ap.add_argument("--backends", default="app,tc", help="app,tc (tc needs root; skipped with the reason if not)")
+    ap.add_argument("--quick", action="store_true", help="2 s windows, 1.5 s search steps, 60 s budget")
     args = ap.parse_args(argv)
-    dur = 3.0 if args.quick else args.seconds
+    dur = 2.0 if args.quick else args.seconds
     sdur = 1.5 if args.quick else args.search_seconds
+    budget = 60.0 if args.quick else args.budget_s
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     start = time.monotonic()
+    tc_reason = unavailable() if "tc" in args.backends.split(",") else "not requested (--backends)"
+    if tc_reason:
+        print(f"tc backend skipped: {tc_reason}")
 
     base = ALONE_MBPS[0]
     pair = Topology("alone", 2, {(0, 1): LinkSpec(base, INTERNET2_DELAY_S), (1, 0): LinkSpec(base, INTERNET2_DELAY_S)})
-    with running(pair, [(0, 1)]) as cl:
-        alone = [cl.trial(rate / base, args.warmup, dur) for rate in ALONE_MBPS]
-    alone_links = [t.links[0] for t in alone]
-    _print_links(f"one link alone (0->1, 30 ms delay, {dur:g} s window, receiver-side):", alone_links)
+    alone: dict[str, list[LinkResult]] = {}
+    settle: dict[str, tuple[float, float]] = {}
+    for backend in ("app", "tc"):
+        if backend == "tc" and tc_reason:
+            continue
+        with running(pair, [(0, 1)], backend) as cl:
+            alone[backend] = [cl.trial(rate / base, args.warmup, dur).links[0] for rate in ALONE_MBPS]
+            settle[backend] = step_settle(cl, 50.0, 10.0, args.warmup, args.step_hold, INTERNET2_DELAY_S)
+        _print_links(f"[{backend}] one link alone (0->1, 30 ms delay, {dur:g} s window, receiver-side):",
+                     alone[backend])
+    print("alone, achieved/configured at the receiver:")
+    print(f"  {'Mbit/s':>8}" + "".join(f"{b:>10}" for b in alone))
+    for k, rate in enumerate(ALONE_MBPS):
+        print(f"  {rate:>8g}" + "".join(f"{alone[b][k].measured_mbps / rate:>10.4f}" for b in alone))
+    for b, (down, up) in settle.items():
+        print(f"[{b}] step 50 -> 10 -> 50 Mbit/s, 100 ms windows within 5 %: down {down:g} s, up {up:g} s")
+
+    rt: dict[str, dict[str, float]] = {}
+    schemes = [x for x in args.schemes.split(",") if x]
+    for backend in ("app", "tc"):
+        if backend == "tc" and tc_reason:
+            continue
+        rt[backend] = round_times(backend, args.run_scale, args.run_rounds, schemes)
+    diffs = {}
+    if "tc" in rt:
+        print(f"internet2 round time (median of {args.run_rounds}, resnet50 x{args.run_scale}, hub 5):")
+        print(f"  {'scheme':>7}{'app s':>9}{'tc s':>9}{'diff %':>9}")
+        for sc in schemes:
+            diffs[sc] = 100.0 * abs(rt["tc"][sc] - rt["app"][sc]) / rt["app"][sc]
+            print(f"  {sc:>7}{rt['app'][sc]:>9.3f}{rt['tc'][sc]:>9.3f}{diffs[sc]:>9.2f}")
 
     topo = internet2()
     with running(topo, sorted(topo.links)) as cl:
@@ -341,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  per-process CPU (fraction of a core): "
               + " ".join(f"{n}:{c:.2f}" for n, c in sorted(busy.cpu_frac.items()))
               + f"; event-loop lag p99 max {max(busy.lag_p99_ms.values()):.1f} ms")
-        trials = search(cl, busy, args.warmup, sdur, start + args.budget_s)
+        trials = search(cl, busy, args.warmup, sdur, start + budget)
 
     print(f"max sustained search (internet2 rates x scale, {sdur:g} s windows; guard: every link >= 97 % "
           f"at the receiver and in the sender's books):")
@@ -353,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(t.cpu_frac.values()):>9.2f}{max(t.lag_p99_ms.values()):>12.1f}  "
               f"{'ok' if t.ok else 'GUARD TRIPPED'}")
     passing = [t.total_mbps for t in trials if t.ok]
+    alone_links = alone["app"]
     all_links = alone_links + busy.links
     out = {
         "max_abs_error_pct": round(max(abs(r.error_pct) for r in all_links), 3),
@@ -366,6 +493,15 @@ def main(argv: list[str] | None = None) -> int:
         "max_sustained_mbps": round(max(passing), 1) if passing else 0.0,
         "busy_guard_ok": busy.ok,
         "internet2_total_mbps": round(busy.total_mbps, 1),
+        # the kernel backend, side by side (None where it could not run: see the printed reason)
+        "tc_max_abs_error_pct": (round(max(abs(r.error_pct) for r in alone["tc"]), 3) if "tc" in alone else None),
+        "alone_ratio": {b: {f"{r.rate_mbps:g}": round(r.measured_mbps / r.rate_mbps, 4) for r in links}
+                        for b, links in alone.items()},
+        "step_settle_s": max(settle["app"]),  # ours: worst of down and up
+        "step_settle_s_by_backend": {b: {"down": d, "up": u} for b, (d, u) in settle.items()},
+        "backend_round_time_max_diff_pct": round(max(diffs.values()), 2) if diffs else None,
+        "round_time_s": {b: {k: round(v, 4) for k, v in r.items()} for b, r in rt.items()},
+        "tc_skipped": tc_reason,
         "seconds": dur,
         "wall_s": round(time.monotonic() - start, 1),
         "commit": commit(),

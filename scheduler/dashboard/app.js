@@ -1,0 +1,330 @@
+// wansync dashboard: one WebSocket (/ws) gives a snapshot, then updates every 0.5 s. Plain SVG, no library.
+"use strict";
+
+const NS = "http://www.w3.org/2000/svg";
+const PALETTE = ["#e15759", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f",
+  "#4e79a7", "#bab0ac"];
+const SERIES_KEEP = 1800;
+const TOP_LINKS = 8;
+
+const S = {
+  cluster: null, links: [], plan: null, series: {}, rounds: [], timeline: [], t0: null, seq: 0,
+  dirty: false, updates: 0,
+};
+
+function el(tag, attrs, parent, text) {
+  const e = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  if (parent) parent.appendChild(e);
+  return e;
+}
+
+function fmt(x, digits) {
+  if (x === null || x === undefined || Number.isNaN(x)) return "–";
+  return Number(x).toFixed(digits === undefined ? 1 : digits);
+}
+
+// --- colour ramp for throughput: idle grey, then light to dark blue ---------------------------------
+const RAMP = [[198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
+function rampColor(f) {
+  f = Math.max(0, Math.min(1, f)) * (RAMP.length - 1);
+  const i = Math.min(RAMP.length - 2, Math.floor(f)), u = f - i;
+  const c = RAMP[i].map((a, k) => Math.round(a + (RAMP[i + 1][k] - a) * u));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+// --- the overlay graph ----------------------------------------------------------------------------
+function nodeIds() {
+  const ids = new Set();
+  if (S.cluster) for (let n = 0; n < S.cluster.expected_nodes; n++) ids.add(n);
+  for (const l of S.links) { ids.add(l.src); ids.add(l.dst); }
+  return [...ids].sort((a, b) => a - b);
+}
+
+function layout(ids) {
+  const pos = {}, cx = 320, cy = 280, r = ids.length > 12 ? 250 : 220;
+  ids.forEach((n, i) => {
+    const a = -Math.PI / 2 + (2 * Math.PI * i) / ids.length;
+    pos[n] = [cx + r * Math.cos(a), cy + r * Math.sin(a)];
+  });
+  return pos;
+}
+
+function shorten(p, q, by) {
+  const dx = q[0] - p[0], dy = q[1] - p[1], d = Math.hypot(dx, dy) || 1;
+  return [[p[0] + dx * by / d, p[1] + dy * by / d], [q[0] - dx * by / d, q[1] - dy * by / d], dx / d, dy / d];
+}
+
+function drawGraph() {
+  const svg = document.getElementById("graph");
+  svg.replaceChildren();
+  const defs = el("defs", {}, svg);
+  PALETTE.forEach((c, i) => {
+    const m = el("marker", { id: `arrow${i}`, viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7",
+      markerHeight: "7", orient: "auto-start-reverse" }, defs);
+    el("path", { d: "M0,0 L10,5 L0,10 z", fill: c }, m);
+  });
+  const ids = nodeIds(), pos = layout(ids), R = 18;
+  const maxMbps = Math.max(1, ...S.links.map((l) => l.throughput_mbps));  // the busiest link now is darkest
+  const gLinks = el("g", { id: "links" }, svg), gLabels = el("g", { id: "labels" }, svg);
+  const showLabels = document.getElementById("show-labels").checked;
+  for (const l of S.links) {
+    if (!(l.src in pos) || !(l.dst in pos)) continue;
+    const [a, b, ux, uy] = shorten(pos[l.src], pos[l.dst], R + 2);
+    const ox = -uy * 4, oy = ux * 4;  // each direction on its own side
+    const mbps = l.throughput_mbps, busy = mbps > 0.01;
+    const line = el("line", { class: "link", "data-src": l.src, "data-dst": l.dst, "data-mbps": fmt(mbps, 3),
+      x1: a[0] + ox, y1: a[1] + oy, x2: b[0] + ox, y2: b[1] + oy,
+      stroke: busy ? rampColor(mbps / maxMbps) : "#d4d7dd", "stroke-width": busy ? 2 + 5 * Math.min(1, mbps / maxMbps) : 1.5,
+      "stroke-linecap": "round" }, gLinks);
+    el("title", {}, line, `${l.src} → ${l.dst}: ${fmt(mbps, 2)} Mbit/s now; view ${fmt(l.rate_mbps)} Mbit/s ` +
+      `(${l.measured ? l.samples + " samples" : "not measured yet"}); ${fmt(l.bytes_total / 1e6, 2)} MB sent`);
+    if (showLabels && busy) {
+      const t = 0.32;  // near the sender, so the two directions' labels do not collide
+      el("text", { class: "link-label", "data-src": l.src, "data-dst": l.dst,
+        x: a[0] + (b[0] - a[0]) * t + ox * 3, y: a[1] + (b[1] - a[1]) * t + oy * 3 }, gLabels, fmt(mbps));
+    }
+  }
+  if (document.getElementById("show-plan").checked && S.plan) drawPlan(svg, pos, R);
+  const up = new Set((S.cluster ? S.cluster.nodes : []).filter((n) => n.up).map((n) => n.node));
+  const gNodes = el("g", { id: "nodes" }, svg);
+  for (const n of ids) {
+    const g = el("g", { class: "node" + (S.cluster && !up.has(n) ? " down" : ""), "data-node": n }, gNodes);
+    el("circle", { cx: pos[n][0], cy: pos[n][1], r: R }, g);
+    el("text", { x: pos[n][0], y: pos[n][1] }, g, String(n));
+  }
+  const lg = document.getElementById("legend");
+  lg.innerHTML = `<span>idle <span class="sw" style="background:#d4d7dd"></span></span>` +
+    `<span>0<span class="ramp"></span>${fmt(maxMbps, 0)} Mbit/s</span>`;
+  if (S.plan) lg.innerHTML += `<span><span class="sw" style="border-top:2px dashed ${PALETTE[0]};height:0"></span>` +
+    `aggregation tree (child → parent)</span><span><span class="sw" style="border-top:2px dotted ${PALETTE[0]};` +
+    `height:0"></span>auxiliary route</span>`;
+}
+
+function selectedGroups() {
+  const v = document.getElementById("group-select").value;
+  const gs = S.plan.groups.map((g, i) => [g, i]);
+  return v === "all" ? gs.slice(0, PALETTE.length) : gs.filter(([, i]) => String(i) === v);
+}
+
+function drawPlan(svg, pos, R) {
+  const gPlan = el("g", { id: "plan" }, svg);
+  for (const [g, i] of selectedGroups()) {
+    const ci = i % PALETTE.length, color = PALETTE[ci], bend = 18 + 6 * (i % 4);
+    for (const [child, parent] of Object.entries(g.parent)) {
+      if (parent === null || parent === undefined || !(child in pos) || !(parent in pos)) continue;
+      const [a, b, ux, uy] = shorten(pos[child], pos[parent], R + 3);
+      const mx = (a[0] + b[0]) / 2 - uy * bend, my = (a[1] + b[1]) / 2 + ux * bend;
+      el("path", { class: "tree-edge", "data-group": i, d: `M${a[0]},${a[1]} Q${mx},${my} ${b[0]},${b[1]}`,
+        stroke: color, "marker-end": `url(#arrow${ci})` }, gPlan);
+    }
+    if (g.root in pos) el("circle", { cx: pos[g.root][0], cy: pos[g.root][1], r: R + 5 + 3 * (i % 3), fill: "none",
+      stroke: color, "stroke-width": 2 }, gPlan);
+    for (const aux of g.aux) for (const route of aux.routes) {
+      const pts = route.filter((n) => n in pos).map((n) => pos[n].join(",")).join(" ");
+      el("polyline", { class: "aux-route", points: pts, stroke: color }, gPlan);
+    }
+  }
+  if (S.plan.multicast) for (const [src, rcv] of Object.entries(S.plan.multicast)) for (const d of rcv) {
+    if (!(src in pos) || !(d in pos)) continue;
+    const [a, b] = shorten(pos[src], pos[d], R + 3);
+    el("line", { class: "tree-edge", x1: a[0], y1: a[1], x2: b[0], y2: b[1], stroke: PALETTE[src % PALETTE.length],
+      "marker-end": `url(#arrow${src % PALETTE.length})` }, gPlan);
+  }
+}
+
+// --- charts ---------------------------------------------------------------------------------------
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v))), m = v / p;
+  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+}
+
+function lineChart(svg, series, opts) {
+  svg.replaceChildren();
+  const W = 640, H = Number(svg.getAttribute("viewBox").split(" ")[3]), L = 48, Rm = 10, T = 10, B = 24;
+  let xmax = 1, ymax = 0;
+  for (const s of series) for (const [x, y] of s.points) { xmax = Math.max(xmax, x); ymax = Math.max(ymax, y); }
+  const xmin = opts.xmin !== undefined ? opts.xmin : 0;
+  ymax = niceMax(ymax);
+  const X = (x) => L + (W - L - Rm) * (x - xmin) / Math.max(1e-9, xmax - xmin);
+  const Y = (y) => H - B - (H - B - T) * y / ymax;
+  const grid = el("g", { class: "grid" }, svg), axis = el("g", { class: "axis" }, svg);
+  for (let k = 0; k <= 5; k++) {
+    const y = ymax * k / 5;
+    el("line", { x1: L, x2: W - Rm, y1: Y(y), y2: Y(y) }, grid);
+    el("text", { x: L - 4, y: Y(y) + 3, "text-anchor": "end" }, axis, y >= 10 ? fmt(y, 0) : fmt(y, 2));
+  }
+  for (let k = 0; k <= 5; k++) {
+    const x = xmin + (xmax - xmin) * k / 5;
+    el("text", { x: X(x), y: H - 8, "text-anchor": "middle" }, axis, fmt(x, xmax - xmin < 10 ? 1 : 0) + " s");
+  }
+  el("line", { x1: L, x2: L, y1: T, y2: H - B }, axis);
+  el("line", { x1: L, x2: W - Rm, y1: H - B, y2: H - B }, axis);
+  for (const s of series) {
+    if (s.points.length > 1 && !opts.dotsOnly) {
+      el("polyline", { points: s.points.map(([x, y]) => `${X(x)},${Y(y)}`).join(" "), fill: "none",
+        stroke: s.color, "stroke-width": 1.6, class: "series", "data-name": s.name }, svg);
+    }
+    if (opts.dots) for (const [x, y, hollow] of s.points) {
+      el("circle", { cx: X(x), cy: Y(y), r: 3.2, fill: hollow ? "#fff" : s.color, stroke: s.color }, svg);
+    }
+  }
+}
+
+function legend(id, series) {
+  document.getElementById(id).innerHTML = series.map((s) =>
+    `<span><span class="sw" style="background:${s.color}"></span>${s.name}</span>`).join("");
+}
+
+function t0() {
+  if (S.t0 === null) {
+    const ts = [];
+    for (const pts of Object.values(S.series)) if (pts.length) ts.push(pts[0][0]);
+    for (const e of S.timeline) ts.push(e.t);
+    for (const r of S.rounds) ts.push(r.t_start);
+    if (ts.length) S.t0 = Math.min(...ts);
+  }
+  return S.t0 === null ? Date.now() / 1000 : S.t0;
+}
+
+function drawThroughput() {
+  const base = t0();
+  const recent = Object.entries(S.series).map(([k, pts]) =>
+    [k, pts, Math.max(0, ...pts.slice(-60).map((p) => p[1]))]).filter(([, , m]) => m > 0);
+  recent.sort((a, b) => b[2] - a[2]);
+  const series = recent.slice(0, TOP_LINKS).map(([k, pts], i) => ({
+    name: k.replace("-", "→"), color: PALETTE[i % PALETTE.length], points: pts.map(([t, m]) => [t - base, m]) }));
+  lineChart(document.getElementById("tp-chart"), series, {});
+  legend("tp-legend", series);
+}
+
+function drawRounds() {
+  const base = t0(), by = {};
+  for (const r of S.rounds) (by[r.scheme] = by[r.scheme] || []).push([r.t_end - base, r.round_s, r.warmup]);
+  const series = Object.entries(by).map(([name, pts], i) => ({ name, color: PALETTE[i % PALETTE.length], points: pts }));
+  lineChart(document.getElementById("round-chart"), series, { dots: true });
+  legend("round-legend", series);
+}
+
+function drawTimeline() {
+  const svg = document.getElementById("timeline");
+  svg.replaceChildren();
+  const base = t0(), W = 640, L = 48, Rm = 10, now = Date.now() / 1000;
+  const xmax = Math.max(1, now - base, ...S.timeline.map((e) => e.t - base));
+  const X = (x) => L + (W - L - Rm) * x / xmax;
+  const axis = el("g", { class: "axis" }, svg);
+  el("line", { x1: L, x2: W - Rm, y1: 96, y2: 96 }, axis);
+  for (let k = 0; k <= 5; k++) el("text", { x: X(xmax * k / 5), y: 112, "text-anchor": "middle" }, axis,
+    fmt(xmax * k / 5, xmax < 10 ? 1 : 0) + " s");
+  const rows = { plan: 20, job: 44, guard: 68 };
+  for (const [name, y] of Object.entries({ "plan": 20, "job": 44, "guard/fault": 68 })) {
+    el("text", { x: L - 4, y: y + 3, "text-anchor": "end" }, axis, name);
+  }
+  for (const e of S.timeline) {
+    const x = X(e.t - base), y = rows[e.kind] || 68;
+    let color = "#4e79a7", label = e.kind;
+    if (e.kind === "plan") label = "v" + e.version;
+    else if (e.kind === "job") { color = "#59a14f"; label = e.scheme; }
+    else if (e.kind === "guard") { color = e.valid ? "#1a7f4b" : "#b2182b"; label = e.valid ? "ok" : "CPU-bound"; }
+    else color = "#e15759";
+    const g = el("g", { class: "event", "data-kind": e.kind }, svg);
+    el("line", { x1: x, x2: x, y1: y - 8, y2: 96, stroke: color, "stroke-width": 1, opacity: 0.5 }, g);
+    el("circle", { cx: x, cy: y, r: 4, fill: color }, g);
+    el("text", { x: x + 6, y: y + 3, "font-size": 10, fill: color }, g, label);
+    el("title", {}, g, `${new Date(e.t * 1000).toLocaleTimeString()} ${e.kind} ` +
+      JSON.stringify(Object.fromEntries(Object.entries(e).filter(([k]) => k !== "t" && k !== "kind"))));
+  }
+}
+
+function drawTable() {
+  const tb = document.querySelector("#links-table tbody");
+  tb.innerHTML = S.links.map((l) => `<tr data-link="${l.src}-${l.dst}"><td>${l.src} → ${l.dst}</td>` +
+    `<td class="tp">${fmt(l.throughput_mbps, 2)}</td><td>${fmt(l.rate_mbps)}</td><td>${l.measured ? "yes" : "no"}</td>` +
+    `<td>${fmt(l.bytes_total / 1e6, 2)}</td></tr>`).join("");
+}
+
+function drawHeader() {
+  const c = S.cluster;
+  if (!c) return;
+  document.getElementById("cluster").textContent = "cluster " + c.cluster;
+  const nodes = document.getElementById("nodes");
+  nodes.textContent = `nodes ${c.up}/${c.expected_nodes} up`;
+  nodes.className = "pill " + (c.up === c.expected_nodes ? "good" : "bad");
+  const j = c.job;
+  document.getElementById("job").textContent = j ? `job ${j.job}: ${j.scheme} ${j.done}/${j.rounds} rounds` : "no job yet";
+  document.getElementById("version").textContent = "plan v" + c.plan_version;
+  const g = document.getElementById("guard");
+  g.textContent = c.guard_valid === null ? "fidelity –" : c.guard_valid ? "fidelity ok" : "INVALID: CPU-bound";
+  g.className = "pill " + (c.guard_valid === null ? "" : c.guard_valid ? "good" : "bad");
+  const p = S.plan;
+  document.getElementById("plan-label").textContent = p ?
+    `plan v${p.version} (${p.scheme}), ${p.groups_total} tree${p.groups_total === 1 ? "" : "s"}, ${p.chunks} chunks` :
+    "no plan yet";
+  const sel = document.getElementById("group-select");
+  const want = p ? p.groups.length : 0;
+  if (sel.options.length !== want + 1) {
+    const v = sel.value;
+    sel.replaceChildren(new Option("all", "all"));
+    if (p) p.groups.forEach((g, i) => sel.add(new Option(`#${i} root ${g.root} (${g.chunks} chunks)`, String(i))));
+    sel.value = [...sel.options].some((o) => o.value === v) ? v : "all";
+  }
+}
+
+function render() {
+  S.dirty = false;
+  drawHeader();
+  drawGraph();
+  drawThroughput();
+  drawRounds();
+  drawTimeline();
+  drawTable();
+}
+
+function schedule() {
+  if (!S.dirty) { S.dirty = true; requestAnimationFrame(render); }
+}
+
+// --- data ----------------------------------------------------------------------------------------
+function applySnapshot(m) {
+  S.cluster = m.cluster; S.links = m.view.links; S.plan = m.plan; S.rounds = m.rounds; S.timeline = m.timeline;
+  S.series = {};
+  for (const [k, pts] of Object.entries(m.series)) S.series[k] = pts;
+  S.seq = m.seq;
+}
+
+function applyUpdate(m) {
+  for (const { seq, kind, item } of m.items) {
+    if (seq <= S.seq) continue;
+    if (kind === "point") {
+      const k = `${item.src}-${item.dst}`, pts = (S.series[k] = S.series[k] || []);
+      pts.push([item.t, item.mbps]);
+      if (pts.length > SERIES_KEEP) pts.shift();
+    } else if (kind === "round") S.rounds.push(item);
+    else if (kind === "timeline") S.timeline.push(item);
+  }
+  S.seq = Math.max(S.seq, m.seq);
+  S.cluster = m.cluster; S.links = m.links;
+  if (m.plan !== undefined) S.plan = m.plan;
+}
+
+function connect() {
+  const conn = document.getElementById("conn");
+  const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`);
+  ws.onmessage = (ev) => {
+    const m = JSON.parse(ev.data);
+    if (m.type === "snapshot") applySnapshot(m); else applyUpdate(m);
+    S.updates++;
+    document.body.dataset.updates = S.updates;
+    conn.textContent = "live"; conn.className = "pill conn-live";
+    schedule();
+  };
+  ws.onclose = () => {
+    conn.textContent = "disconnected (retrying)"; conn.className = "pill conn-lost";
+    setTimeout(connect, 2000);
+  };
+}
+
+for (const id of ["group-select", "show-plan", "show-labels"]) document.getElementById(id).addEventListener("change", schedule);
+connect();

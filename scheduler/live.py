@@ -1,0 +1,282 @@
+"""Live state of a running scheduler, for people and scrapers: link throughput, rounds, liveness, metrics.
+
+Everything here is derived from the scheduler's own events (agents' COUNTERS, round records, the
+timeline), so the dashboard, the Prometheus endpoint, the terminal and the results file all show the
+same numbers. Nothing in this module changes the scheduler's state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from .plan import Plan
+from .service import Scheduler
+
+Link = tuple[int, int]
+Listener = Callable[[str, dict[str, Any]], None]
+
+SERIES_STEP_S = 0.5  # throughput point period per link: agents report every 0.25 s; two reports smooth bursts
+SERIES_KEEP = 1800  # points per link (15 min at two a second)
+ROUNDS_KEEP = 5000
+FEED_KEEP = 50_000
+NODE_STALE_S = 3.0  # agents report counters every 0.25 s: silence this long means the node is not up
+# round-time histogram buckets (seconds): scaled-down runs take milliseconds, full-size WAN rounds minutes
+ROUND_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+PLAN_GROUPS_MAX = 64  # groups sent per plan (ring: one per node; netstorm: one per root)
+
+
+class LiveState:
+    """Subscribes to a Scheduler and keeps bounded histories plus a sequence-numbered feed of what is new."""
+
+    def __init__(self, sched: Scheduler, *, step_s: float = SERIES_STEP_S) -> None:
+        self.sched = sched
+        self.step_s = step_s
+        self.t_start = time.time()
+        self.seq = 0
+        self.feed: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=FEED_KEEP)
+        self.series: dict[Link, deque[tuple[float, float]]] = {}
+        self.current_mbps: dict[Link, float] = {}
+        self._last: dict[Link, tuple[float, int]] = {}
+        self.rounds: deque[dict[str, Any]] = deque(maxlen=ROUNDS_KEEP)
+        self.hist: dict[str, list[int]] = {}  # scheme -> count per bucket (not cumulative), last one +Inf
+        self.hist_sum: dict[str, float] = {}
+        self.failed: dict[str, int] = {}
+        self.guard: dict[str, dict[str, Any]] = {}
+        self.lost: set[int] = set()
+        self.job: dict[str, Any] | None = None
+        self._job_bytes0: dict[Link, int] = {}
+        self.listeners: list[Listener] = []
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+        sched.subscribe(self._on_event)
+
+    # --- events -----------------------------------------------------------------------------------
+    def _push(self, kind: str, item: dict[str, Any]) -> None:
+        self.seq += 1
+        self.feed.append((self.seq, kind, item))
+        for fn in self.listeners:
+            fn(kind, item)
+
+    def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "counters":
+            self._counters(data["node"], float(data["time"]), data["links"])
+        elif kind == "round":
+            self._round(data)
+        elif kind == "timeline":
+            if data["kind"] == "job":
+                self.job = {"job": data["job"], "scheme": data["scheme"], "rounds": data["rounds"], "done": 0,
+                            "t_start": data["t"], "last_end": data["t"]}
+                self._job_bytes0 = dict(self.sched.link_bytes)
+            elif data["kind"] == "guard":
+                self.guard[data["scheme"]] = {k: data[k] for k in ("valid", "worst_ratio", "bad_links") if k in data}
+            self._push("timeline", _plain(data))
+        elif kind == "agent":
+            self.lost.discard(data["node"])
+        elif kind == "agent_lost":
+            self.lost.add(data["node"])
+
+    def _counters(self, node: int, t: float, links: dict[Any, int]) -> None:
+        for dst, nbytes in links.items():
+            link = (node, int(dst))
+            prev = self._last.get(link)
+            if prev is None:
+                self._last[link] = (t, int(nbytes))
+                continue
+            dt = t - prev[0]
+            if dt < self.step_s:
+                continue
+            mbps = max(0, int(nbytes) - prev[1]) * 8 / dt / 1e6
+            self._last[link] = (t, int(nbytes))
+            self.current_mbps[link] = mbps
+            self.series.setdefault(link, deque(maxlen=SERIES_KEEP)).append((t, mbps))
+            self._push("point", {"src": link[0], "dst": link[1], "t": t, "mbps": mbps, "bytes": int(nbytes)})
+
+    def _round(self, rec: dict[str, Any]) -> None:
+        r = {k: rec.get(k) for k in ("job", "scheme", "round", "version", "round_s", "ok", "digests_agree",
+                                     "t_start", "t_end", "warmup", "prediction_s")}
+        self.rounds.append(r)
+        scheme = r["scheme"]
+        if self.job is not None and self.job["job"] == r["job"]:
+            self.job["done"] += 1
+            self.job["last_end"] = time.time()
+        if not (r["ok"] and r["digests_agree"]):
+            self.failed[scheme] = self.failed.get(scheme, 0) + 1
+        if not r["warmup"]:
+            counts = self.hist.setdefault(scheme, [0] * (len(ROUND_BUCKETS) + 1))
+            counts[next((i for i, le in enumerate(ROUND_BUCKETS) if r["round_s"] <= le), len(ROUND_BUCKETS))] += 1
+            self.hist_sum[scheme] = self.hist_sum.get(scheme, 0.0) + r["round_s"]
+        self._push("round", r)
+
+    # --- read-only views --------------------------------------------------------------------------
+    def since(self, seq: int) -> list[dict[str, Any]]:
+        """Feed items newer than `seq` (a client's cursor), oldest first."""
+        if not self.feed or self.feed[-1][0] <= seq:
+            return []
+        return [{"seq": s, "kind": k, "item": item} for s, k, item in self.feed if s > seq]
+
+    def node_up(self, node: int, now: float | None = None) -> bool:
+        a = self.sched.agents.get(node)
+        now = time.time() if now is None else now
+        return a is not None and node not in self.lost and now - a.last_seen < NODE_STALE_S
+
+    def nodes(self) -> list[dict[str, Any]]:
+        now = time.time()
+        out = []
+        for n in range(self.sched.expected):
+            a = self.sched.agents.get(n)
+            out.append({"node": n, "up": self.node_up(n, now), "registered": a is not None,
+                        "host": a.host if a else None, "port": a.port if a else None,
+                        "pid": a.pid if a else None, "neighbors": list(a.neighbors) if a else [],
+                        "last_seen_age_s": round(now - a.last_seen, 3) if a else None})
+        return out
+
+    def links(self) -> list[dict[str, Any]]:
+        g = self.sched.view.g
+        now = time.time()
+        out = []
+        for a, b, e in sorted(g.edges(data=True)):
+            out.append({"src": a, "dst": b, "throughput_mbps": round(self.current_mbps.get((a, b), 0.0), 3),
+                        "bytes_total": self.sched.link_bytes.get((a, b), 0), "rate_mbps": round(e["rate"], 3),
+                        "measured": e["measured"], "samples": e["n"],
+                        "age_s": round(now - e["t"], 3) if e["measured"] else None})
+        return out
+
+    def cluster(self) -> dict[str, Any]:
+        s = self.sched
+        plan = self.plan()
+        return {"cluster": s.cluster, "expected_nodes": s.expected, "nodes": self.nodes(),
+                "up": sum(1 for n in range(s.expected) if self.node_up(n)), "plan_version": s.version,
+                "scheme": plan["scheme"] if plan else None, "job": self.job, "guard": self.guard,
+                "guard_valid": all(g.get("valid", True) for g in self.guard.values()) if self.guard else None,
+                "errors": s.errors[-20:], "uptime_s": round(time.time() - self.t_start, 3)}
+
+    def view(self) -> dict[str, Any]:
+        v = self.sched.view
+        return {"nodes": v.nodes, "links": self.links(), "coverage": v.coverage(), "samples": v.samples,
+                "nominal_mbps": v.nominal}
+
+    def plan(self, version: int | None = None) -> dict[str, Any] | None:
+        """The current plan (or one by version) as drawn: trees, aux routes, multicast; chunk layout omitted."""
+        s = self.sched
+        p: Plan | None
+        if version is not None:
+            p = s.plans.get(version)
+        elif s.current is not None:
+            p = s.current.plan
+        else:
+            p = s.plans[max(s.plans)] if s.plans else None
+        if p is None:
+            return None
+        groups = [{"root": g.root, "chunks": len(g.chunks),
+                   "parent": {str(n): q for n, q in sorted(g.parent.items())},
+                   "children": {str(n): list(k) for n, k in sorted(g.children.items())},
+                   "aux": [{"src": a, "dst": b, "routes": [list(r) for r in rs]}
+                           for (a, b), rs in sorted(g.aux.items())]}
+                  for g in p.groups[:PLAN_GROUPS_MAX]]
+        return {"version": p.version, "scheme": p.scheme, "participants": list(p.participants),
+                "weights": {str(n): w for n, w in sorted(p.weights.items())}, "chunks": len(p.layout),
+                "params": p.params, "groups_total": len(p.groups), "groups": groups,
+                "multicast": None if p.multicast is None else {str(n): list(r) for n, r in sorted(p.multicast.items())}}
+
+    def recent_rounds(self, limit: int = 100, scheme: str | None = None) -> list[dict[str, Any]]:
+        rs = [r for r in self.rounds if scheme is None or r["scheme"] == scheme]
+        return rs[-limit:] if limit > 0 else []
+
+    def series_json(self) -> dict[str, list[list[float]]]:
+        return {f"{a}-{b}": [[round(t, 3), round(m, 3)] for t, m in pts] for (a, b), pts in sorted(self.series.items())}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a freshly opened dashboard draws; `seq` is where its live updates start."""
+        return {"seq": self.seq, "cluster": self.cluster(), "view": self.view(), "plan": self.plan(),
+                "series": self.series_json(), "rounds": list(self.rounds)[-1000:],
+                "timeline": self.timeline()}
+
+    def timeline(self, limit: int = 1000) -> list[dict[str, Any]]:
+        return [_plain(e) for e in self.sched.timeline[-limit:]]
+
+    def slowest_link(self) -> tuple[int, int, float] | None:
+        """The slowest measured link among those the current job has used: what bounds its rounds."""
+        g = self.sched.view.g
+        used = [(a, b) for (a, b), n in self.sched.link_bytes.items()
+                if n > self._job_bytes0.get((a, b), 0) and g.has_edge(a, b) and g.edges[a, b]["measured"]]
+        if not used:
+            return None
+        a, b = min(used, key=lambda ab: g.edges[ab]["rate"])
+        return a, b, g.edges[a, b]["rate"]
+
+    def metrics_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Collector:
+    """Prometheus metrics computed on scrape from the live state (no second copy of any number)."""
+
+    def __init__(self, live: LiveState) -> None:
+        self.live = live
+
+    def collect(self) -> Iterator[Metric]:
+        live, s = self.live, self.live.sched
+        c = CounterMetricFamily("wansync_link_bytes", "Bytes sent over a directed overlay link (agents' counters)",
+                                labels=["src", "dst"])
+        for (a, b), n in sorted(s.link_bytes.items()):
+            c.add_metric([str(a), str(b)], n)
+        yield c
+        g = GaugeMetricFamily("wansync_link_rate_mbps", "The scheduler's view of a link's rate (EWMA of passive "
+                              "samples; nominal until measured)", labels=["src", "dst"])
+        m = GaugeMetricFamily("wansync_link_measured", "1 once the view has a passive sample of the link",
+                              labels=["src", "dst"])
+        for a, b, e in sorted(s.view.g.edges(data=True)):
+            g.add_metric([str(a), str(b)], e["rate"])
+            m.add_metric([str(a), str(b)], 1.0 if e["measured"] else 0.0)
+        yield g
+        yield m
+        h = HistogramMetricFamily("wansync_round_seconds", "Synchronization round time per scheme (warm-up rounds "
+                                  "excluded)", labels=["scheme"])
+        for scheme, counts in sorted(live.hist.items()):
+            cum, buckets = 0, []
+            for le, n in zip((*ROUND_BUCKETS, float("inf")), counts, strict=True):
+                cum += n
+                buckets.append(("+Inf" if le == float("inf") else repr(le), cum))
+            h.add_metric([scheme], buckets, live.hist_sum[scheme])
+        yield h
+        f = CounterMetricFamily("wansync_rounds_failed", "Rounds that did not end with the exact, agreed result",
+                                labels=["scheme"])
+        for scheme in sorted(live.hist.keys() | live.failed.keys()):
+            f.add_metric([scheme], live.failed.get(scheme, 0))
+        yield f
+        yield GaugeMetricFamily("wansync_plan_version", "Newest published plan version", value=s.version)
+        yield GaugeMetricFamily("wansync_nodes_expected", "Nodes the cluster was started with", value=s.expected)
+        up = GaugeMetricFamily("wansync_node_up", f"1 if the node is registered, connected and reported within "
+                               f"{NODE_STALE_S:g} s", labels=["node"])
+        for n in range(s.expected):
+            up.add_metric([str(n)], 1.0 if live.node_up(n) else 0.0)
+        yield up
+        gv = GaugeMetricFamily("wansync_guard_valid", "Fidelity guard per finished scheme of this run: 1 valid, 0 "
+                               "CPU-bound (links got < 97 % of their configured rate)", labels=["scheme"])
+        gw = GaugeMetricFamily("wansync_guard_worst_ratio", "Worst achieved/configured rate ratio of a backlogged "
+                               "link, per scheme", labels=["scheme"])
+        for scheme, v in sorted(live.guard.items()):
+            gv.add_metric([scheme], 1.0 if v.get("valid") else 0.0)
+            if v.get("worst_ratio") is not None:
+                gw.add_metric([scheme], float(v["worst_ratio"]))
+        yield gv
+        yield gw
+        if live.guard:
+            yield GaugeMetricFamily("wansync_run_guard_valid", "1 while every scheme judged so far in this run is "
+                                    "valid", value=1.0 if all(v.get("valid") for v in live.guard.values()) else 0.0)
+
+
+def _plain(entry: dict[str, Any]) -> dict[str, Any]:
+    """A timeline entry as JSON-safe data (a fault injector may pass tuples or other odd values)."""
+    out: dict[str, Any] = {}
+    for k, v in entry.items():
+        out[k] = v if isinstance(v, str | int | float | bool | type(None) | list | dict) else str(v)
+        if isinstance(v, tuple):
+            out[k] = list(v)
+    return out

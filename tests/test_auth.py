@@ -1,0 +1,439 @@
+"""Authentication: HMAC challenge-response both ways on both kinds of connection, secrets, TLS.
+
+Connection tests run on real TCP on loopback (in-process scheduler and agents, raw sockets for the
+attacker, `wansync agent` processes where the command line is what is tested)."""
+
+import asyncio
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import msgpack
+import pytest
+from test_cluster import SECRET, start_cluster, stop_cluster
+
+from agents.agent import Agent
+from emulation.topology import uniform
+from overlay import auth
+from overlay.auth import AuthError, Handshake, SecretError, TlsFiles, load_secret
+from overlay.codec import encode
+from overlay.peers import Overlay
+from scheduler.service import Scheduler
+
+OTHER = b"another-secret-entirely-0123456789"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- raw peers: what an attacker (or a test) speaks on the wire ------------------------------------------------
+class Raw:
+    """One TCP connection speaking frames by hand: no FrameProtocol, no Handshake in the way."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, port: int) -> "Raw":
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def send(self, header: dict) -> None:
+        self.writer.write(encode(header))
+
+    def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def recv(self, timeout: float = 5.0) -> dict | None:
+        """The next frame's header (payload skipped), or None once the other end closed."""
+        try:
+            async with asyncio.timeout(timeout):
+                (n,) = struct.unpack("!I", await self.reader.readexactly(4))
+                h = msgpack.unpackb(await self.reader.readexactly(n), raw=False, strict_map_key=False)
+                if h.get("nbytes"):
+                    await self.reader.readexactly(h["nbytes"])
+                return h
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+
+    async def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        """True once the other end hung up (everything it still sends is read and dropped)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while await self.reader.read(65536):
+                    pass
+            return True
+        except ConnectionError:
+            return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def authenticated(port: int, node: int, cluster: str, secret: bytes, *, expect: int,
+                        role: str = "agent", peer_role: str = "agent") -> Raw:
+    """A raw connection that passed the real handshake as `node` (so the peer treats it as trusted)."""
+    raw = await Raw.connect(port)
+    hs = Handshake(cluster, node, role, dialer=True, secret=secret, expect=expect, peer_role=peer_role)
+    await auth.run_handshake(hs, raw.send, raw.recv)
+    return raw
+
+
+def pair(secret_d: bytes | None, secret_a: bytes | None, **kw) -> tuple[Handshake, Handshake]:
+    d = Handshake("c", 0, "agent", dialer=True, secret=secret_d, expect=1, peer_role="agent", **kw)
+    a = Handshake("c", 1, "agent", dialer=False, secret=secret_a, peer_role="agent")
+    return d, a
+
+
+def exchange(d: Handshake, a: Handshake) -> None:
+    """Run both state machines against each other until done or one refuses (AuthError)."""
+    to_a, to_d = [d.start()], []
+    while not (d.done and a.done):
+        for h in to_a:
+            to_d += a.receive(h)
+        to_a = []
+        for h in to_d:
+            to_a += d.receive(h)
+        to_d = []
+        if not to_a and not to_d and not (d.done and a.done):
+            raise AssertionError("handshake stalled")
+
+
+# --- the state machine and the MAC -------------------------------------------------------------------------
+def test_same_secret_authenticates_both_ways():
+    d, a = pair(SECRET, SECRET)
+    exchange(d, a)
+    assert d.done and a.done and d.peer == 1 and a.peer == 0
+
+
+@pytest.mark.parametrize("secrets", [(SECRET, OTHER), (OTHER, SECRET)])
+def test_wrong_secret_is_refused_by_the_acceptor_before_it_proves_anything(secrets):
+    d, a = pair(*secrets)
+    with pytest.raises(AuthError, match="MAC does not verify"):
+        exchange(d, a)
+    assert not a.done and not d.done
+
+
+@pytest.mark.parametrize(("sd", "sa", "why"), [
+    (None, SECRET, "has no cluster secret"),  # a node without a secret meets one with
+    (SECRET, None, "requires authentication"),  # and the other way round
+])
+def test_a_missing_secret_is_refused_with_a_clear_reason(sd, sa, why):
+    d, a = pair(sd, sa)
+    with pytest.raises(AuthError, match=why):
+        exchange(d, a)
+
+
+def test_insecure_on_both_ends_is_a_plain_hello_exchange():
+    d, a = pair(None, None)
+    exchange(d, a)
+    assert d.done and a.done and "nonce" not in (d.peer_hello or {})
+
+
+def test_mac_binds_cluster_roles_ids_and_both_nonces():
+    base = dict(cluster="c", prover="agent/dialer", dialer=0, acceptor=1, dialer_nonce=b"n" * 32,
+                acceptor_nonce=b"m" * 32)
+    ref = auth.mac(SECRET, **base)
+    for field, other in [("cluster", "d"), ("prover", "agent/acceptor"), ("dialer", 2), ("acceptor", 0),
+                         ("dialer_nonce", b"x" * 32), ("acceptor_nonce", b"x" * 32)]:
+        assert auth.mac(SECRET, **{**base, field: other}) != ref, field
+    # swapping the two nonces (a reflection of the same exchange) changes it too
+    swapped = {**base, "dialer_nonce": base["acceptor_nonce"], "acceptor_nonce": base["dialer_nonce"]}
+    assert auth.mac(SECRET, **swapped) != ref
+
+
+def test_a_dialers_proof_reflected_as_the_acceptors_fails():
+    """The fake acceptor has no secret: it answers with a fresh nonce and echoes the dialer's AUTH."""
+    d = Handshake("c", 0, "agent", dialer=True, secret=SECRET, expect=1, peer_role="agent")
+    d.start()
+    [proof] = d.receive({"t": "HELLO", "node": 1, "cluster": "c", "role": "agent", "nonce": os.urandom(32)})
+    with pytest.raises(AuthError, match="node 1 failed authentication"):
+        d.receive({"t": "AUTH", "mac": proof["mac"]})
+    assert not d.done
+
+
+def test_an_echoed_nonce_is_refused():
+    d = Handshake("c", 0, "agent", dialer=True, secret=SECRET, expect=1)
+    hello = d.start()
+    with pytest.raises(AuthError, match="reflected our own challenge"):
+        d.receive({"t": "HELLO", "node": 1, "cluster": "c", "role": "agent", "nonce": hello["nonce"]})
+
+
+def test_secret_from_file_or_environment(tmp_path):
+    f = tmp_path / "s"
+    f.write_bytes(b"  file-secret-0123456789abcdef\n")
+    f.chmod(0o600)
+    assert load_secret(f, env={}) == b"file-secret-0123456789abcdef"
+    assert load_secret(None, env={"WANSYNC_SECRET": "env-secret-0123456789ab"}) == b"env-secret-0123456789ab"
+    assert load_secret(f, env={"WANSYNC_SECRET": "env-secret-0123456789ab"}).startswith(b"file")  # file wins
+    assert load_secret(None, env={}) is None
+    f.write_bytes(b"short")
+    with pytest.raises(SecretError, match="at least 16"):
+        load_secret(f, env={})
+    with pytest.raises(SecretError, match="cannot read"):
+        load_secret(tmp_path / "missing", env={})
+    assert len(bytes.fromhex(auth.generate_secret())) == 32
+
+
+# --- agent <-> scheduler on real TCP -----------------------------------------------------------------------
+@pytest.mark.parametrize(("agent_secret", "sched_secret", "sched_says"), [
+    (OTHER, SECRET, "MAC does not verify"),
+    (None, SECRET, "has no cluster secret"),
+    (SECRET, None, "requires authentication"),
+])
+async def test_agent_with_wrong_or_missing_secret_is_not_registered(caplog, agent_secret, sched_secret, sched_says):
+    caplog.set_level(logging.WARNING)
+    sched = Scheduler("c", 2, secret=sched_secret)
+    port = await sched.start()
+    agent = Agent(0, "c", ("127.0.0.1", port), uniform(2), shaped=False, secret=agent_secret)
+    try:
+        with pytest.raises(ConnectionError, match="refused us or failed authentication"):
+            await asyncio.wait_for(agent.run(), 10)
+        await asyncio.sleep(0.1)
+        assert not sched.agents
+        lines = [r.getMessage() for r in caplog.records if r.name == "wansync.scheduler"]
+        refusals = [m for m in lines if "refused a control connection" in m]
+        assert len(refusals) == 1 and sched_says in refusals[0], lines
+    finally:
+        await agent.overlay.close()
+        await sched.shutdown()
+
+
+async def test_fake_scheduler_reflecting_the_agents_challenge_is_refused():
+    """A raw socket plays scheduler without the secret: it echoes the agent's own AUTH back."""
+    got: list[dict] = []
+
+    async def fake(reader, writer):
+        raw = Raw(reader, writer)
+        hello = await raw.recv()
+        got.append(hello)
+        raw.send({"t": "HELLO", "node": -1, "cluster": "c", "role": "scheduler", "nonce": os.urandom(32)})
+        proof = await raw.recv()
+        got.append(proof)
+        raw.send({"t": "AUTH", "mac": proof["mac"]})  # reflected
+        got.append(await raw.recv(2))  # the agent must not go on to REGISTER
+
+    server = await asyncio.start_server(fake, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    agent = Agent(0, "c", ("127.0.0.1", port), uniform(2), shaped=False, secret=SECRET)
+    try:
+        with pytest.raises(ConnectionError, match="failed authentication"):
+            await asyncio.wait_for(agent.run(), 10)
+        async with asyncio.timeout(5):
+            while len(got) < 3:
+                await asyncio.sleep(0.01)
+        assert got[0]["t"] == "HELLO" and got[1]["t"] == "AUTH" and got[2] is None
+    finally:
+        await agent.overlay.close()
+        server.close()
+
+
+async def test_a_stranger_gets_no_mac_from_the_scheduler_and_no_second_chance():
+    sched = Scheduler("c", 2, secret=SECRET)
+    port = await sched.start()
+    try:
+        raw = await Raw.connect(port)
+        raw.send({"t": "HELLO", "node": 0, "cluster": "c", "role": "agent", "nonce": os.urandom(32)})
+        reply = await raw.recv()
+        assert reply["t"] == "HELLO" and "mac" not in reply
+        raw.send({"t": "AUTH", "mac": os.urandom(32)})
+        assert await raw.closed_by_peer()
+        assert not sched.agents
+    finally:
+        await sched.shutdown()
+
+
+# --- agent <-> agent ---------------------------------------------------------------------------------------
+async def test_neighbours_with_different_secrets_never_attach_and_say_so_once(caplog):
+    caplog.set_level(logging.DEBUG, logger="wansync.overlay")
+    sink = _NullSink()
+    a = Overlay(0, "c", sink, neighbors=[1], secret=SECRET)
+    b = Overlay(1, "c", sink, neighbors=[0], secret=OTHER)
+    try:
+        port_b = await b.listen()
+        await a.listen()
+        a.connect({1: ("127.0.0.1", port_b)})
+        await asyncio.sleep(0.6)  # several redials (50, 100, 200 ms backoff)
+        assert not a._conns and not b._conns
+        assert not a._connected[1].is_set() and not b._connected[0].is_set()
+        warn = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        acceptor = [r for r in warn if "node 1 refused" in r.getMessage()]
+        dialer = [r for r in warn if "node 0 refused" in r.getMessage()]
+        assert len(acceptor) == 1 and "MAC does not verify" in acceptor[0].getMessage()
+        assert len(dialer) == 1 and "refused our MAC" in dialer[0].getMessage()
+        assert sum("refused" in r.getMessage() for r in caplog.records) > 2  # the retries went to DEBUG
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_fake_neighbour_reflecting_the_dialers_proof_is_not_attached():
+    sink = _NullSink()
+    ov = Overlay(0, "c", sink, neighbors=[1], secret=SECRET)
+    seen: list[str] = []
+
+    async def fake(reader, writer):
+        raw = Raw(reader, writer)
+        await raw.recv()
+        raw.send({"t": "HELLO", "node": 1, "cluster": "c", "role": "agent", "nonce": os.urandom(32)})
+        proof = await raw.recv()
+        if proof is not None:
+            seen.append(proof["t"])
+            raw.send({"t": "AUTH", "mac": proof["mac"]})
+        await raw.closed_by_peer(2)
+        raw.close()
+
+    server = await asyncio.start_server(fake, "127.0.0.1", 0)
+    try:
+        await ov.listen()
+        ov.connect({1: ("127.0.0.1", server.sockets[0].getsockname()[1])})
+        await asyncio.sleep(0.5)
+        assert seen and not ov._conns and not ov._connected[1].is_set()
+        assert any("node 1 failed authentication" in str(e) for e in ov.errors)
+    finally:
+        await ov.close()
+        server.close()
+
+
+async def test_intruders_leave_a_running_cluster_exact():
+    """Wrong-secret neighbour, stranger and reflected proof against a live cluster; the next job is exact."""
+    sched, agents, tasks = await start_cluster(uniform(3), cluster="intr")
+    try:
+        port = agents[1].overlay.port
+        intruder = Overlay(0, "intr", _NullSink(), neighbors=[1], secret=OTHER)
+        await intruder.listen()
+        intruder.connect({1: ("127.0.0.1", port)})
+        raw = await Raw.connect(port)  # claims to be node 2 and replays node 1's own proof material
+        raw.send({"t": "HELLO", "node": 2, "cluster": "intr", "role": "agent", "nonce": os.urandom(32)})
+        assert (await raw.recv())["t"] == "HELLO"
+        raw.send({"t": "AUTH", "mac": b"\0" * 32})
+        assert await raw.closed_by_peer()
+        await asyncio.sleep(0.3)
+        await intruder.close()
+        js = await asyncio.wait_for(sched.run_job("ring", rounds=2, params=30_000, chunk_params=4_000), 30)
+        assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert sorted(sched.agents) == [0, 1, 2]
+        assert any("failed authentication" in str(e) for e in agents[1].overlay.errors)
+    finally:
+        await stop_cluster(sched, tasks)
+
+
+class _NullSink:
+    def chunk_buffer(self, h):
+        return None
+
+    def chunk_segment(self, h, payload):
+        pass
+
+
+# --- the command line: secrets through the environment, refusal without one --------------------------------
+def _agent_cmd(port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "wansync.cli", "agent", "--node", "0", "--scheduler", f"127.0.0.1:{port}",
+            "--cluster", "cli", "--topology", "uniform", "--nodes", "2", "--no-shaping", *extra]
+
+
+def _env(**kw: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "WANSYNC_SECRET"}
+    return {**env, **kw}
+
+
+async def _run_proc(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(*cmd, env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, err.decode()
+
+
+async def test_agent_process_refuses_to_start_without_a_secret():
+    rc, err = await _run_proc(_agent_cmd(1), _env())
+    assert rc != 0 and "no cluster secret" in err and "--insecure" in err
+
+
+async def test_agent_process_with_the_wrong_secret_is_refused_with_one_line(caplog):
+    caplog.set_level(logging.WARNING)
+    sched = Scheduler("cli", 2, secret=SECRET)
+    port = await sched.start()
+    try:
+        rc, err = await _run_proc(_agent_cmd(port), _env(WANSYNC_SECRET=OTHER.decode()))
+        assert rc == 1
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "refused our MAC" in lines[0], err
+        assert not sched.agents
+        ours = [r.getMessage() for r in caplog.records if "refused a control connection" in r.getMessage()]
+        assert len(ours) == 1 and "MAC does not verify" in ours[0]
+    finally:
+        await sched.shutdown()
+
+
+def test_run_hands_its_agents_the_secret_by_environment_not_argv():
+    from emulation.topology import internet2
+    from wansync.cluster import RunConfig, agent_command
+
+    cfg = RunConfig(topology="internet2", topo=internet2(), schemes=["star"], model="resnet50", scale=0.01,
+                    rounds=1)
+    cmd = agent_command(cfg, 0, 1234, "run-x")
+    assert not any("secret" in c.lower() for c in cmd)
+    src = open(os.path.join(ROOT, "wansync", "cluster.py")).read()
+    assert "env=agent_env" in src  # every agent process gets WANSYNC_SECRET in its environment
+
+
+# --- TLS ---------------------------------------------------------------------------------------------------
+def _self_signed(tmp_path) -> TlsFiles:
+    try:
+        from cryptography import x509  # noqa: F401
+    except ImportError:
+        if shutil.which("openssl") is None:
+            pytest.skip("neither the cryptography package nor the openssl command is available")
+        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=wansync-test",
+                        "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE"],
+                       check=True, capture_output=True)
+        return TlsFiles(str(cert), str(key), str(cert))
+    return _self_signed_cryptography(tmp_path)
+
+
+def _self_signed_cryptography(tmp_path) -> TlsFiles:
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wansync-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    c, k = tmp_path / "cert.pem", tmp_path / "key.pem"
+    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()))
+    return TlsFiles(str(c), str(k), str(c))
+
+
+async def test_tls_cluster_is_exact_and_refuses_plaintext(tmp_path):
+    tls = _self_signed(tmp_path)
+    sched, agents, tasks = await start_cluster(uniform(3), cluster="tls", tls=tls)
+    try:
+        assert sched._server is not None
+        js = await asyncio.wait_for(sched.run_job("ring", rounds=2, params=30_000, chunk_params=4_000), 30)
+        assert all(r.ok and r.digests_agree for r in js.records)
+        assert agents[0].ctl.proto.transport.get_extra_info("ssl_object") is not None
+        conn = agents[0].overlay._conns[1]
+        assert conn.transport.get_extra_info("ssl_object") is not None  # the data plane too
+        # a plaintext client gets nowhere: its HELLO is not TLS
+        port = agents[1].overlay.port
+        raw = await Raw.connect(port)
+        raw.send({"t": "HELLO", "node": 0, "cluster": "tls", "role": "agent", "nonce": os.urandom(32)})
+        assert await raw.recv(3) is None
+    finally:
+        await stop_cluster(sched, tasks)

@@ -1,0 +1,190 @@
+"""Crash and partition survival against real agent processes: after every fault the round is either
+complete and exact or aborted and retried, and the following rounds are exact again."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from overlay.auth import SECRET_ENV, generate_secret
+from scheduler.service import Scheduler
+
+PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
+NODES = 4
+
+
+def agent_cmd(node: int, port: int, cluster: str) -> list[str]:
+    return [sys.executable, "-m", "wansync.cli", "agent", "--node", str(node), "--scheduler", f"127.0.0.1:{port}",
+            "--cluster", cluster, "--topology", "uniform", "--nodes", str(NODES), "--scale", "0.2"]
+
+
+class Cluster:
+    """An in-process scheduler and one `wansync agent` process per node."""
+
+    def __init__(self, cluster: str, heartbeat_timeout: float = 1.5) -> None:
+        self.cluster = cluster
+        self.secret = generate_secret()
+        self.events: list[tuple[float, str, dict]] = []
+        self.sched = Scheduler(cluster, NODES, heartbeat_timeout=heartbeat_timeout, secret=self.secret.encode(),
+                               on_event=lambda kind, data: self.events.append((time.time(), kind, data)))
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.port = 0
+
+    async def __aenter__(self) -> "Cluster":
+        self.port = await self.sched.start()
+        for n in range(NODES):
+            self.spawn(n)
+        await self.sched.wait_agents(30)
+        return self
+
+    def spawn(self, node: int) -> None:
+        env = dict(os.environ, **{SECRET_ENV: self.secret})
+        self.procs[node] = subprocess.Popen(agent_cmd(node, self.port, self.cluster), env=env,
+                                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.sched.shutdown()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    async def when_round_starts(self, rnd: int, timeout: float = 30.0) -> None:
+        t = time.time()
+        while self.sched.current is None or rnd not in self.sched.current.started:
+            if time.time() - t > timeout:
+                raise TimeoutError(f"round {rnd} did not start")
+            await asyncio.sleep(0.01)
+
+    def kinds(self, kind: str) -> list[dict]:
+        return [d for _, k, d in self.events if k == kind]
+
+
+def assert_exact(js) -> None:
+    assert len(js.records) == js.rounds
+    for r in js.records:
+        assert r.ok and r.digests_agree and r.versions_agree, r
+
+
+@pytest.mark.parametrize("victim", [2, "hub"])
+async def test_sigkill_mid_round_survivors_retry_exact_and_the_restarted_agent_rejoins(victim):
+    async with Cluster(f"kill-{victim}") as c:
+        # compute time keeps the job going while the restarted process boots (a few seconds on a busy machine)
+        job = asyncio.create_task(c.sched.run_job("star", rounds=14, params=PARAMS, chunk_params=CHUNK,
+                                                  compute_s=0.3))
+        await c.when_round_starts(2)
+        node = c.sched.current.plan.groups[0].root if victim == "hub" else victim
+        await asyncio.sleep(0.05)  # mid-round
+        t_kill = time.time()
+        c.procs[node].kill()
+        while node not in c.sched.lost:
+            await asyncio.sleep(0.01)
+        detect = c.sched.lost[node]["t"] - t_kill
+        await asyncio.sleep(0.5)
+        c.spawn(node)  # a restarted agent: a newer epoch, same node id
+        js = await asyncio.wait_for(job, 90)
+        assert_exact(js)
+        assert detect < 1.0  # a killed process closes its sockets: noticed at once, no timeout needed
+        assert js.aborts and js.aborts[0]["why"].startswith(f"agent {node} lost")
+        retried = [r for r in js.records if r.attempt > 0]
+        assert retried and retried[0].participants == NODES - 1  # the survivors' exact sum
+        assert js.records[-1].participants == NODES  # the restarted agent is used again
+        if victim == "hub":
+            assert all(c.sched.plans[r.version].groups[0].root != node for r in retried)
+
+
+async def test_sigstop_is_detected_by_heartbeat_and_the_zombie_is_fenced():
+    async with Cluster("freeze", heartbeat_timeout=1.0) as c:
+        job = asyncio.create_task(c.sched.run_job("ring", rounds=8, params=PARAMS, chunk_params=CHUNK))
+        await c.when_round_starts(2)
+        await asyncio.sleep(0.05)
+        t_stop = time.time()
+        c.procs[3].send_signal(signal.SIGSTOP)
+        while 3 not in c.sched.lost:
+            await asyncio.sleep(0.01)
+        detect = c.sched.lost[3]["t"] - t_stop
+        assert 0.9 < detect < 2.0  # the configured heartbeat timeout, plus at most a few ticks
+        await asyncio.sleep(1.0)
+        c.procs[3].send_signal(signal.SIGCONT)  # the zombie wakes up with an old epoch
+        js = await asyncio.wait_for(job, 60)
+        assert_exact(js)
+        assert any(r.attempt > 0 and r.participants == NODES - 1 for r in js.records)
+        # its control connection was closed when it was declared lost: the zombie leaves
+        assert c.procs[3].wait(10) is not None
+        assert 3 not in c.sched.agents
+
+
+async def test_a_stalled_round_is_aborted_by_its_deadline_and_retried():
+    """A blackholed link keeps its TCP connection up: only the stall deadline can notice."""
+    async with Cluster("stall") as c:
+        c.sched.heartbeat_timeout = 30.0  # only the round deadline may act here
+        job = asyncio.create_task(c.sched.run_job("ring", rounds=6, params=PARAMS, chunk_params=CHUNK))
+        await c.when_round_starts(2)
+        os.kill(c.procs[1].pid, signal.SIGSTOP)  # a frozen relay on the ring: no byte moves anymore
+        while not c.sched.current.aborts:
+            await asyncio.sleep(0.05)
+        os.kill(c.procs[1].pid, signal.SIGCONT)
+        js = await asyncio.wait_for(job, 60)
+        assert_exact(js)
+        assert js.aborts[0]["why"].startswith("no data moved")
+        assert not c.sched.lost  # nobody was declared lost: the round was retried by everyone
+
+
+async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_job_ids_or_versions():
+    async with Cluster("restart") as c:
+        old = c.sched
+        js1 = await asyncio.wait_for(old.run_job("mst", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
+        assert_exact(js1)
+        job = asyncio.create_task(old.run_job("ring", rounds=50, params=PARAMS, chunk_params=CHUNK))
+        await c.when_round_starts(1)
+        # the scheduler crashes mid-round: no SHUTDOWN, every connection just ends
+        old._closing = True
+        old._server.close()
+        for a in list(old.agents.values()):
+            a.conn.proto.transport.abort()
+        for t in list(old._tasks):
+            t.cancel()
+        job.cancel()
+        await asyncio.sleep(1.0)
+        c.sched = Scheduler(c.cluster, NODES, secret=c.secret.encode())
+        await c.sched.start(port=c.port)
+        await c.sched.wait_agents(30)  # the agents waited and registered again
+        js2 = await asyncio.wait_for(c.sched.run_job("ring", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
+        assert_exact(js2)
+        assert js2.job > js1.job + 1  # numbered above what the agents saw of the old scheduler
+        assert min(r.version for r in js2.records) > max(old.plans)
+        assert all(p.poll() is None for p in c.procs.values())
+
+
+async def test_a_7x_rate_drop_on_one_link_slows_rounds_without_aborting_them():
+    from test_cluster import start_cluster, stop_cluster
+
+    from emulation.topology import uniform
+
+    topo = uniform(NODES, rate_mbps=40.0).scaled(0.2)
+    sched, agents, tasks = await start_cluster(topo, cluster="drop7", shaped=True)
+    try:
+        slow: list[float] = []
+
+        def on_event(kind, data):
+            if kind == "round" and data["round"] == 2:  # from round 3 on, link 1->2 carries 1/7 of its rate
+                agents[1].shapers[2].set_rate(40.0 / 7)
+            if kind == "round" and data["round"] >= 3:
+                slow.append(data["round_s"])
+        sched.on_event = on_event
+        js = await asyncio.wait_for(sched.run_job("ring", rounds=6, params=PARAMS, chunk_params=CHUNK), 90)
+        assert_exact(js)
+        assert js.stats[1]["links"]["2"]["configured_mbps"] == pytest.approx(40.0 / 7)  # the drop was on ...
+        assert len(slow) == 3 and not js.aborts  # ... and no deadline mistook a slow round for a stalled one
+    finally:
+        await stop_cluster(sched, tasks)

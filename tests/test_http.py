@@ -1,0 +1,229 @@
+"""Dashboard HTTP API, WebSocket and Prometheus metrics, checked against a real cluster over loopback TCP."""
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agents.agent import Agent
+from emulation.topology import uniform
+from scheduler.http import DashboardServer, parse_hostport
+from scheduler.live import ROUND_BUCKETS, LiveState
+from scheduler.service import Scheduler
+
+PARAMS, CHUNK = 100_000, 10_000
+SECRET = b"http-test-cluster-secret-0123456"  # authenticated, as `wansync run` is
+
+
+async def start(topo, cluster, step_s=0.5):
+    sched = Scheduler(cluster, topo.nodes, secret=SECRET)
+    live = LiveState(sched, step_s=step_s)
+    server = DashboardServer(sched, live, push_every_s=0.2)
+    url = await server.start()
+    port = await sched.start()
+    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=True, secret=SECRET) for n in range(topo.nodes)]
+    tasks = [asyncio.create_task(a.run()) for a in agents]
+    await sched.wait_agents(20)
+    return sched, live, server, url, tasks
+
+
+async def stop(sched, server, tasks):
+    await server.stop()
+    await sched.shutdown()
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+
+
+def metrics(text):
+    """name -> {labels tuple: value} over every sample of the exposition text."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+async def test_api_and_metrics_describe_the_running_cluster():
+    topo = uniform(4, 30).scaled(0.01)  # ~0.1 s per tree edge and direction: rounds span several points
+    sched, live, server, url, tasks = await start(topo, "h1", step_s=0.25)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def get(path, status=200):
+                async with http.get(url.rstrip("/") + path) as r:
+                    assert r.status == status, (path, r.status, await r.text())
+                    return await r.json() if r.content_type == "application/json" else await r.text()
+
+            before = await get("/api/cluster")
+            assert before["up"] == 4 and before["job"] is None
+            assert await get("/api/plan", 404)
+            js = await asyncio.wait_for(sched.run_job("mst", rounds=3, warmup=1, params=PARAMS, chunk_params=CHUNK),
+                                        60)
+            await asyncio.sleep(0.6)  # the agents' last counters (every 0.25 s) after the final broadcast
+            c = await get("/api/cluster")
+            assert c["expected_nodes"] == 4 and c["up"] == 4 and all(n["up"] for n in c["nodes"])
+            assert c["plan_version"] == sched.version and c["scheme"] == "mst"
+            assert c["job"]["scheme"] == "mst" and c["job"]["done"] == 4 == c["job"]["rounds"]
+
+            view = await get("/api/view")
+            assert len(view["links"]) == 12
+            for link in view["links"]:
+                assert link["bytes_total"] == sched.link_bytes[(link["src"], link["dst"])]
+            # an mst on 4 nodes: 3 tree edges, every round one partial sum up and one result down each
+            assert sum(x["bytes_total"] for x in view["links"]) >= 4 * 3 * 2 * PARAMS * 4
+
+            plan = await get("/api/plan")
+            assert plan["version"] == js.plan.version and plan["scheme"] == "mst"
+            assert sorted(plan["participants"]) == [0, 1, 2, 3]
+            g = plan["groups"][0]
+            assert g["parent"][str(g["root"])] is None
+            assert sum(p is not None for p in g["parent"].values()) == 3
+            assert (await get(f"/api/plan?version={js.plan.version}"))["version"] == js.plan.version
+            assert "error" in await get("/api/plan?version=999", 404)
+            assert "error" in await get("/api/plan?version=x", 400)
+
+            rounds = (await get("/api/rounds"))["rounds"]
+            assert [r["round_s"] for r in rounds] == [r.round_s for r in js.records]
+            assert [r["warmup"] for r in rounds] == [True, False, False, False]
+            assert len((await get("/api/rounds?limit=2"))["rounds"]) == 2
+            assert (await get("/api/rounds?scheme=ring"))["rounds"] == []
+            series = (await get("/api/series"))["links"]
+            assert any(max(m for _, m in pts) > 0 for pts in series.values())
+
+            async with http.get(url + "metrics") as r:
+                assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+                m = metrics(await r.text())
+            for (a, b), n in sched.link_bytes.items():
+                assert m["wansync_link_bytes_total"][(("dst", str(b)), ("src", str(a)))] == n
+            measured = [r.round_s for r in js.records if not r.warmup]
+            assert m["wansync_round_seconds_count"][(("scheme", "mst"),)] == 3
+            assert m["wansync_round_seconds_sum"][(("scheme", "mst"),)] == pytest.approx(sum(measured))
+            assert m["wansync_round_seconds_bucket"][(("le", "300.0"), ("scheme", "mst"))] == 3
+            assert m["wansync_round_seconds_bucket"][(("le", "+Inf"), ("scheme", "mst"))] == 3
+            first = next(le for le in ROUND_BUCKETS if le >= max(measured))
+            assert m["wansync_round_seconds_bucket"][(("le", repr(first)), ("scheme", "mst"))] == 3
+            assert m["wansync_plan_version"][()] == sched.version
+            assert all(m["wansync_node_up"][(("node", str(n)),)] == 1 for n in range(4))
+            assert "wansync_guard_valid" not in m  # no verdict before a scheme finished
+
+            # what `wansync run` and a fault injector add: verdicts and faults on the timeline
+            sched.note_event("guard", scheme="mst", valid=False, worst_ratio=0.81, bad_links=["0->1 81.0%"])
+            sched.note_event("link_down", src=0, dst=1)
+            kinds = [e["kind"] for e in (await get("/api/timeline"))["timeline"]]
+            assert kinds[:2] == ["plan", "job"] and kinds[-2:] == ["guard", "link_down"]
+            assert (await get("/api/cluster"))["guard_valid"] is False
+
+            tasks[3].cancel()  # node 3 dies: its control connection closes
+            await asyncio.gather(tasks[3], return_exceptions=True)
+            await asyncio.sleep(0.3)
+            async with http.get(url + "metrics") as r:
+                m = metrics(await r.text())
+            assert m["wansync_node_up"][(("node", "3"),)] == 0 and m["wansync_node_up"][(("node", "0"),)] == 1
+            assert m["wansync_guard_valid"][(("scheme", "mst"),)] == 0
+            assert m["wansync_guard_worst_ratio"][(("scheme", "mst"),)] == pytest.approx(0.81)
+            assert m["wansync_run_guard_valid"][()] == 0
+
+            # read-only: nothing but GET (and HEAD) is routed
+            for method in ("POST", "PUT", "DELETE"):
+                async with http.request(method, url + "api/cluster") as r:
+                    assert r.status == 405
+    finally:
+        await stop(sched, server, tasks)
+
+
+async def test_websocket_sends_a_snapshot_then_live_throughput_and_rounds():
+    topo = uniform(4, 100).scaled(0.01)
+    sched, live, server, url, tasks = await start(topo, "h2", step_s=0.25)
+    try:
+        job = asyncio.create_task(sched.run_job("ring", rounds=12, params=PARAMS, chunk_params=CHUNK))
+        kinds, busy, timeline = set(), [], []
+        async with aiohttp.ClientSession() as http, http.ws_connect(url + "ws") as ws:
+            first = await ws.receive_json(timeout=10)
+            assert first["type"] == "snapshot" and first["cluster"]["expected_nodes"] == 4
+            assert len(first["view"]["links"]) == 12
+            seq = first["seq"]
+            while not job.done() and not ("round" in kinds and busy):
+                msg = await ws.receive_json(timeout=10)
+                assert msg["type"] == "update" and msg["seq"] >= seq
+                assert all(it["seq"] > seq for it in msg["items"])  # never resends what the page has
+                seq = msg["seq"]
+                kinds |= {it["kind"] for it in msg["items"]}
+                busy += [it["item"] for it in msg["items"] if it["kind"] == "point" and it["item"]["mbps"] > 0]
+                timeline += [it["item"]["kind"] for it in msg["items"] if it["kind"] == "timeline"]
+        assert "round" in kinds and busy, kinds
+        assert all(0 < it["mbps"] < 10_000 and it["src"] != it["dst"] for it in busy)
+        assert "plan" in timeline + [e["kind"] for e in first["timeline"]]
+        await asyncio.wait_for(job, 60)
+    finally:
+        await stop(sched, server, tasks)
+
+
+def test_parse_hostport():
+    assert parse_hostport("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_hostport(":8080") == ("127.0.0.1", 8080)
+    assert parse_hostport("[::1]:9000") == ("::1", 9000)
+    for bad in ("8080", "host:", "host:x"):
+        with pytest.raises(ValueError):
+            parse_hostport(bad)
+
+
+def test_wansync_run_prints_the_url_and_serves_while_running(tmp_path):
+    out = tmp_path / "r.jsonl"
+    cmd = [sys.executable, "-m", "wansync.cli", "run", "--nodes", "4", "--topology", "hetero", "--schemes",
+           "star,mst,ring", "--scale", "0.005", "--rounds", "4", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = wait_for_url(proc)
+        seen_guard = seen_bytes = False
+        deadline = time.time() + 60
+        while proc.poll() is None and time.time() < deadline and not (seen_guard and seen_bytes):
+            try:
+                with urllib.request.urlopen(url + "metrics", timeout=5) as r:
+                    m = metrics(r.read().decode())
+            except OSError:  # the run ended between poll() and the request
+                break
+            seen_bytes = seen_bytes or sum(m.get("wansync_link_bytes_total", {}).values()) > 0
+            seen_guard = seen_guard or m.get("wansync_guard_valid", {}).get((("scheme", "star"),)) in (0.0, 1.0)
+            time.sleep(0.2)
+        assert seen_bytes and seen_guard
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, err[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["schema"] for r in recs} == {2}
+    events = [r for r in recs if r["type"] == "event"]
+    assert [e["data"]["scheme"] for e in events if e["kind"] == "guard"] == ["star", "mst", "ring"]
+    assert any(e["kind"] == "plan" for e in events)
+    tp = [r for r in recs if r["type"] == "throughput"]
+    assert tp and all(r["mbps"] >= 0 and r["bytes"] >= 0 for r in tp) and any(r["mbps"] > 0 for r in tp)
+
+
+def wait_for_url(proc, timeout=30):
+    """The dashboard line `wansync run` prints before starting agents."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if m := re.search(r"dashboard: (http://\S+/)", line):
+            return m.group(1)
+    raise AssertionError("wansync run printed no dashboard URL")
+
+
+def test_no_http_starts_no_server():
+    res = subprocess.run([sys.executable, "-m", "wansync.cli", "run", "--no-http", "--http", "nonsense",
+                          "--topology", "uniform", "--nodes", "2", "--schemes", "star", "--scale", "0.002",
+                          "--rounds", "1", "--warmup", "0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "dashboard:" not in res.stderr
+    bad = subprocess.run([sys.executable, "-m", "wansync.cli", "run", "--http", "nonsense"], capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode != 0 and "--http" in bad.stderr

@@ -1,0 +1,217 @@
+"""Limits: frame and header sizes, invalid messages per peer, the hold budget for future rounds.
+
+Each attack runs on real TCP against a live cluster (or overlay), and each is followed by a check
+that the cluster is still consistent: the next round is exact, nothing stranger registered."""
+
+import asyncio
+import logging
+import os
+import random
+import struct
+
+import numpy as np
+import pytest
+from harness import LocalNet
+from test_auth import Raw, authenticated
+from test_cluster import SECRET, start_cluster, stop_cluster
+from test_codec import FakeTransport, Recorder, chunk, feed
+
+from agents.engine import ChunkEngine
+from agents.workload import contribution
+from emulation.topology import uniform
+from overlay.codec import CONTROL_MAX_HEADER, MAX_INVALID, SCRATCH, FrameProtocol, encode
+from overlay.control import control_protocol
+from overlay.messages import FramingError, bitmap
+from overlay.peers import Overlay
+from scheduler.plan import Job
+from scheduler.planners import star
+from scheduler.view import NetworkView
+
+
+def fake(proto: FrameProtocol, rec: Recorder) -> FrameProtocol:
+    proto.handler = rec
+    proto.transport = FakeTransport()
+    return proto
+
+
+# --- frame and header sizes --------------------------------------------------------------------------------
+async def test_header_limit_is_configurable_and_enforced_both_ways():
+    rec = Recorder()
+    proto = fake(FrameProtocol(max_header=256), rec)
+    small = {"t": "HEARTBEAT", "node": 1, "time": 0.0}
+    big = {"t": "REPORT", "node": 1, "samples": [[0, 1, 10**6, 0.1]] * 40}
+    assert len(encode(big)) - 4 > 256
+    feed(proto, encode(small), random.Random(0))
+    assert rec.frames and not proto.transport.aborted
+    feed(proto, encode(big), random.Random(0))
+    assert proto.transport.aborted and isinstance(rec.invalid[-1], FramingError)
+    assert "outside 1..256" in str(rec.invalid[-1])
+    with pytest.raises(ValueError, match="exceeds 256"):
+        encode(big, 256)
+
+
+async def test_payload_limit_is_enforced_on_the_announced_size_before_any_byte_arrives():
+    rec = Recorder()
+    proto = fake(FrameProtocol(max_payload=4096), rec)
+    feed(proto, encode(chunk(4096)) + b"\0" * 4096, random.Random(0))
+    assert len(rec.frames) == 1
+    feed(proto, encode(chunk(8192)), random.Random(0))  # the header alone is enough to refuse it
+    assert proto.transport.aborted and "8192 bytes exceeds 4096" in str(rec.invalid[-1])
+
+
+async def test_control_connections_take_a_large_plan_but_no_payload():
+    rec = Recorder()
+    proto = fake(control_protocol("sched"), rec)
+    plan = {"groups": [list(range(200))] * 2000}  # ~0.8 MB: a plan for a large cluster
+    reply = {"t": "TOPO_REPLY", "job": 1, "round": 0, "version": 3, "plan": plan}
+    data = encode(reply, CONTROL_MAX_HEADER)
+    assert len(data) > SCRATCH
+    feed(proto, data + encode({"t": "HEARTBEAT", "node": 0, "time": 1.0}), random.Random(3))
+    assert [h["t"] for h, _ in rec.frames] == ["TOPO_REPLY", "HEARTBEAT"] and rec.frames[0][0]["plan"] == plan
+    assert len(proto._buf) == SCRATCH  # the large header's memory went back
+    feed(proto, encode(chunk(8)), random.Random(0))  # a data frame on a control connection
+    assert proto.transport.aborted and isinstance(rec.invalid[-1], FramingError)
+
+
+# --- invalid messages per peer, on real TCP ----------------------------------------------------------------
+async def test_invalid_messages_are_counted_per_peer_and_the_limit_disconnects():
+    ov = Overlay(1, "lim", _Sink(), neighbors=[0, 2], secret=SECRET)
+    port = await ov.listen()
+    try:
+        a = await authenticated(port, 0, "lim", SECRET, expect=1)
+        b = await authenticated(port, 2, "lim", SECRET, expect=1)
+        bad = encode({"t": "HEARTBEAT", "node": "x", "time": 0})  # well framed, invalid
+        half = MAX_INVALID // 2 + 1
+        for raw in (a, b):
+            raw.send_raw(bad * half)  # together more than MAX_INVALID: each alone is under it
+        await asyncio.sleep(0.2)
+        assert set(ov._conns) == {0, 2} and len(ov.errors) == 2 * half
+        a.send_raw(bad * (MAX_INVALID - half))
+        assert await a.closed_by_peer()
+        await asyncio.sleep(0.05)
+        assert set(ov._conns) == {2}  # only the peer that reached the limit is gone
+        b.send({"t": "ACK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "agg",
+                "origin": 2, "dst": 1})
+        assert not await b.closed_by_peer(0.2)
+        a.close()
+        b.close()
+    finally:
+        await ov.close()
+
+
+async def test_max_invalid_is_configurable():
+    ov = Overlay(1, "lim", _Sink(), neighbors=[0], secret=SECRET, max_invalid=3)
+    port = await ov.listen()
+    try:
+        raw = await authenticated(port, 0, "lim", SECRET, expect=1)
+        raw.send_raw(encode({"t": "NOPE"}) * 2)
+        assert not await raw.closed_by_peer(0.2)
+        raw.send_raw(encode({"t": "NOPE"}))
+        assert await raw.closed_by_peer()
+    finally:
+        await ov.close()
+
+
+class _Sink:
+    def chunk_buffer(self, h):
+        return None
+
+    def chunk_segment(self, h, payload):
+        pass
+
+
+# --- malformed streams against a live cluster: each leaves it exact ----------------------------------------
+ATTACKS = {
+    "truncated frame": struct.pack("!I", 200) + b"\x85" + b"\0" * 60,  # then the socket closes
+    "huge length prefix": b"\xff\xff\xff\xff" + os.urandom(64),
+    "garbage header": struct.pack("!I", 24) + bytes(range(0xc1, 0xc1 + 24)),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+async def test_malformed_streams_from_strangers_and_insiders_leave_the_cluster_exact(attack):
+    sched, agents, tasks = await start_cluster(uniform(3), cluster="atk")
+    try:
+        data = ATTACKS[attack]
+        # strangers: the scheduler's port and an agent's data port
+        for port in (sched._server.sockets[0].getsockname()[1], agents[1].overlay.port):
+            raw = await Raw.connect(port)
+            raw.send_raw(data)
+            if attack == "truncated frame":
+                raw.close()
+            else:
+                assert await raw.closed_by_peer(), f"{attack} to port {port} left the connection open"
+        # an insider (holds the secret) displaces node 0's link to node 1 mid-job and then misbehaves
+        job = asyncio.create_task(sched.run_job("star", rounds=3, params=60_000, chunk_params=5_000,
+                                                options={"hub": 1}))
+        await asyncio.sleep(0.05)
+        raw = await authenticated(agents[1].overlay.port, 0, "atk", SECRET, expect=1)
+        raw.send_raw(data)
+        if attack == "truncated frame":
+            raw.close()
+        js = await asyncio.wait_for(job, 30)
+        assert len(js.records) == 3
+        assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert sorted(sched.agents) == [0, 1, 2]
+        assert agents[1].overlay.errors  # the misbehaviour was seen and named, not ignored
+    finally:
+        await stop_cluster(sched, tasks)
+
+
+# --- the hold budget ---------------------------------------------------------------------------------------
+BUDGET = 64 * 1024
+
+
+def hub_plan(n: int, params: int, chunk_params: int, hub: int):
+    return star.plan(NetworkView(uniform(n).links), Job(params, chunk_params, tuple(range(n)),
+                                                        {"hub": hub})).with_version(1)
+
+
+async def test_future_round_frames_over_budget_are_refused_unacked_and_resent_when_it_begins(caplog):
+    caplog.set_level(logging.WARNING, logger="wansync.engine")
+    plan = hub_plan(3, 100_000, 10_000, hub=2)  # nodes 0 and 1 push 400 KB each to node 2
+    async with LocalNet(uniform(3), hold_budget=BUDGET) as net:
+        hub = net.engines[2]
+        hub.drop_stale(1, 0)  # node 2 is still at round 0: round 1 is the future for it
+        seen = {}
+
+        async def watch():
+            await asyncio.sleep(0.4)
+            seen["held"] = hub.held_bytes()
+            seen["refused"] = hub.hold_refused
+            seen["unacked"] = sum(len(net.overlays[n].senders[2].unacked) for n in (0, 1))
+
+        watcher = asyncio.create_task(watch())
+        await net.run_round(plan, rnd=1, starts={2: 0.6})  # exact, or it raises
+        await watcher
+        assert seen["refused"] > 0 and seen["unacked"] > 0
+        assert 0 < seen["held"] <= BUDGET
+        assert hub.held_peak <= BUDGET + 2 * 40_000  # at most one segment per peer checked at once
+        for n in (0, 1):
+            assert not net.overlays[n].senders[2].unacked  # the resends completed and were acked
+        warnings = [r.getMessage() for r in caplog.records if "hold budget full" in r.getMessage()]
+        assert len(warnings) == 2 and {w.split("from node ")[1][0] for w in warnings} == {"0", "1"}
+        await net.run_round(plan, rnd=2)  # and the next round is exact too
+
+
+async def test_current_round_frames_are_never_refused_however_many():
+    plan = hub_plan(3, 100_000, 10_000, hub=2)
+    async with LocalNet(uniform(3), hold_budget=1024) as net:
+        hub = net.engines[2]
+        hub.drop_stale(1, 0)  # round 0 is node 2's current round; it only begins late
+        await net.run_round(plan, rnd=0, starts={2: 0.3})
+        assert hub.hold_refused == 0 and hub.stashed_frames > 0 and hub.held_peak == 0
+
+
+async def test_a_held_frame_the_plan_does_not_allow_is_dropped_when_the_round_begins(caplog):
+    """Held frames were never checked against a plan; replay checks them instead of crashing."""
+    plan = hub_plan(2, 1_000, 500, hub=1)
+    eng = ChunkEngine(1, uniform(2).routes())
+    eng.drop_stale(1, 0)
+    h = chunk(8, round=1, chunk=99, version=1, path=[0, 1], contributors=bitmap([0]))
+    eng.chunk_buffer(h)
+    eng.chunk_segment(h, memoryview(np.zeros(2, np.float32)).cast("B"))
+    assert eng.stashed_frames == 1
+    with caplog.at_level(logging.WARNING, logger="wansync.engine"):
+        st = eng.begin_round(1, 1, 0, plan, contribution(1, 0, 1, plan.params))
+    assert not st.done.done() and any("chunk 99" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,254 @@
+"""The kernel backend (emulation/tc.py): namespaces, veth + htb per link, routes, caps, faults, cleanup.
+
+Runs only as root where network namespaces work; elsewhere every test skips with the reason (and
+tests/conftest.py prints how many tc tests ran). Bandwidth checks are upper bounds (a shaper can
+never be beaten, however loaded the machine), plus the kernel's own counters and settings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from emulation import tc
+from emulation.link import LinkSpec
+from emulation.topology import Topology
+from emulation.trace import RateEvent, Trace
+
+REASON = tc.unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"tc backend: {REASON}")
+WANSYNC = [sys.executable, "-m", "wansync.cli"]
+
+RECV = r"""
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 5001)); s.listen()
+print("ready", flush=True)
+c, _ = s.accept(); buf = bytearray(1 << 20); n = 0; t0 = None
+while k := c.recv_into(buf):
+    t0 = t0 or time.monotonic(); n += k
+print(n, time.monotonic() - (t0 or time.monotonic()), flush=True)
+"""
+SEND = r"""
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[3])), timeout=1.5); b = b"x" * 65536
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end: c.sendall(b)
+"""
+
+
+def line(n: int, rate: float = 20.0) -> Topology:
+    links = {}
+    for a in range(n - 1):
+        links[(a, a + 1)] = links[(a + 1, a)] = LinkSpec(rate, 0.01)
+    return Topology(f"line{n}", n, links)
+
+
+@pytest.fixture
+def build() -> Iterator:
+    """Build TcNetworks; every one is torn down (and checked gone) whatever the test did."""
+    nets: list[tc.TcNetwork] = []
+
+    def make(topo: Topology) -> tc.TcNetwork:
+        net = tc.TcNetwork(topo)
+        nets.append(net)
+        net.setup()
+        return net
+    try:
+        yield make
+    finally:
+        for net in nets:
+            net.teardown()
+            assert net.prefix not in tc.leftovers()
+
+
+def stream(net: tc.TcNetwork, src: int, dst: int, seconds: float) -> tuple[int, float]:
+    """A TCP stream src -> dst between the two namespaces; (bytes, seconds) seen by the receiver."""
+    rx = subprocess.Popen(net.exec_prefix(dst) + [sys.executable, "-c", RECV, net.data_addr(dst)],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        subprocess.run(net.exec_prefix(src) + [sys.executable, "-c", SEND, net.data_addr(dst), str(seconds), "5001"],
+                       check=True, timeout=30)
+        nbytes, secs = rx.stdout.readline().split()
+        return int(nbytes), float(secs)
+    finally:
+        rx.kill()
+        rx.wait()
+
+
+def connects(net: tc.TcNetwork, src: int, host: str) -> bool:
+    """Can src's namespace open a TCP connection to a listener at host (timeout 1.5 s)?"""
+    rx = subprocess.Popen([sys.executable, "-c", RECV, host] if host == net.ctl_host else
+                          net.exec_prefix(int(host.rsplit(".", 1)[1]) - 1) + [sys.executable, "-c", RECV, host],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        p = subprocess.run(net.exec_prefix(src) + [sys.executable, "-c", SEND, host, "0.2", "5001"],
+                           capture_output=True, timeout=30)
+        return p.returncode == 0
+    finally:
+        rx.kill()
+        rx.wait()
+
+
+def class_rate_bit(net: tc.TcNetwork, src: int, dst: int) -> tuple[float, int]:
+    """(rate in bit/s, bytes sent) of the htb class on src's veth towards dst, as the kernel reports it."""
+    out = subprocess.run(["tc", "-n", net.netns_of(src), "-s", "class", "show", "dev", net.dev(src, dst)],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"rate ([\d.]+)([KMG]?)bit", out)
+    sent = re.search(r"Sent (\d+) bytes", out)
+    assert m and sent, out
+    return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)], int(sent.group(1))
+
+
+def test_goodput_correction_counts_every_header() -> None:
+    # MTU 1500: 1448 payload bytes per 1514-byte frame
+    assert tc.wire_rate_mbps(1448, 1500) == pytest.approx(1514)
+    assert tc.wire_rate_mbps(100, 9000) == pytest.approx(100 * 9014 / 8948)
+
+
+def test_routes_follow_min_hop_and_forward_through_the_kernel(build) -> None:
+    net = build(line(4))
+    assert all(tc.PREFIX_RE.match(x) for x in tc.leftovers()[net.prefix])
+    routes = net.topo.routes()
+    for s in range(4):
+        for d in range(4):
+            if s == d:
+                continue
+            got = subprocess.run(["ip", "-n", net.netns_of(s), "route", "get", net.data_addr(d)],
+                                 capture_output=True, text=True, check=True).stdout
+            hop = routes.route(s, d)[1]
+            assert f"via {net.data_addr(hop)} dev {net.dev(s, hop)}" in got
+    # 0 -> 3 is three kernel hops (1 and 2 forward); the control bridge reaches the root namespace
+    assert connects(net, 0, net.data_addr(3))
+    assert connects(net, 2, net.ctl_host)
+
+
+def test_htb_shapes_goodput_and_changes_live(build) -> None:
+    net = build(line(2, rate=20.0))
+    rate, _ = class_rate_bit(net, 0, 1)
+    assert rate == pytest.approx(tc.wire_rate_mbps(20.0) * 1e6, rel=0.01)
+    nbytes, secs = stream(net, 0, 1, 1.5)
+    _, sent = class_rate_bit(net, 0, 1)
+    assert sent >= nbytes  # every payload byte crossed the shaped class (with its headers)
+    burst = 64 * 1024 + 32 * 1514  # htb burst + what the queue held when the stream began
+    assert nbytes <= 20e6 / 8 * secs * 1.02 + burst  # never faster than configured
+    net.set_rate(0, 1, 5.0)
+    assert class_rate_bit(net, 0, 1)[0] == pytest.approx(tc.wire_rate_mbps(5.0) * 1e6, rel=0.01)
+    assert class_rate_bit(net, 1, 0)[0] == pytest.approx(tc.wire_rate_mbps(20.0) * 1e6, rel=0.01)
+    nbytes, secs = stream(net, 0, 1, 1.0)
+    assert nbytes <= 5e6 / 8 * secs * 1.02 + burst
+
+
+def test_uplink_cap_is_shared_by_all_links(build) -> None:
+    topo = Topology("vee", 3, {k: LinkSpec(100.0, 0.01) for k in ((0, 1), (1, 0), (0, 2), (2, 0))},
+                    uplink_mbps={0: 8.0})
+    net = build(topo)
+    procs = []
+    for dst in (1, 2):
+        rx = subprocess.Popen(net.exec_prefix(dst) + [sys.executable, "-c", RECV, net.data_addr(dst)],
+                              stdout=subprocess.PIPE, text=True)
+        assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        procs.append(rx)
+    t0 = time.monotonic()
+    senders = [subprocess.Popen(net.exec_prefix(0) + [sys.executable, "-c", SEND, net.data_addr(d), "1.5", "5001"])
+               for d in (1, 2)]
+    for s in senders:
+        assert s.wait(30) == 0
+    total = 0
+    for rx in procs:
+        assert rx.stdout is not None
+        total += int(rx.stdout.readline().split()[0])
+        rx.wait()
+    assert total > 0
+    assert total <= 8e6 / 8 * (time.monotonic() - t0) * 1.02 + 2 * 32 * 1514  # 8, not 2 x 100 Mbit/s
+
+
+def test_link_down_and_blackhole_cut_both_ways_and_heal(build) -> None:
+    net = build(line(2))
+    net.set_down(0, 1, True)
+    assert not connects(net, 0, net.data_addr(1))
+    net.set_down(0, 1, False)
+    assert connects(net, 0, net.data_addr(1))
+    net.set_blackhole(1, 0, True)
+    assert not connects(net, 0, net.data_addr(1))
+    assert not connects(net, 1, net.data_addr(0))
+    # silent: the links stay up, nothing is refused, the packets just vanish
+    assert "state UP" in subprocess.run(["ip", "-n", net.netns_of(0), "link", "show", net.dev(0, 1)],
+                                        capture_output=True, text=True).stdout
+    net.set_blackhole(1, 0, False)
+    assert connects(net, 1, net.data_addr(0))
+    with pytest.raises(ValueError):
+        net.set_down(0, 0, True)
+
+
+async def test_run_on_tc_is_exact_without_application_shaping(monkeypatch) -> None:
+    from wansync.cluster import RunConfig, run
+
+    applied: list[tuple[float, dict]] = []
+    orig = tc.TcNetwork.set_rates
+
+    def spy(self: tc.TcNetwork, rates: dict) -> None:
+        applied.append((time.time(), dict(rates)))
+        orig(self, rates)
+    monkeypatch.setattr(tc.TcNetwork, "set_rates", spy)
+    topo = Topology("uniform", 3, {(a, b): LinkSpec(50.0, 0.0) for a in range(3) for b in range(3) if a != b})
+    trace = Trace((RateEvent(0.1, 0, 1, 10.0), RateEvent(0.1, 2, 1, 12.0)))
+    cfg = RunConfig(topology="uniform:50", topo=topo, schemes=["star", "ring"], model="20000000", scale=0.01,
+                    rounds=2, warmup=0, trace=trace, backend="tc")
+    before = set(tc.leftovers())
+    jobs = await run(cfg, show_table=False)
+    assert set(tc.leftovers()) <= before  # torn down
+    for js in jobs:
+        assert len(js.records) == 2 and all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert sorted(js.stats) == [0, 1, 2]
+        assert all(st["app_rate_shaping"] is False for st in js.stats.values())
+        assert all("achieved_ratio" not in link for st in js.stats.values() for link in st["links"].values())
+    # per job: a reset to the configured rates, then the trace's one batch (not sooner than its time)
+    resets = [t for t, r in applied if len(r) == 6]
+    events = [(t, r) for t, r in applied if r == {(0, 1): 10.0, (2, 1): 12.0}]
+    assert len(resets) >= 1 and len(events) >= 1
+    assert events[0][0] >= resets[0] + 0.08
+
+
+def test_sigkilled_launcher_leaves_a_run_that_emu_clean_removes() -> None:
+    before = set(tc.leftovers())
+    proc = subprocess.Popen(WANSYNC + ["run", "--backend", "tc", "--topology", "uniform:50", "--nodes", "3",
+                                       "--scale", "0.005", "--model", "100000", "--rounds", "1000",
+                                       "--schemes", "ring"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        mine: set[str] = set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not mine:
+            time.sleep(0.2)
+            mine = {p for p in set(tc.leftovers()) - before
+                    if (tc.OWNER_DIR / p).exists() and (tc.OWNER_DIR / p).read_text() == str(proc.pid)}
+        assert mine, "the run never built its namespaces"
+        prefix = mine.pop()
+        while time.monotonic() < deadline and not subprocess.run(
+                ["ip", "netns", "pids", f"{prefix}-n2"], capture_output=True, text=True).stdout.strip():
+            time.sleep(0.2)  # agents are running in their namespaces
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert prefix in tc.leftovers()  # SIGKILL: no finally, no atexit
+    out = subprocess.run(WANSYNC + ["emu", "clean"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"removed run {prefix}" in out.stdout
+    assert prefix not in tc.leftovers()
+    assert not (tc.OWNER_DIR / prefix).exists()
+
+
+def test_emu_clean_keeps_runs_whose_launcher_lives(build) -> None:
+    net = build(line(2))
+    out = subprocess.run(WANSYNC + ["emu", "clean"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and net.prefix in tc.leftovers()
+    assert os.getpid() == int((tc.OWNER_DIR / net.prefix).read_text())

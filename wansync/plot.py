@@ -1,0 +1,188 @@
+"""`wansync plot results.jsonl`: PNG figures from a run's results file (matplotlib, Agg backend).
+
+Figures: round time per scheme (box plot and CDF of measured rounds), throughput per link over time
+(from `throughput` records; schema 1 files fall back to passive `link_sample`s), and speedup over
+the star baseline (skipped, with the reason, when the file has no star rounds).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: never needs a display, safe in CI and over SSH
+import matplotlib.pyplot as plt  # noqa: E402
+
+SUPPORTED_SCHEMAS = (1, 2)
+TOP_LINKS = 10  # more lines than this are unreadable; the rest are drawn thin and grey
+BASELINE = "star"
+
+
+class PlotError(Exception):
+    """The results file cannot be plotted (missing, empty, not JSON lines, unknown schema)."""
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise PlotError(f"cannot read {path}: {exc.strerror}") from None
+    recs = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines):  # a run killed mid-write leaves a torn last line: plot what is there
+                break
+            raise PlotError(f"{path}:{i}: not JSON ({exc.msg})") from None
+        if not isinstance(rec, dict) or "type" not in rec:
+            raise PlotError(f"{path}:{i}: not a results record (no 'type')")
+        if rec.get("schema") not in SUPPORTED_SCHEMAS:
+            raise PlotError(f"{path}:{i}: schema {rec.get('schema')!r}, this wansync reads {SUPPORTED_SCHEMAS}")
+        recs.append(rec)
+    if not recs:
+        raise PlotError(f"{path}: no records")
+    return recs
+
+
+def plot(path: Path, out_dir: Path | None = None) -> tuple[list[Path], list[str]]:
+    """Write every figure the file has data for; return (PNG paths written, reasons for skipped figures)."""
+    recs = load(path)
+    out_dir = out_dir or path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = path.stem
+    by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in recs:
+        by_type[r["type"]].append(r)
+    run = by_type["run"][0] if by_type["run"] else {}
+    title = (f"{run.get('topology', '?')}, {run.get('nodes', '?')} nodes, {run.get('model', '?')} "
+             f"x{run.get('scale', '?')}") if run else path.name
+    rounds = [r for r in by_type["round"] if not r.get("warmup")] or by_type["round"]
+    written, skipped = [], []
+    for name, fn in (("round_times", _round_times), ("link_throughput", _link_throughput), ("speedup", _speedup)):
+        target = out_dir / f"{stem}_{name}.png"
+        why = fn(target, title, rounds, by_type)
+        if why:
+            skipped.append(f"{target.name}: {why}")
+        else:
+            written.append(target)
+    if not written:
+        raise PlotError(f"{path}: nothing to plot ({'; '.join(skipped)})")
+    return written, skipped
+
+
+def _schemes(rounds: list[dict[str, Any]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in rounds:
+        out.setdefault(r["scheme"], []).append(float(r["round_s"]))
+    return out
+
+
+def _round_times(target: Path, title: str, rounds: list[dict[str, Any]], by_type: dict) -> str | None:
+    times = _schemes(rounds)
+    if not times:
+        return "no round records"
+    fig, (box, cdf) = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = list(times)
+    box.boxplot([times[n] for n in names], tick_labels=names, showmeans=True)
+    for i, n in enumerate(names, 1):
+        box.scatter([i] * len(times[n]), times[n], s=12, alpha=0.6, zorder=3)
+    box.set_ylabel("round time (s)")
+    box.set_title("round time per scheme")
+    box.set_ylim(bottom=0)
+    for n in names:
+        xs = sorted(times[n])
+        cdf.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"{n} (n={len(xs)})")
+    cdf.set_xlabel("round time (s)")
+    cdf.set_ylabel("fraction of rounds")
+    cdf.set_ylim(0, 1.02)
+    cdf.set_title("CDF")
+    cdf.grid(alpha=0.3)
+    cdf.legend(fontsize="small")
+    fig.suptitle(f"Round time (measured rounds) — {title}")
+    _save(fig, target)
+    return None
+
+
+def _link_throughput(target: Path, title: str, rounds: list[dict[str, Any]], by_type: dict) -> str | None:
+    series: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    source = "agents' byte counters"
+    for r in by_type["throughput"]:
+        series[(r["src"], r["dst"])].append((float(r["at"]), float(r["mbps"])))
+    if max((len(p) for p in series.values()), default=0) < 3:  # schema 1, or a run shorter than a few points
+        series.clear()
+        source = "passive chunk samples"
+        for r in by_type["link_sample"]:
+            if r["seconds"] > 0:
+                series[(r["src"], r["dst"])].append((float(r["t"]), r["bytes"] * 8 / r["seconds"] / 1e6))
+    if not series:
+        return "no throughput or link_sample records"
+    t0 = min(t for pts in series.values() for t, _ in pts)
+    if by_type["round"]:
+        t0 = min(t0, min(float(r["t_start"]) for r in by_type["round"]))
+    # counters are a continuous series (lines); passive samples are discrete chunk measurements (dots)
+    style = {"lw": 1.4} if source.startswith("agents") else {"ls": "none", "marker": "o", "ms": 3}
+    volume = {k: sum(m for _, m in pts) for k, pts in series.items()}
+    top = sorted(series, key=lambda k: -volume[k])[:TOP_LINKS]
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    for k, pts in series.items():
+        if k not in top:
+            ax.plot([t - t0 for t, _ in pts], [m for _, m in pts], color="0.8", zorder=1, **style)
+    for k in top:
+        pts = sorted(series[k])
+        ax.plot([t - t0 for t, _ in pts], [m for _, m in pts], label=f"{k[0]}→{k[1]}", zorder=2, **style)
+    _shade_jobs(ax, rounds, by_type, t0)
+    ax.set_xlabel("time since the run started (s)")
+    ax.set_ylabel("throughput (Mbit/s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    others = len(series) - len(top)
+    ax.legend(fontsize="small", ncol=2, loc="upper right",
+              title=f"busiest {len(top)} links" + (f" (+{others} in grey)" if others else ""))
+    ax.set_title(f"Throughput per link over time ({source}) — {title}")
+    _save(fig, target)
+    return None
+
+
+def _shade_jobs(ax: Any, rounds: list[dict[str, Any]], by_type: dict, t0: float) -> None:
+    """Each scheme's span as a band with its name: throughput reads against the scheme that made it."""
+    spans: dict[tuple[int, str], list[float]] = {}
+    for r in by_type["round"]:
+        s = spans.setdefault((r["job"], r["scheme"]), [float(r["t_start"]), float(r["t_end"])])
+        s[0], s[1] = min(s[0], float(r["t_start"])), max(s[1], float(r["t_end"]))
+    for i, ((_, scheme), (a, b)) in enumerate(sorted(spans.items(), key=lambda kv: kv[1][0])):
+        ax.axvspan(a - t0, b - t0, color=f"C{i % 10}", alpha=0.07, zorder=0)
+        ax.text((a + b) / 2 - t0, 0.98, scheme, transform=ax.get_xaxis_transform(), ha="center", va="top",
+                fontsize="small", color="0.3")
+
+
+def _speedup(target: Path, title: str, rounds: list[dict[str, Any]], by_type: dict) -> str | None:
+    times = _schemes(rounds)
+    if BASELINE not in times:
+        return f"no {BASELINE} rounds in the file (run with --schemes {BASELINE},...)"
+    base = statistics.median(times[BASELINE])
+    names = list(times)
+    speed = [base / statistics.median(times[n]) for n in names]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(names) + 2), 4.2))
+    bars = ax.bar(names, speed, color=[f"C{i % 10}" for i in range(len(names))])
+    ax.axhline(1.0, color="0.3", lw=1, ls="--")
+    for b, s in zip(bars, speed, strict=True):
+        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{s:.2f}×", ha="center", va="bottom")
+    ax.set_ylabel(f"speedup over {BASELINE} (median round time)")
+    ax.set_title(f"Speedup over the {BASELINE} baseline (median {base:.3f} s)\n{title}", fontsize="medium")
+    ax.set_ylim(0, max(speed) * 1.18)
+    _save(fig, target)
+    return None
+
+
+def _save(fig: Any, target: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
