@@ -122,6 +122,9 @@ class Agent:
                                downlink=downlink, host=host, on_sample=self._sample, clock=self.clock.now,
                                secret=secret, tls=tls)
         self.engine.overlay = self.overlay
+        if not rate_shaping:
+            for b in self.shapers:
+                self._set_link_rate(b, topo.links[(node, b)].rate_mbps)
         if relay_by_table:
             self.overlay.relay_by_table = self.engine.table_route
         self.plans: dict[int, Plan] = {}
@@ -137,6 +140,7 @@ class Agent:
         self._seen = (0, 0)  # highest job id and plan version seen (a restarted scheduler starts above)
         self._attempt: dict[tuple[int, int], int] = {}  # (job, round) -> attempt to run next
         self._applied: tuple[int, int, np.ndarray | None, int] = (-1, -1, None, 1)  # last round applied
+        self._done_attempt: dict[tuple[int, int], int] = {}  # (job, round) -> attempt this node finished
 
     def _sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
         """One chunk fully arrived over src->dst; every probe_num probes make one report.
@@ -308,8 +312,11 @@ class Agent:
         """Liveness and progress: bytes received tell the scheduler a round still moves."""
         if self.ctl is not None:
             rx = sum(m.bytes for m in self.overlay.meters_in.values())
+            now = time.monotonic()
+            stuck = [[b, round(s.stuck_s(now), 3)] for b, s in self.overlay.senders.items() if s.stuck_s(now) > 0]
             try:
-                self.ctl.send({"t": "HEARTBEAT", "node": self.node, "time": self.clock.now(), "rx": rx})
+                self.ctl.send({"t": "HEARTBEAT", "node": self.node, "time": self.clock.now(), "rx": rx,
+                               "stuck": stuck})
             except ConnectionError:
                 pass
 
@@ -334,10 +341,8 @@ class Agent:
         """Replay the shared trace from t0 for every job, so every scheme sees the same WAN."""
         if self._trace_task is not None:
             self._trace_task.cancel()
-        if not self.rate_shaping:  # the tc backend's launcher applies it to the kernel
-            return
-        for b, sh in self.shapers.items():
-            sh.set_rate(self.topo.links[(self.node, b)].rate_mbps)
+        for b in self.shapers:
+            self._set_link_rate(b, self.topo.links[(self.node, b)].rate_mbps)
         mine = [e for e in self.trace.events if e.src == self.node and e.dst in self.shapers]
         if mine:
             self._trace_task = asyncio.create_task(self._apply_trace(t0, mine))
@@ -347,7 +352,15 @@ class Agent:
             wait = t0 + e.t - self.clock.now()
             if wait > 0:
                 await asyncio.sleep(wait)
-            self.shapers[e.dst].set_rate(e.rate_mbps)
+            self._set_link_rate(e.dst, e.rate_mbps)
+
+    def _set_link_rate(self, dst: int, mbps: float) -> None:
+        """Our shaper paces the link; or, on the tc backend (the launcher applies the same trace to
+        the kernel), the sender only sizes its queues from the rate (overlay.link)."""
+        if self.rate_shaping:
+            self.shapers[dst].set_rate(mbps)
+        else:
+            self.overlay.senders[dst].set_kernel_rate(mbps * MBIT)
 
     async def _job(self, msg: dict[str, Any]) -> None:
         assert self.ctl is not None
@@ -363,6 +376,10 @@ class Agent:
         rnd = msg.get("start", 0)
         computed: dict[int, float] = {}
         while rnd < rounds:
+            prev = (job, rnd - 1)
+            if prev in self._done_attempt and self._attempt.get(prev, 0) > self._done_attempt[prev]:
+                rnd = self._rewind(rnd - 1)  # the round we finished was aborted meanwhile (others had not)
+                continue
             attempt = self._attempt.get((job, rnd), 0)
             contrib = contribution(rnd, 0, self.node, nparams)
             if rnd not in computed:  # a retried attempt reuses the round's gradient
@@ -388,6 +405,7 @@ class Agent:
                 continue
             if "plan" in reply:
                 self.plans[reply["version"]] = Plan.from_wire(reply["plan"])
+            self.engine.avoid_links(reply.get("avoid", ()))
             plan = self.plans[reply["version"]]
             self.overlay.forget_before(job, rnd - 1)
             self.engine.drop_stale(job, rnd)
@@ -415,6 +433,7 @@ class Agent:
             if error:
                 done["error"] = error
             self.ctl.send(done)
+            self._done_attempt[(job, rnd)] = attempt
             self._applied = (job, rnd, result.copy() if ok else None, len(plan.participants))
             rnd += 1
         self.ctl.send({"t": "STATS", "node": self.node, "job": job,
@@ -431,7 +450,7 @@ class Agent:
             self._replies.pop((job, rnd))
             fut.set_exception(RoundAborted(f"job {job} round {rnd} attempt {attempt} aborted"))
         nxt = self._replies.get((job, rnd + 1))
-        if nxt is not None and not nxt.done() and self._applied[:2] == (job, rnd):
+        if nxt is not None and not nxt.done() and self._done_attempt.get((job, rnd), attempt + 1) <= attempt:
             self._replies.pop((job, rnd + 1))
             nxt.set_exception(_Rewind(rnd))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +86,8 @@ class ChunkEngine:
                  aux_queue_length: int = AUXILIARY_QUEUE_LENGTH) -> None:
         self.node = node
         self.routes = routes
+        self._all_routes = routes
+        self._avoid: frozenset[tuple[int, int]] = frozenset()
         self.primary_busy_bound = primary_busy_bound
         self.aux_queue_length = aux_queue_length
         self.aux_bytes = 0
@@ -105,6 +107,19 @@ class ChunkEngine:
         self.aborted: dict[tuple[int, int], int] = {}  # (job, round) -> highest aborted attempt
         # auxiliary tables pushed by AUX_UPDATE after a version was published: version -> per group
         self.aux_tables: dict[int, tuple[AuxTable, ...]] = {}
+
+    def avoid_links(self, links: Iterable[Sequence[int]]) -> None:
+        """Links the scheduler suspects dead (a blackhole): this round's chunks route around them.
+        Only senders pick routes (relays follow the source route), so this is safe mid-flight."""
+        avoid = frozenset(tuple(sorted((int(a), int(b)))) for a, b in links)
+        if avoid == self._avoid:
+            return
+        self._avoid = avoid
+        if not avoid:
+            self.routes = self._all_routes
+            return
+        adj = {n: {m for m in peers if tuple(sorted((n, m))) not in avoid} for n, peers in self._all_routes.adj.items()}
+        self.routes = Routes(adj)
 
     def set_aux(self, version: int, groups: tuple[AuxTable, ...]) -> None:
         """New auxiliary tables take effect for the next chunk sent; chunks in flight keep their route."""

@@ -52,12 +52,13 @@ DATA_NET = "10.77.0."
 MAX_NODES = 250
 ETH_HDR = 14
 IP_TCP_HDR = 20 + 32  # IPv4 + TCP with the timestamp option, as Linux sends it
-MIN_QUEUE_PKTS = 128
+MIN_QUEUE_PKTS = 32
 CLONE_NEWNET = 0x40000000
-# Unsent bytes a socket may hold: without a limit the kernel's send buffer (megabytes) queues a
-# link's traffic FIFO in front of the shaper, and the overlay's round-robin between flows (and its
-# cut-through relays) would wait behind it; with it, data waits in the application as with `app`.
-NOTSENT_LOWAT = 16384
+# TCP congestion control in the namespaces, first that this kernel lets a netns use. Loss-based on
+# purpose: the link delay lives in the agents, so TCP sees a ~10 us min RTT, and BBR (this machine's
+# default) caps inflight at ~2 x rate x min_rtt: wherever ACKs wait behind data going the other way
+# (10-15 ms here), it cannot fill the link. Reno/cubic fill the pfifo and keep the htb class busy.
+CONGESTION_CONTROL = ("cubic", "reno")
 
 
 class TcError(RuntimeError):
@@ -115,6 +116,9 @@ def kernel_features() -> dict[str, bool]:
         have["mirred"] = have["clsact"] and have["ifb"] and _ok(
             ["tc", "-n", ns, "filter", "add", "dev", "p0", "egress", "protocol", "all", "u32", "match", "u32", "0",
              "0", "action", "mirred", "egress", "redirect", "dev", "i0"])
+        for cc in CONGESTION_CONTROL:  # listed as available is not enough: a netns may refuse it
+            have[f"cc_{cc}"] = _ok(["ip", "netns", "exec", ns, "sh", "-c",
+                                    f"echo {cc} > /proc/sys/net/ipv4/tcp_congestion_control"])
         return have
     finally:
         _run(["ip", "netns", "del", ns], check=False)
@@ -188,6 +192,11 @@ class TcNetwork:
         return ["ip", "netns", "exec", self.netns_of(node)]
 
     @property
+    def congestion_control(self) -> str | None:
+        """The loss-based congestion control the namespaces use (None: the kernel's default stays)."""
+        return next((cc for cc in CONGESTION_CONTROL if self.features.get(f"cc_{cc}")), None)
+
+    @property
     def delay_in_app(self) -> bool:
         """No netem here: link delay and jitter stay in the agents' delay-only shapers."""
         return True
@@ -235,7 +244,9 @@ class TcNetwork:
             _run(["ip", "netns", "exec", ns, "sh", "-c",
                   "echo 1 > /proc/sys/net/ipv4/ip_forward; echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter;"
                   " echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter;"
-                  f" echo {NOTSENT_LOWAT} > /proc/sys/net/ipv4/tcp_notsent_lowat"])
+                  " echo 0 > /proc/sys/net/ipv4/tcp_slow_start_after_idle"  # as the app backend
+                  + (f"; echo {self.congestion_control} > /proc/sys/net/ipv4/tcp_congestion_control"
+                     if self.congestion_control else "")])
             cmds = ["link set lo up", f"addr add {self.data_addr(i)}/32 dev lo",
                     f"addr add {self.ctl_addr(i)}/24 dev {self.prefix}-k{i}", f"link set {self.prefix}-k{i} up",
                     f"link add {self.prefix}-s{i} type ifb"]  # the blackhole sink: never up

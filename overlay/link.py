@@ -12,12 +12,21 @@ burst, and the pacer says when each piece may arrive (token-bucket release plus 
 Pieces wait in a delay line that one timer callback writes out on schedule: the sender never
 sleeps per piece, delay is pipelined, and a process that is descheduled for a moment does not
 leave the emulated wire idle (the schedule, not the wake-up, decides the rate).
+
+On a kernel-shaped link (tc backend: the pacer keeps only delay, `set_kernel_rate` gives the rate
+the kernel shapes to) the sender does not pace, but sizes what it lets run ahead from that rate:
+segments of ~10 ms of link time as above, and about LOOKAHEAD_S of link time between the
+round-robin and the wire (delay line beyond its delay, transport buffer, unsent socket bytes via
+TCP_NOTSENT_LOWAT). Unbounded, the socket and the line hold megabytes: a node's own chunks were all
+queued before a relayed flow's first segment arrived, so relays and fairness waited behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -32,6 +41,7 @@ DIRECT_SEGMENT_S = 0.010  # a single-hop segment may take this much link time (n
 DIRECT_SEGMENT_MAX = 4 << 20
 LINE_SLACK = 4 << 20  # bytes the delay line may hold beyond (delay + lookahead) x rate
 LOOKAHEAD_S = 0.020  # how far ahead of the wire the sender may schedule pieces (bounds the line)
+KERNEL_AHEAD_MIN = 64 << 10  # kernel-shaped links: the least each queue below the round-robin may hold
 
 
 class Pacer(Protocol):
@@ -126,6 +136,8 @@ class LinkSender:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._closed = False
+        self.kernel_rate_Bps: float | None = None  # rate the kernel shapes this link to (tc backend)
+        self._last_progress = time.monotonic()  # last ack, or when unacknowledged chunks began to wait
 
     # --- public -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -142,9 +154,19 @@ class LinkSender:
             if tr.done is not None and not tr.done.done():
                 tr.done.cancel()
 
+    def set_kernel_rate(self, rate_Bps: float) -> None:
+        """The kernel shapes this link to rate_Bps (tc backend, delay-only pacer): not paced here,
+        but segments and the queues below the round-robin are sized from it (see module doc). An
+        outage (0) keeps the last rate, as the application shaper does."""
+        if rate_Bps > 0:
+            self.kernel_rate_Bps = rate_Bps
+        if self.conn is not None:
+            self._bound_kernel_queue(self.conn)
+
     def attach(self, conn: FrameProtocol) -> None:
         """A (re)connected socket: everything not yet acknowledged goes again, from its start."""
         self.conn = conn
+        self._bound_kernel_queue(conn)
         self._drop_line()
         self._flows.clear()
         self._order.clear()
@@ -164,7 +186,14 @@ class LinkSender:
             self._attached.clear()
             self._drop_line()
 
+    def stuck_s(self, now: float) -> float:
+        """How long chunks have waited here without any acknowledgement (0 if none wait): a link
+        whose bytes vanish (blackhole) shows it, a slow one keeps getting acks."""
+        return now - self._last_progress if self.unacked else 0.0
+
     def send(self, tr: Transfer) -> None:
+        if not self.unacked:
+            self._last_progress = time.monotonic()
         self.unacked[tr.key] = tr
         self._queue(tr)
         self._wake.set()
@@ -181,6 +210,7 @@ class LinkSender:
         tr = self.unacked.pop(key, None)
         if tr is None:
             return False
+        self._last_progress = time.monotonic()
         self.meter.acks += 1
         if tr.done is not None and not tr.done.done():
             tr.done.set_result(True)
@@ -248,9 +278,10 @@ class LinkSender:
         """Single-hop transfers need no cut-through: segments of ~DIRECT_SEGMENT_S of link time
         (64 KiB up to 52 Mbit/s, up to 4 MiB unshaped) save a header, a validation and a syscall
         per 64 KiB where the rate makes them costly, and keep round-robin turns short in time."""
-        if self.pacer is None or math.isinf(self.pacer.rate_Bps):
+        rate = self._rate_Bps()
+        if math.isinf(rate):
             return max(self.segment_bytes, DIRECT_SEGMENT_MAX)
-        n = int(self.pacer.rate_Bps * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
+        n = int(rate * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
         return min(max(self.segment_bytes, DIRECT_SEGMENT_MAX), max(self.segment_bytes, n))
 
     async def _send_loop(self) -> None:
@@ -381,9 +412,44 @@ class LinkSender:
         self._last_write = max(now, due)  # only lateness counts; acks do not extend the backlog
 
     def _line_cap(self) -> float:
-        if self.pacer is None or math.isinf(self.pacer.rate_Bps):
+        if self.pacer is None:
+            return LINE_SLACK
+        if self._kernel_shaped():  # the line holds the bytes in flight over the delay, and a little more
+            assert self.kernel_rate_Bps is not None
+            return self.kernel_rate_Bps * (self.pacer.delay_s + self.pacer.jitter_s) + self._kernel_ahead()
+        if math.isinf(self.pacer.rate_Bps):
             return LINE_SLACK
         return self.pacer.rate_Bps * (self.pacer.delay_s + self.pacer.jitter_s + LOOKAHEAD_S) + LINE_SLACK
+
+    def _rate_Bps(self) -> float:
+        """The link's rate: the pacer's, or on a kernel-shaped link the kernel's; inf if unshaped."""
+        if self.pacer is None:
+            return math.inf
+        if self._kernel_shaped():
+            assert self.kernel_rate_Bps is not None
+            return self.kernel_rate_Bps
+        return self.pacer.rate_Bps
+
+    def _kernel_shaped(self) -> bool:
+        return self.kernel_rate_Bps is not None and self.pacer is not None and math.isinf(self.pacer.rate_Bps)
+
+    def _kernel_ahead(self) -> int:
+        """Bytes each queue below the round-robin may hold on a kernel-shaped link: LOOKAHEAD_S / 2."""
+        assert self.kernel_rate_Bps is not None
+        return max(KERNEL_AHEAD_MIN, int(self.kernel_rate_Bps * LOOKAHEAD_S / 2))
+
+    def _bound_kernel_queue(self, conn: FrameProtocol) -> None:
+        """Kernel-shaped link: the transport buffers at most _kernel_ahead() before the send loop
+        waits (drain), and the socket keeps at most that much unsent (TCP_NOTSENT_LOWAT), instead of
+        the default megabytes (SO_SNDBUF) that would make round-robin decisions far ahead of the wire."""
+        if not self._kernel_shaped() or conn.transport is None:
+            return
+        ahead = self._kernel_ahead()
+        conn.transport.set_write_buffer_limits(high=ahead, low=ahead // 2)
+        sock = conn.transport.get_extra_info("socket")
+        if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, ahead)
 
     @property
     def _early(self) -> float:

@@ -65,7 +65,8 @@ SCHEMAS: dict[str, Schema] = {
                  "neighbors": (LIST, True), "pid": (INT, False), "seen_job": (INT, False),
                  "seen_version": (INT, False)},  # seen_*: what this agent saw of an earlier scheduler
     "PEERS": {"peers": (DICT, True)},
-    "HEARTBEAT": {"node": (INT, True), "time": (NUM, True), "rx": (INT, False)},  # rx: data bytes received
+    # rx: data bytes received so far; stuck: [[peer, seconds its chunks wait unacknowledged], ...]
+    "HEARTBEAT": {"node": (INT, True), "time": (NUM, True), "rx": (INT, False), "stuck": (LIST, False)},
     "REPORT": {"node": (INT, True), "samples": (LIST, True)},
     "READY": {"round": (INT, True), "progress": (NUM, True)},
     "JOB": {"job": (INT, True), "scheme": (STR, True), "rounds": (INT, True), "params": (INT, True),
@@ -73,7 +74,8 @@ SCHEMAS: dict[str, Schema] = {
             "start": (INT, False)},  # start: first round for an agent that rejoined mid-job
     "TOPO_REQUEST": {"job": (INT, True), "round": (INT, True), "have": (LIST, False), "attempt": (INT, False)},
     "TOPO_REPLY": {"job": (INT, True), "round": (INT, True), "version": (INT, True),
-                   "plan": (DICT, False), "attempt": (INT, False), "skip": (BOOL, False)},
+                   "plan": (DICT, False), "attempt": (INT, False), "skip": (BOOL, False),
+                   "avoid": (LIST, False)},  # avoid: links suspected dead, routed around this round
     # a lost agent's incarnation: its connections are dropped and that epoch is never accepted again
     "FENCE": {"node": (INT, True), "epoch": (INT, True)},
     "AUX_UPDATE": {"job": (INT, True), "version": (INT, True), "groups": (LIST, True)},  # per group: wire aux

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .auth import HANDSHAKE_TIMEOUT_S, AuthError, Handshake, TlsFiles
@@ -38,7 +38,8 @@ class ChunkSink(Protocol):
     """Where chunks addressed to this node go (the chunk engine)."""
 
     def chunk_buffer(self, header: dict[str, Any]) -> memoryview | None:
-        """Destination of this segment's bytes; raise ProtocolError for a chunk that cannot exist."""
+        """Destination of this segment's bytes; raise ProtocolError for a chunk that cannot exist,
+        HoldRefused for one it cannot hold now (resent later)."""
 
     def chunk_segment(self, header: dict[str, Any], payload: memoryview) -> None:
         """A segment landed (exactly once per key and offset)."""
@@ -51,8 +52,7 @@ class ReceiveLimiter(Protocol):
 @dataclass
 class _Rx:
     total: int
-    got: int = 0
-    offsets: set[int] = field(default_factory=set)
+    got: int = 0  # bytes held: always a prefix [0, got) of the chunk
     relay: Transfer | None = None
     next_hop: int | None = None
     src: int | None = None
@@ -283,19 +283,26 @@ class Overlay:
         if key in self._done.get((h["job"], h["round"]), ()):
             return "dup", key
         rx = self._rx.get(key)
-        if rx is not None and h["off"] in rx.offsets:
-            return "dup", key
         if rx is not None and rx.total != h["total"]:
             raise ProtocolError("total changed within one chunk", field="total", peer=peer, msg_type="CHUNK")
+        # bytes land exactly once and in order: a resend after a reconnect starts again at 0 and may cut
+        # segments elsewhere (a relay forwards what is ready, the segment size follows the link rate)
+        got = 0 if rx is None else rx.got
+        off, n = h["off"], h["nbytes"]
+        if off + n <= got and n > 0:
+            return "dup", key
+        if off > got:  # a gap (its start was refused, never acked): dropped, the whole chunk comes again
+            return "dup", key
+        skip = got - off  # > 0: the segment overlaps what we hold; only its tail is new
         if hop + 2 == len(path):  # this node is the destination
             try:
-                dest = self.sink.chunk_buffer(h)
+                dest = self.sink.chunk_buffer(h) if skip == 0 else memoryview(bytearray(n))
             except HoldRefused:  # not recorded, so never acked: discarded like a duplicate, resent later
                 return "dup", key
             if rx is None:
                 rx = self._rx[key] = _Rx(h["total"])
             rx.src = peer
-            return "local", (key, rx, dest)
+            return "local", (key, rx, dest, skip)
         nxt = path[hop + 2]
         if nxt not in self.senders:
             raise ProtocolError(f"next hop {nxt} is not a neighbour of {self.node}", field="path", peer=peer,
@@ -309,7 +316,7 @@ class Overlay:
             self.senders[nxt].send(rx.relay)
         rx.src = peer
         assert rx.relay is not None
-        return "relay", (key, rx, rx.relay.payload[h["off"]:h["off"] + h["nbytes"]])
+        return "relay", (key, rx, rx.relay.payload[off:off + n], skip)
 
     def _on_chunk(self, peer: int, h: dict[str, Any], payload: memoryview | None, disp: tuple[str, Any]) -> None:
         kind, info = disp
@@ -317,18 +324,25 @@ class Overlay:
             if h["off"] + h["nbytes"] == h["total"] and info in self._done.get((h["job"], h["round"]), ()):
                 self.senders[peer].send_control(ack_for(info))  # our ack may have been lost
             return
-        key, rx, _ = info
-        rx.offsets.add(h["off"])
+        key, rx, _, skip = info
+        assert payload is not None
+        if skip:  # an overlapping resend: pass on only the bytes not yet held
+            h = {**h, "off": h["off"] + skip, "nbytes": h["nbytes"] - skip}
+            payload = payload[skip:]
         rx.got += h["nbytes"]
         meter = self.meters_in[peer]
         meter.bytes += h["nbytes"]
         if kind == "local":
-            assert payload is not None
+            if skip:
+                dest = self.sink.chunk_buffer(h)
+                if dest is not None:
+                    dest[:] = payload
+                    payload = dest
             self.sink.chunk_segment(h, payload)
         else:
             tr = rx.relay
-            if h["off"] == tr.ready:
-                tr.ready += h["nbytes"]
+            # the relay's payload buffer already holds these bytes (they were read straight into it)
+            tr.ready = rx.got
             self.senders[rx.next_hop].more_ready()
         if rx.got == rx.total:
             meter.chunks += 1

@@ -24,7 +24,8 @@ from .view import NetworkView
 
 SEGMENT_BYTES = 64 * 1024
 STALL_SEGMENTS = 8  # a link may be quiet for this many of its segment times
-STALL_FLOOR_S = 1.5
+STALL_FLOOR_S = 1.0
+SUSPECT_FLOOR_S = 10.0
 OVERRUN_FACTOR = 4.0
 OVERRUN_FLOOR_S = 5.0
 
@@ -48,6 +49,12 @@ def stall_s(plan: Plan, view: NetworkView) -> float:
     slowest = min((view.rate(*ln) for ln in view.links()), default=100.0)
     seg = min(SEGMENT_BYTES, max(n for _, n in plan.layout) * 4)
     return max(STALL_FLOOR_S, STALL_SEGMENTS * seg * 8 / (max(slowest, 1e-3) * 1e6))
+
+
+def suspect_s(quiet_s: float) -> float:
+    """How long a link suspected dead stays out of plans: long enough for the retry to finish
+    around it, short enough that a healed link is soon used again."""
+    return max(SUSPECT_FLOOR_S, 10 * quiet_s)
 
 
 def overrun_s(predicted_s: float | None, recent_s: Sequence[float], aborts: int) -> float:

@@ -49,6 +49,7 @@ class AgentInfo:
     last_seen: float = 0.0
     epoch: int = 0  # the agent process's incarnation (HELLO); a fenced epoch never comes back
     rx_bytes: int = 0  # data-plane bytes received so far (HEARTBEAT): round progress
+    stuck: dict[int, float] = field(default_factory=dict)  # peer -> seconds its chunks wait unacknowledged
 
 
 @dataclass
@@ -103,6 +104,8 @@ class JobState:
     started: dict[int, float] = field(default_factory=dict)  # round -> when its current attempt started
     predicted: dict[int, float | None] = field(default_factory=dict)  # version -> simulated on the view
     job_msg: dict[str, Any] = field(default_factory=dict)  # the JOB message, for agents that rejoin
+    avoid: list[list[int]] = field(default_factory=list)  # suspected links the current plan avoids
+    joins: dict[int, int] = field(default_factory=dict)  # node -> first round it runs after rejoining
 
 
 class Scheduler:
@@ -131,6 +134,7 @@ class Scheduler:
         self.fenced: dict[int, int] = {}  # node -> highest epoch refused from now on
         self._progress = (0, time.time())  # (sum of agents' received bytes, when it last grew)
         self._closing = False
+        self.suspect_until: dict[tuple[int, int], float] = {}  # link -> when to trust it again
         self.view = NetworkView()
         self.agents: dict[int, AgentInfo] = {}
         self.plans: dict[int, Plan] = {}
@@ -290,8 +294,10 @@ class Scheduler:
         """First request for a round freezes its version; adaptive schemes may re-plan just before."""
         if rnd in js.frozen:
             return js.frozen[rnd]
-        alive = tuple(sorted(self.agents))
-        if alive != js.spec.participants:  # an agent was lost or came back: plan for who is here
+        # an agent that rejoined mid-job takes part from the round it was told to start at
+        alive = tuple(sorted(n for n in self.agents if js.joins.get(n, 0) <= rnd))
+        avoid = [list(k) for k in sorted(self.view.suspended)]
+        if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
             self._replan_members(js, alive)
         elif (planners.adaptive(js.scheme, js.spec.options) and rnd > 0
                 and time.time() - js.last_plan_t >= self.update_time
@@ -309,6 +315,7 @@ class Scheduler:
 
     def _replan_members(self, js: JobState, alive: tuple[int, ...]) -> None:
         old = js.spec.participants
+        js.avoid = [list(k) for k in sorted(self.view.suspended)]
         js.spec = dataclasses.replace(js.spec, participants=alive)
         js.spec.options["state"].clear()  # frozen roots may be gone: choose again among the living
         if js.spec.options.get("hub") is not None and js.spec.options["hub"] not in alive:
@@ -319,7 +326,8 @@ class Scheduler:
         js.replans += 1
         js.view_at_plan = self.view.snapshot()
         js.last_plan_t = time.time()
-        self.note_event("membership", job=js.job, was=list(old), now=list(alive), version=js.plan.version)
+        self.note_event("membership", job=js.job, was=list(old), now=list(alive), version=js.plan.version,
+                        avoid=js.avoid)
 
     # --- failures ---------------------------------------------------------------------------------
     def _lost(self, node: int, why: str) -> None:
@@ -365,6 +373,10 @@ class Scheduler:
             for a in list(self.agents.values()):
                 if now - a.last_seen > self.heartbeat_timeout:
                     self._lost(a.node, f"silent for {now - a.last_seen:.1f} s")
+            for link, until in list(self.suspect_until.items()):
+                if now > until:  # trust it again; if it is still dead the next stall finds it
+                    del self.suspect_until[link]
+                    self.view.unsuspend(*link)
             js = self.current
             if js is None or js.finished.is_set():
                 continue
@@ -380,12 +392,27 @@ class Scheduler:
                 quiet = now - max(self._progress[1], t0)
                 aborts = sum(1 for x in js.aborts if x["round"] == rnd)
                 if quiet > deadline.stall_s(plan, self.view) * 2 ** aborts:
-                    self._abort(js, rnd, f"no data moved for {quiet:.1f} s")
+                    suspects = self._suspect(quiet)
+                    self._abort(js, rnd, f"no data moved for {quiet:.1f} s"
+                                + (f"; routing around {suspects}" if suspects else ""))
                     continue
                 recent = [r.round_s for r in js.records[-5:] if r.version == plan.version]
                 limit = deadline.overrun_s(self._predicted(js, plan), recent, aborts)
                 if now - t0 > limit:
                     self._abort(js, rnd, f"round ran {now - t0:.1f} s, over its deadline of {limit:.1f} s")
+
+    def _suspect(self, quiet: float) -> list[list[int]]:
+        """After a stall: links whose chunks waited unacknowledged about as long as nothing moved
+        swallowed them (a blackhole). They leave the view for a while, so the retry avoids them."""
+        out = []
+        for a in list(self.agents.values()):
+            for b, waited in a.stuck.items():
+                link = (min(a.node, b), max(a.node, b))
+                if waited >= 0.8 * quiet and link not in self.suspect_until and self.view.suspend(*link):
+                    self.suspect_until[link] = time.time() + deadline.suspect_s(quiet)
+                    self.note_event("link_suspected", link=list(link), waited_s=waited)
+                    out.append(list(link))
+        return out
 
     def _predicted(self, js: JobState, plan: Plan) -> float | None:
         if plan.version not in js.predicted:
@@ -489,7 +516,8 @@ class Scheduler:
             if len(asked) < len(members):
                 return
             for node, have in asked.items():
-                reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt}
+                reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt,
+                         "avoid": js.avoid}
                 if v not in have:
                     reply["plan"] = self.plans[v].to_wire()
                 self._send(self.agents[node], reply)
@@ -515,6 +543,7 @@ class Scheduler:
             self.on_event("counters", {"node": a.node, "time": msg["time"], "links": msg["links"]})
         elif t == "HEARTBEAT":
             a.rx_bytes = int(msg.get("rx", a.rx_bytes))
+            a.stuck = {int(b): float(s) for b, s in msg.get("stuck", [])}
         else:
             log.warning("agent %d sent unexpected %s", a.node, t)
 
@@ -562,6 +591,6 @@ class Scheduler:
         js = self.current
         if js is None or js.finished.is_set():
             return
-        start = max(js.frozen, default=-1) + 1
+        start = js.joins[a.node] = max(js.frozen, default=-1) + 1
         self.note_event("agent_rejoined", node=a.node, epoch=a.epoch, round=start)
         self._send(a, {**js.job_msg, "start": start})

@@ -26,6 +26,7 @@ class NetworkView:
         self.nominal = nominal_mbps
         self.alpha = alpha
         self.samples = 0
+        self.suspended: dict[tuple[int, int], dict[tuple[int, int], dict]] = {}  # link -> its edges' data
         for a, b in links:
             self.add_link(a, b)
 
@@ -34,6 +35,8 @@ class NetworkView:
 
     def add_link(self, a: int, b: int) -> None:
         """An overlay link (both directions) known from registration; rate unknown until measured."""
+        if (min(a, b), max(a, b)) in self.suspended:
+            return  # known, and out of planning while suspected dead
         for u, v in ((a, b), (b, a)):
             if not self.g.has_edge(u, v):
                 self.g.add_edge(u, v, rate=self.nominal, measured=False, t=0.0, n=0)
@@ -59,6 +62,24 @@ class NetworkView:
         e["t"] = time.time() if now is None else now
         e["n"] += 1
         self.samples += 1
+
+    def suspend(self, a: int, b: int) -> bool:
+        """Take link a-b (both directions) out of planning while it is suspected dead (a blackhole
+        found by a stall). Refused, returning False, if that would disconnect the overlay."""
+        if not self.g.has_edge(a, b) or (a, b) in self.suspended:
+            return False
+        g = self.g.to_undirected()
+        g.remove_edge(a, b)
+        if not nx.is_connected(g):
+            return False
+        self.suspended[(a, b)] = {(u, v): dict(self.g.edges[u, v])
+                                  for u, v in ((a, b), (b, a)) if self.g.has_edge(u, v)}
+        self.g.remove_edges_from(self.suspended[(a, b)])
+        return True
+
+    def unsuspend(self, a: int, b: int) -> None:
+        for (u, v), attrs in self.suspended.pop((a, b), {}).items():
+            self.g.add_edge(u, v, **attrs)
 
     def coverage(self) -> float:
         """Share of directed links measured at least once."""

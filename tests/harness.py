@@ -14,7 +14,6 @@ from emulation.topology import Topology
 from overlay.peers import Overlay
 from scheduler.plan import Plan
 
-
 SECRET = b"harness-cluster-secret-0123456789"  # tests run authenticated, as `wansync run` does
 
 

@@ -13,7 +13,6 @@ from agents.agent import Agent
 from emulation.topology import internet2, uniform
 from scheduler.service import Scheduler
 
-
 SECRET = b"test-cluster-secret-0123456789ab"
 
 

@@ -188,3 +188,21 @@ async def test_a_7x_rate_drop_on_one_link_slows_rounds_without_aborting_them():
         assert len(slow) == 3 and not js.aborts  # ... and no deadline mistook a slow round for a stalled one
     finally:
         await stop_cluster(sched, tasks)
+
+
+async def test_a_blackholed_link_is_found_by_the_stall_deadline_and_routed_around():
+    """Bytes on link 1-2 vanish for good (the TCP connection stays up): no error, no lost agent;
+    only the deadline notices, and the retry routes around the link."""
+    from emulation.faults import AppLinkControl
+
+    async with Cluster("blackhole") as c:
+        links = AppLinkControl(lambda n, msg: c.sched.agents[n].conn.send(msg))
+        job = asyncio.create_task(c.sched.run_job("ring", rounds=8, params=PARAMS, chunk_params=CHUNK))
+        await c.when_round_starts(2)
+        links.set_blackhole(1, 2, True)
+        js = await asyncio.wait_for(job, 60)
+        assert_exact(js)
+        assert not c.sched.lost
+        assert "routing around [[1, 2]]" in js.aborts[0]["why"]
+        after = [r for r in js.records if r.t_start > js.aborts[0]["t"]]
+        assert after and all(r.version != js.records[0].version for r in after)  # re-planned around it

@@ -56,7 +56,8 @@ def _faults(args: argparse.Namespace, topo: Topology) -> list:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default="internet2",
-                   help="internet2 | uniform[:Mbps] | hetero[:lo-hi] | FILE.toml/.json (default internet2)")
+                   help="internet2 | uniform[:Mbps] | hetero[:lo-hi] | geo:NAME[:x=F] (measured, e.g. geo:aws10) | "
+                        "waxman:N[:seed=S] | crew:N[:seed=S] | FILE.toml/.json (default internet2)")
     p.add_argument("--nodes", type=int, default=None, help="cluster size (full-mesh topologies; default 9)")
     p.add_argument("--seed", type=int, default=1, help="seed of rate draws and traces")
     p.add_argument("--scale", type=float, default=0.05,

@@ -166,8 +166,7 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
             results.write(data)
             tid = tasks.get(data["job"])
             if tid is not None:
-                progress.update(tid, advance=1, info=f"round {data['round_s']:.2f}s v{data['version']}"
-                                + ("" if data["ok"] else " WRONG"))
+                progress.update(tid, advance=1, info=_progress_info(live, data, 0.0))
             if not console.is_terminal:
                 console.print(f"  {data['scheme']:>6} round {data['round']}: {data['round_s']:.3f}s "
                               f"{'ok' if data['ok'] and data['digests_agree'] else 'WRONG'}"
@@ -318,12 +317,14 @@ async def _tick_progress(progress: Progress, tasks: dict[int, Any], live: LiveSt
         if job is None or tid is None or job["done"] >= job["rounds"]:
             continue
         last = next((r for r in reversed(live.rounds) if r["job"] == job["job"]), None)
-        info = f"last {last['round_s']:.2f}s{'' if last['ok'] else ' WRONG'} " if last else ""
-        info += f"now {time.time() - job['last_end']:.1f}s v{live.sched.version}"
-        slow = live.slowest_link()
-        if slow is not None:
-            info += f" slowest {slow[0]}->{slow[1]} {slow[2]:.0f} Mb/s"
-        progress.update(tid, info=info)
+        progress.update(tid, info=_progress_info(live, last, time.time() - job["last_end"]))
+
+
+def _progress_info(live: LiveState, last: dict[str, Any] | None, running_s: float) -> str:
+    info = f"last {last['round_s']:.2f}s{'' if last['ok'] else ' WRONG'} " if last else ""
+    info += f"now {running_s:.1f}s v{live.sched.version}"
+    slow = live.slowest_link()
+    return info + (f" slowest {slow[0]}->{slow[1]} {slow[2]:.0f} Mb/s" if slow is not None else "")
 
 
 async def _wait_or_die(aw: Any, procs: list[subprocess.Popen]) -> Any:

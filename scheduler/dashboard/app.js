@@ -219,7 +219,7 @@ function drawTimeline() {
   for (let k = 0; k <= 5; k++) el("text", { x: X(xmax * k / 5), y: 112, "text-anchor": "middle" }, axis,
     fmt(xmax * k / 5, xmax < 10 ? 1 : 0) + " s");
   const rows = { plan: 20, job: 44, guard: 68 };
-  for (const [name, y] of Object.entries({ "plan": 20, "job": 44, "guard/fault": 68 })) {
+  for (const [name, y] of Object.entries({ "plan": 20, "job": 44, "other": 68 })) {
     el("text", { x: L - 4, y: y + 3, "text-anchor": "end" }, axis, name);
   }
   for (const e of S.timeline) {
