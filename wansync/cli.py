@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
     r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
     r.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
+    r.add_argument("--heartbeat-timeout", type=float, default=1.5, metavar="S",
+                   help="declare an agent lost after S seconds without a heartbeat (default 1.5; a killed "
+                        "agent is noticed at once, a frozen or cut-off one after S)")
     _tls_args(r)
     r.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="inject a fault (repeatable): KIND:WHAT@WHEN, e.g. 'kill:node=3@t=20', "
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                         "must prove they hold it (HMAC challenge-response both ways)")
     a.add_argument("--insecure", action="store_true",
                    help="run without a cluster secret: anyone who can reach the ports may join (trusted networks)")
+    a.add_argument("--scheduler-wait", type=float, default=30.0, metavar="S",
+                   help="if the scheduler goes away, wait this long for it to come back and register again "
+                        "(default 30)")
     a.add_argument("--hold-budget-mb", type=float, default=256.0,
                    help="memory for frames of rounds after the current one (default 256); over it they are "
                         "refused unacknowledged and resent when their round begins")
@@ -230,6 +236,7 @@ def _run(args: argparse.Namespace) -> int:
                     rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
                     warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period,
                     trace=_trace(args, topo), update_time_s=args.update_time, update_rate=args.update_rate,
+                    heartbeat_timeout=args.heartbeat_timeout,
                     primary_busy_bound=args.primary_busy_bound, aux_queue_length=args.aux_queue_length,
                     probe_num=args.probe_num, http=_http_arg(args), faults=_faults(args, topo),
                     options={k: v for k, v in (("roots", args.roots), ("aux_mode", args.aux_mode),
@@ -327,7 +334,7 @@ def _agent(args: argparse.Namespace) -> int:
                   rate_shaping=not args.delay_only,
                   probe_bytes=probe_bytes, probe_num=args.probe_num, primary_busy_bound=args.primary_busy_bound,
                   aux_queue_length=args.aux_queue_length, secret=secret, tls=tls,
-                  hold_budget=int(args.hold_budget_mb * (1 << 20)))
+                  hold_budget=int(args.hold_budget_mb * (1 << 20)), scheduler_wait_s=args.scheduler_wait)
     try:
         asyncio.run(agent.run())
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why

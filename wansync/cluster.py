@@ -64,6 +64,7 @@ class RunConfig:
     options: dict[str, Any] = field(default_factory=dict)  # planner options (NetStorm: roots, aux_mode, reroot)
     update_time_s: float = 5.0  # NetStorm's UPDATE_TIME at full scale
     update_rate: float = 0.1
+    heartbeat_timeout: float = 1.5  # an agent silent this long is declared lost (frozen, partitioned)
     primary_busy_bound: int = 2
     aux_queue_length: int = 5
     probe_num: int = 4
@@ -183,7 +184,7 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
 
     sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event, predict=predictor.round_s,
                       update_time=cfg.update_time_s * cfg.scale, update_rate=cfg.update_rate,
-                      secret=secret.encode(), tls=cfg.tls)
+                      secret=secret.encode(), tls=cfg.tls, heartbeat_timeout=cfg.heartbeat_timeout)
     live = LiveState(sched)
     live.listeners.append(lambda kind, it: kind == "point" and results.write(
         {"type": "throughput", "src": it["src"], "dst": it["dst"], "at": it["t"], "mbps": it["mbps"],
@@ -233,7 +234,8 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
                     options["hub"] = cfg.hub
                 js = await _wait_or_die(sched.run_job(scheme, rounds=rounds, params=cfg.params,
                                                       chunk_params=cfg.chunk, compute_s=cfg.compute_s,
-                                                      options=options, warmup=cfg.warmup), procs)
+                                                      options=options, warmup=cfg.warmup), procs,
+                                  survive=True, console=console)
                 jobs.append(js)
                 summary = summarize(js, cfg)
                 results.write({"type": "job", **summary})
@@ -327,17 +329,24 @@ def _progress_info(live: LiveState, last: dict[str, Any] | None, running_s: floa
     return info + (f" slowest {slow[0]}->{slow[1]} {slow[2]:.0f} Mb/s" if slow is not None else "")
 
 
-async def _wait_or_die(aw: Any, procs: list[subprocess.Popen]) -> Any:
-    """Await `aw`, but fail at once (instead of hanging) if an agent process dies."""
+async def _wait_or_die(aw: Any, procs: list[subprocess.Popen], *, survive: bool = False,
+                       console: Console | None = None) -> Any:
+    """Await `aw`; if agent processes die, fail at once instead of hanging, unless `survive` (a
+    running job: the scheduler aborts the round and goes on without them, as long as two remain)."""
     task = asyncio.ensure_future(aw)
+    told: set[int] = set()
     while True:
         done, _ = await asyncio.wait({task}, timeout=0.5)
         if done:
             return task.result()
         dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
-        if dead:
+        if dead and (not survive or len(procs) - len(dead) < 2):
             task.cancel()
             raise RuntimeError(f"agent process(es) exited: {', '.join(f'node {i} (exit {rc})' for i, rc in dead)}")
+        for i, rc in dead:
+            if i not in told and console is not None:
+                told.add(i)
+                console.print(f"[yellow]agent {i} exited (code {rc}); the scheduler goes on without it[/]")
 
 
 def reap(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
