@@ -12,6 +12,7 @@ import pytest
 
 from overlay.auth import SECRET_ENV, generate_secret
 from scheduler.service import Scheduler
+from wansync.cluster import reap
 
 PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
 NODES = 4
@@ -48,16 +49,7 @@ class Cluster:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.sched.shutdown()
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        reap(list(self.procs.values()))
 
     async def when_round_starts(self, rnd: int, timeout: float = 30.0) -> None:
         t = time.time()
@@ -206,3 +198,25 @@ async def test_a_blackholed_link_is_found_by_the_stall_deadline_and_routed_aroun
         assert "routing around [[1, 2]]" in js.aborts[0]["why"]
         after = [r for r in js.records if r.t_start > js.aborts[0]["t"]]
         assert after and all(r.version != js.records[0].version for r in after)  # re-planned around it
+
+
+async def test_a_fenced_epoch_is_refused_by_neighbours_and_a_newer_one_accepted():
+    """What a zombie meets when it wakes: its old incarnation cannot reconnect; a restart can."""
+    from harness import SECRET, LocalNet
+
+    from overlay.peers import Overlay
+    from test_overlay import Sink, line
+
+    async with LocalNet(line(2)) as net:
+        zombie = net.overlays[1]
+        net.overlays[0].fence(1, zombie.epoch)  # FENCE: node 1's current incarnation is lost
+        await asyncio.sleep(0.3)  # node 0 dropped the connection; node 1 redials with the same epoch
+        assert not net.overlays[0]._connected[1].is_set()
+        assert any("fenced" in str(e) for e in net.overlays[0].errors)
+        # a restarted node 1: a newer epoch, another port
+        fresh = Overlay(1, net.cluster, Sink(), neighbors=[0], secret=SECRET)
+        port = await fresh.listen()
+        await zombie.close()
+        net.overlays[0].connect({1: ("127.0.0.1", port)})
+        await asyncio.wait_for(net.overlays[0]._connected[1].wait(), 10)
+        await fresh.close()

@@ -350,6 +350,10 @@ async def _wait_or_die(aw: Any, procs: list[subprocess.Popen], *, survive: bool 
 
 
 def reap(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
+    """Give agents `grace_s` to leave by themselves (after SHUTDOWN), then SIGTERM, then SIGKILL."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)  # a frozen agent (a fault) cannot leave otherwise
     deadline = time.time() + grace_s
     for p in procs:
         try:

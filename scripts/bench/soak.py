@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from emulation.faults import AppLinkControl, Fault, FaultInjector  # noqa: E402
 from emulation.topology import internet2  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
+from wansync.cluster import reap  # noqa: E402
 
 SCHEMES = ["mst", "netstorm", "ring", "star"]
 KINDS = ["kill", "freeze", "cut", "blackhole", "collapse"]
@@ -174,15 +174,7 @@ class Soak:
         finally:
             sup.cancel()
             await self.sched.shutdown()
-            for p in self.procs.values():
-                if p.poll() is None:
-                    p.send_signal(signal.SIGCONT)
-                    p.terminate()
-            for p in self.procs.values():
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            reap(list(self.procs.values()))
 
     def summarize(self, recs: list[Any], injected: list[dict[str, Any]], base_rps: float, t1: float,
                   seconds: float, base_rounds: int) -> dict[str, Any]:
