@@ -203,9 +203,9 @@ async def test_a_blackholed_link_is_found_by_the_stall_deadline_and_routed_aroun
 async def test_a_fenced_epoch_is_refused_by_neighbours_and_a_newer_one_accepted():
     """What a zombie meets when it wakes: its old incarnation cannot reconnect; a restart can."""
     from harness import SECRET, LocalNet
+    from test_overlay import Sink, line
 
     from overlay.peers import Overlay
-    from test_overlay import Sink, line
 
     async with LocalNet(line(2)) as net:
         zombie = net.overlays[1]
