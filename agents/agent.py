@@ -170,16 +170,23 @@ class Agent:
         ctl: ControlConn | None = None
         try:
             ctl = await self._connect(port)
-            while await self._serve_scheduler(ctl, jobs) == "lost":
-                # the scheduler went away (crashed, restarted): drop its jobs, wait for it, register again
+            while (end := await self._serve_scheduler(ctl, jobs)) != "shutdown":
+                # the scheduler went away (crashed, restarted), or declared this incarnation lost (it was
+                # frozen, or starved): drop its jobs, wait for it, register again
                 for task in jobs:
                     task.cancel()
                 for st in list(self.engine.rounds.values()):
                     self.overlay.abort(st.job)
                     self.engine.abort(st.job, st.round, st.attempt)
                     self.engine.end_round(st)
-                log.warning("node %d: lost the scheduler; waiting up to %.0f s for it", self.node,
-                            self.scheduler_wait_s)
+                ctl.close()
+                if end == "fenced":  # everyone refuses the old epoch now: come back as a new incarnation
+                    self.epoch = self.overlay.new_incarnation()
+                    log.warning("node %d: the scheduler declared us lost (silent too long); rejoining as "
+                                "incarnation %d", self.node, self.epoch)
+                else:
+                    log.warning("node %d: lost the scheduler; waiting up to %.0f s for it", self.node,
+                                self.scheduler_wait_s)
                 ctl = await self._connect(port, wait_s=self.scheduler_wait_s)
                 if ctl is None:
                     log.error("node %d: no scheduler for %.0f s; leaving", self.node, self.scheduler_wait_s)
@@ -242,9 +249,7 @@ class Agent:
                 self.live_peers = set(peers) & self.overlay.neighbors
                 self.overlay.connect(peers)
             elif t == "FENCE" and msg["node"] == self.node:
-                log.error("node %d: the scheduler declared this incarnation lost (it was silent too long); "
-                          "leaving - restart the agent to rejoin", self.node)
-                return "fenced"
+                return "fenced" if msg["epoch"] == self.epoch else "lost"
             elif t == "FENCE":  # a lost agent's incarnation: cut it off, never accept it again
                 self.live_peers.discard(msg["node"])
                 self.overlay.fence(msg["node"], msg["epoch"])
@@ -381,7 +386,8 @@ class Agent:
                 rnd = self._rewind(rnd - 1)  # the round we finished was aborted meanwhile (others had not)
                 continue
             attempt = self._attempt.get((job, rnd), 0)
-            contrib = contribution(rnd, 0, self.node, nparams)
+            # ~0.1 s per 2.5 M parameters: off the loop, which must keep heartbeats and relays going
+            contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
             if rnd not in computed:  # a retried attempt reuses the round's gradient
                 tc = time.time()
                 if msg["compute_s"] > 0:

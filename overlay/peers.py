@@ -148,6 +148,13 @@ class Overlay:
             self.min_epoch[peer] = max(self.min_epoch.get(peer, 0), epoch + 1)
             self.drop_connection(peer)
 
+    def new_incarnation(self) -> int:
+        """A fenced node starts over: a newer epoch, and every connection of the old one dropped."""
+        self.epoch = time.time_ns()
+        for peer in list(self._conns):
+            self.drop_connection(peer)
+        return self.epoch
+
     async def wait_connected(self, timeout: float = 30.0, peers: Iterable[int] | None = None) -> None:
         """Until every neighbour (or those in `peers`: the live ones) is connected."""
         want = self.neighbors if not peers else set(peers) & self.neighbors

@@ -367,9 +367,16 @@ class Scheduler:
 
     async def _watchdog(self, tick: float = 0.2) -> None:
         """Heartbeat deadlines for agents; stall and overrun deadlines (scheduler/deadline.py) for rounds."""
+        last = time.time()
         while True:
             await asyncio.sleep(tick)
             now = time.time()
+            late = now - last - tick
+            last = now
+            if late > 0.1:  # this loop could not listen meanwhile: that silence is ours, not the agents'
+                for a in self.agents.values():
+                    a.last_seen += late
+                self._progress = (self._progress[0], self._progress[1] + late)
             for a in list(self.agents.values()):
                 if now - a.last_seen > self.heartbeat_timeout:
                     self._lost(a.node, f"silent for {now - a.last_seen:.1f} s")
@@ -415,8 +422,18 @@ class Scheduler:
         return out
 
     def _predicted(self, js: JobState, plan: Plan) -> float | None:
+        """The simulator's round time for `plan` on the view, computed in a thread (a big plan takes
+        seconds, and this loop must keep reading heartbeats); None until it is known."""
         if plan.version not in js.predicted:
-            js.predicted[plan.version] = deadline.predict_on_view(plan, self.view)
+            js.predicted[plan.version] = None
+            view = NetworkView()
+            view.g = self.view.g.copy()  # a snapshot: the thread must not see the view change under it
+
+            def done(fut: asyncio.Future) -> None:
+                if not fut.cancelled() and fut.exception() is None:
+                    js.predicted[plan.version] = fut.result()
+            fut = asyncio.get_running_loop().run_in_executor(None, deadline.predict_on_view, plan, view)
+            fut.add_done_callback(done)
         return js.predicted[plan.version]
 
     # --- one agent's control connection ---------------------------------------------------------------
