@@ -106,6 +106,7 @@ class JobState:
     job_msg: dict[str, Any] = field(default_factory=dict)  # the JOB message, for agents that rejoin
     avoid: list[list[int]] = field(default_factory=list)  # suspected links the current plan avoids
     joins: dict[int, int] = field(default_factory=dict)  # node -> first round it runs after rejoining
+    barrier_t: dict[int, float] = field(default_factory=dict)  # round -> first request of its attempt
 
 
 class Scheduler:
@@ -390,6 +391,17 @@ class Scheduler:
             rx = sum(a.rx_bytes for a in self.agents.values())
             if rx != self._progress[0]:
                 self._progress = (rx, now)
+            for rnd, t0 in list(js.barrier_t.items()):
+                if rnd not in js.asked:
+                    del js.barrier_t[rnd]
+                    continue
+                # everyone asks within their compute time: one who does not, while alive, is stuck
+                recent = [r.round_s for r in js.records[-5:]]
+                limit = deadline.overrun_s(js.job_msg.get("compute_s", 0.0), recent, 0)
+                missing = [n for n in self.plans[js.frozen[rnd]].participants if n not in js.asked[rnd]]
+                if now - t0 > limit and missing:
+                    for n in missing:
+                        self._lost(n, f"did not ask for round {rnd} within {limit:.1f} s (stuck)")
             for rnd, t0 in list(js.started.items()):
                 if rnd in js.done and len(js.done[rnd]) == len(self.plans[js.frozen[rnd]].participants):
                     continue
@@ -528,6 +540,8 @@ class Scheduler:
                 self._send(a, {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt,
                                "skip": True})
                 return
+            if rnd not in js.asked:
+                js.barrier_t[rnd] = time.time()
             asked = js.asked.setdefault(rnd, {})
             asked[a.node] = set(msg.get("have", ()))
             if len(asked) < len(members):
