@@ -107,6 +107,7 @@ class JobState:
     avoid: list[list[int]] = field(default_factory=list)  # suspected links the current plan avoids
     joins: dict[int, int] = field(default_factory=dict)  # node -> first round it runs after rejoining
     barrier_t: dict[int, float] = field(default_factory=dict)  # round -> first request of its attempt
+    recorded_t: dict[int, float] = field(default_factory=dict)  # round -> when its last ROUND_DONE came
 
 
 class Scheduler:
@@ -395,7 +396,11 @@ class Scheduler:
                 if rnd not in js.asked:
                     del js.barrier_t[rnd]
                     continue
-                # everyone asks within their compute time: one who does not, while alive, is stuck
+                # once the previous round is complete everywhere, everyone asks within its compute time:
+                # one who does not, while alive, is stuck (a slow previous round has its own deadlines)
+                if rnd > 0 and rnd - 1 not in js.recorded_t:
+                    continue
+                t0 = max(t0, js.recorded_t.get(rnd - 1, 0.0))
                 recent = [r.round_s for r in js.records[-5:]]
                 limit = deadline.overrun_s(js.job_msg.get("compute_s", 0.0), recent, 0)
                 missing = [n for n in self.plans[js.frozen[rnd]].participants if n not in js.asked[rnd]]
@@ -524,7 +529,9 @@ class Scheduler:
                 return
             rnd, attempt = msg["round"], msg.get("attempt", 0)
             if attempt != js.attempt.get(rnd, 0):
-                return  # an aborted attempt: the ABORT is on its way
+                # an aborted attempt: say so again (an agent that rejoined never got that ABORT)
+                self._send(a, {"t": "ABORT", "job": js.job, "round": rnd, "attempt": js.attempt.get(rnd, 0) - 1})
+                return
             if not self.consistency:
                 v = js.plan.version
                 reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v}
@@ -607,6 +614,7 @@ class Scheduler:
         if self.predict is not None and rec.version in self.plans:
             rec.prediction_s = self.predict(self.plans[rec.version], rec.t_start - js.t0)
         js.records.append(rec)
+        js.recorded_t[rnd] = time.time()
         self.on_event("round", rec.to_json())
         self._maybe_finish(js)
 
