@@ -43,14 +43,6 @@ PROBE_CHUNK_BYTES = 2_000_000
 PROBE_CHUNK_NUM = 4
 
 
-class _Rewind(Exception):
-    """A round this agent had finished was aborted (others had not): go back to it."""
-
-    def __init__(self, rnd: int) -> None:
-        super().__init__(rnd)
-        self.round = rnd
-
-
 class LoopLag:
     """How late the event loop wakes a 10 ms sleeper: a CPU-starved process shows it first."""
 
@@ -318,7 +310,8 @@ class Agent:
         if self.ctl is not None:
             rx = sum(m.bytes for m in self.overlay.meters_in.values())
             now = time.monotonic()
-            stuck = [[b, round(s.stuck_s(now), 3)] for b, s in self.overlay.senders.items() if s.stuck_s(now) > 0]
+            waits = {b: s.stuck_s(now) for b, s in self.overlay.senders.items()}
+            stuck = [[b, round(w, 3)] for b, w in waits.items() if w > 0]
             try:
                 self.ctl.send({"t": "HEARTBEAT", "node": self.node, "time": self.clock.now(), "rx": rx,
                                "stuck": stuck})
@@ -383,7 +376,8 @@ class Agent:
         while rnd < rounds:
             prev = (job, rnd - 1)
             if prev in self._done_attempt and self._attempt.get(prev, 0) > self._done_attempt[prev]:
-                rnd = self._rewind(rnd - 1)  # the round we finished was aborted meanwhile (others had not)
+                rnd -= 1  # the round we finished was aborted meanwhile (others had not): redo it
+                self._undo_update()
                 continue
             attempt = self._attempt.get((job, rnd), 0)
             # ~0.1 s per 2.5 M parameters: off the loop, which must keep heartbeats and relays going
@@ -401,10 +395,7 @@ class Agent:
             try:
                 reply = await fut
             except RoundAborted:
-                continue  # this round's attempt was aborted before it started: ask again
-            except _Rewind as rw:
-                rnd = self._rewind(rw.round)
-                continue
+                continue  # an attempt was aborted before this round started: ask again (or go back, above)
             t_wait = time.time() - t_ask
             if reply.get("skip"):  # rejoined after this round was frozen
                 rnd += 1
@@ -451,22 +442,19 @@ class Agent:
         self._attempt[(job, rnd)] = max(self._attempt.get((job, rnd), 0), attempt + 1)
         self.overlay.abort(job, rnd, attempt)
         self.engine.abort(job, rnd, attempt)
-        fut = self._replies.get((job, rnd))
-        if fut is not None and not fut.done():
-            self._replies.pop((job, rnd))
-            fut.set_exception(RoundAborted(f"job {job} round {rnd} attempt {attempt} aborted"))
-        nxt = self._replies.get((job, rnd + 1))
-        if nxt is not None and not nxt.done() and self._done_attempt.get((job, rnd), attempt + 1) <= attempt:
-            self._replies.pop((job, rnd + 1))
-            nxt.set_exception(_Rewind(rnd))
+        # wake the job loop if it waits to start this round, or (having finished it) the next one
+        waiting = [rnd] + ([rnd + 1] if self._done_attempt.get((job, rnd), attempt + 1) <= attempt else [])
+        for r in waiting:
+            fut = self._replies.pop((job, r), None)
+            if fut is not None and not fut.done():
+                fut.set_exception(RoundAborted(f"job {job} round {rnd} attempt {attempt} aborted"))
 
-    def _rewind(self, rnd: int) -> int:
+    def _undo_update(self) -> None:
         """Undo this round's model update: its result is about to be computed again."""
         _, _, result, n = self._applied
         if result is not None and self.params is not None:
             self.params += np.float32(0.01 / n) * result
         self._applied = (-1, -1, None, 1)
-        return rnd
 
     def _verify_and_apply(self, result: np.ndarray, rnd: int, plan: Plan, nparams: int) -> tuple[bool, str]:
         """Exact check against the closed-form sum, then this agent's own model update."""

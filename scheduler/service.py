@@ -348,7 +348,7 @@ class Scheduler:
         js = self.current
         if js is None or js.finished.is_set():
             return
-        for rnd in sorted(r for r in js.frozen if r not in {x.round for x in js.records}):
+        for rnd in sorted(r for r in js.frozen if r not in js.recorded_t):
             if node in self.plans[js.frozen[rnd]].participants:
                 self._abort(js, rnd, f"agent {node} lost: {why}")
 
@@ -407,11 +407,7 @@ class Scheduler:
                 if now - t0 > limit and missing:
                     for n in missing:
                         self._lost(n, f"did not ask for round {rnd} within {limit:.1f} s (stuck)")
-            for rnd, t0 in list(js.started.items()):
-                if rnd in js.done and len(js.done[rnd]) == len(self.plans[js.frozen[rnd]].participants):
-                    continue
-                if len(js.asked.get(rnd, ())) or rnd not in js.frozen:
-                    continue  # not started yet: waiting at the barrier
+            for rnd, t0 in list(js.started.items()):  # past the barrier, not complete (both pop it)
                 plan = self.plans[js.frozen[rnd]]
                 quiet = now - max(self._progress[1], t0)
                 aborts = sum(1 for x in js.aborts if x["round"] == rnd)

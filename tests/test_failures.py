@@ -5,22 +5,21 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
+from emulation.topology import uniform
 from overlay.auth import SECRET_ENV, generate_secret
 from scheduler.service import Scheduler
-from wansync.cluster import reap
+from wansync.cluster import RunConfig, agent_command, reap
 
 PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
 NODES = 4
 
 
-def agent_cmd(node: int, port: int, cluster: str) -> list[str]:
-    return [sys.executable, "-m", "wansync.cli", "agent", "--node", str(node), "--scheduler", f"127.0.0.1:{port}",
-            "--cluster", cluster, "--topology", "uniform", "--nodes", str(NODES), "--scale", "0.2"]
+AGENTS = RunConfig(topology="uniform", topo=uniform(NODES).scaled(0.2), schemes=[], model="resnet50", scale=0.2,
+                   rounds=1)  # only for the agents' command line
 
 
 class Cluster:
@@ -44,7 +43,7 @@ class Cluster:
 
     def spawn(self, node: int) -> None:
         env = dict(os.environ, **{SECRET_ENV: self.secret})
-        self.procs[node] = subprocess.Popen(agent_cmd(node, self.port, self.cluster), env=env,
+        self.procs[node] = subprocess.Popen(agent_command(AGENTS, node, self.port, self.cluster), env=env,
                                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     async def __aexit__(self, *exc: object) -> None:
@@ -162,8 +161,6 @@ async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_j
 async def test_a_7x_rate_drop_on_one_link_slows_rounds_without_aborting_them():
     from test_cluster import start_cluster, stop_cluster
 
-    from emulation.topology import uniform
-
     topo = uniform(NODES, rate_mbps=40.0).scaled(0.2)
     sched, agents, tasks = await start_cluster(topo, cluster="drop7", shaped=True)
     try:
@@ -226,8 +223,6 @@ async def test_a_fenced_epoch_is_refused_by_neighbours_and_a_newer_one_accepted(
 async def test_an_agent_alive_but_not_asking_for_a_round_is_fenced_and_rejoins():
     """Heartbeats flow, but its request for round 2 is lost: the barrier deadline finds it."""
     from test_cluster import start_cluster, stop_cluster
-
-    from emulation.topology import uniform
 
     sched, agents, tasks = await start_cluster(uniform(NODES).scaled(0.2), cluster="stuck")
     try:

@@ -43,7 +43,7 @@ from emulation.faults import AppLinkControl, Fault, FaultInjector  # noqa: E402
 from emulation.topology import internet2  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
-from wansync.cluster import reap  # noqa: E402
+from wansync.cluster import RunConfig, agent_command, reap  # noqa: E402
 
 SCHEMES = ["mst", "netstorm", "ring", "star"]
 KINDS = ["kill", "freeze", "cut", "blackhole", "collapse"]
@@ -76,9 +76,9 @@ class Soak:
 
     # --- processes -------------------------------------------------------------------------------
     def spawn(self, node: int) -> None:
-        cmd = [sys.executable, "-m", "wansync.cli", "agent", "--node", str(node), "--scheduler",
-               f"127.0.0.1:{self.port}", "--cluster", self.cluster, "--topology", "internet2",
-               "--seed", str(self.args.seed), "--scale", str(self.args.scale)]
+        cfg = RunConfig(topology="internet2", topo=self.topo, schemes=SCHEMES, model=self.args.model,
+                        scale=self.args.scale, rounds=ROUNDS_PER_JOB, seed=self.args.seed)
+        cmd = agent_command(cfg, node, self.port, self.cluster)
         self.procs[node] = subprocess.Popen(cmd, env={**os.environ, SECRET_ENV: self.secret},
                                             stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
