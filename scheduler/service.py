@@ -104,7 +104,7 @@ class JobState:
     started: dict[int, float] = field(default_factory=dict)  # round -> when its current attempt started
     predicted: dict[int, float | None] = field(default_factory=dict)  # version -> simulated on the view
     job_msg: dict[str, Any] = field(default_factory=dict)  # the JOB message, for agents that rejoin
-    avoid: list[list[int]] = field(default_factory=list)  # suspected links the current plan avoids
+    avoid: list[list[int]] = field(default_factory=list)  # links the current plan routes around (view.unusable)
     joins: dict[int, int] = field(default_factory=dict)  # node -> first round it runs after rejoining
     barrier_t: dict[int, float] = field(default_factory=dict)  # round -> first request of its attempt
     recorded_t: dict[int, float] = field(default_factory=dict)  # round -> when its last ROUND_DONE came
@@ -231,7 +231,8 @@ class Scheduler:
         plan = self._publish(planner(self.view, spec))
         js = JobState(self.job_id, scheme, rounds + warmup, spec, plan, warmup,
                       view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
-                      t0=time.time() if t0 is None else t0, planner=planner, last_plan_t=time.time())
+                      t0=time.time() if t0 is None else t0, planner=planner, last_plan_t=time.time(),
+                      avoid=self.view.unusable())
         self.current = js
         msg = js.job_msg = {"t": "JOB", "job": js.job, "scheme": scheme, "rounds": js.rounds, "params": params,
                             "compute_s": compute_s, "t0": js.t0, "warmup": warmup}
@@ -298,7 +299,7 @@ class Scheduler:
             return js.frozen[rnd]
         # an agent that rejoined mid-job takes part from the round it was told to start at
         alive = tuple(sorted(n for n in self.agents if js.joins.get(n, 0) <= rnd))
-        avoid = [list(k) for k in sorted(self.view.suspended)]
+        avoid = self.view.unusable()
         if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
             self._replan_members(js, alive)
         elif (planners.adaptive(js.scheme, js.spec.options) and rnd > 0
@@ -317,7 +318,7 @@ class Scheduler:
 
     def _replan_members(self, js: JobState, alive: tuple[int, ...]) -> None:
         old = js.spec.participants
-        js.avoid = [list(k) for k in sorted(self.view.suspended)]
+        js.avoid = self.view.unusable()
         js.spec = dataclasses.replace(js.spec, participants=alive)
         js.spec.options["state"].clear()  # frozen roots may be gone: choose again among the living
         if js.spec.options.get("hub") is not None and js.spec.options["hub"] not in alive:
@@ -339,6 +340,7 @@ class Scheduler:
             return
         self.fenced[node] = max(self.fenced.get(node, 0), a.epoch)
         self.lost[node] = {"t": time.time(), "why": why, "epoch": a.epoch}
+        self.view.node_down(node)
         log.warning("agent %d lost (%s); fencing epoch %d", node, why, a.epoch)
         self.note_event("agent_lost", node=node, why=why)
         self._send(a, {"t": "FENCE", "node": node, "epoch": a.epoch})  # a frozen agent reads it when it wakes
@@ -511,6 +513,7 @@ class Scheduler:
             a.neighbors = tuple(int(n) for n in msg["neighbors"])
             self.agents[a.node] = a
             self.view.add_node(a.node)
+            self.view.node_up(a.node)
             for n in a.neighbors:
                 self.view.add_link(a.node, n)
             self.on_event("agent", {"node": a.node, "neighbors": a.neighbors})

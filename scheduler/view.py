@@ -27,6 +27,7 @@ class NetworkView:
         self.alpha = alpha
         self.samples = 0
         self.suspended: dict[tuple[int, int], dict[tuple[int, int], dict]] = {}  # link -> its edges' data
+        self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
         for a, b in links:
             self.add_link(a, b)
 
@@ -35,8 +36,8 @@ class NetworkView:
 
     def add_link(self, a: int, b: int) -> None:
         """An overlay link (both directions) known from registration; rate unknown until measured."""
-        if (min(a, b), max(a, b)) in self.suspended:
-            return  # known, and out of planning while suspected dead
+        if (min(a, b), max(a, b)) in self.suspended or a in self.down or b in self.down:
+            return  # known, and out of planning while suspected dead or while an end is lost
         for u, v in ((a, b), (b, a)):
             if not self.g.has_edge(u, v):
                 self.g.add_edge(u, v, rate=self.nominal, measured=False, t=0.0, n=0)
@@ -65,10 +66,10 @@ class NetworkView:
 
     def suspend(self, a: int, b: int) -> bool:
         """Take link a-b (both directions) out of planning while it is suspected dead (a blackhole
-        found by a stall). Refused, returning False, if that would disconnect the overlay."""
+        found by a stall). Refused, returning False, if that would disconnect the nodes not lost."""
         if not self.g.has_edge(a, b) or (a, b) in self.suspended:
             return False
-        g = self.g.to_undirected()
+        g = self.g.subgraph(n for n in self.g if n not in self.down).to_undirected()
         g.remove_edge(a, b)
         if not nx.is_connected(g):
             return False
@@ -78,8 +79,36 @@ class NetworkView:
         return True
 
     def unsuspend(self, a: int, b: int) -> None:
-        for (u, v), attrs in self.suspended.pop((a, b), {}).items():
-            self.g.add_edge(u, v, **attrs)
+        self._restore(self.suspended.pop((a, b), {}))
+
+    def node_down(self, n: int) -> None:
+        """A lost agent relays nothing: its links leave planning and routing until it registers again."""
+        if n in self.down or n not in self.g:
+            return
+        self.down[n] = {(u, v): dict(attrs) for u, v, attrs in [*self.g.out_edges(n, data=True),
+                                                                  *self.g.in_edges(n, data=True)]}
+        self.g.remove_edges_from(self.down[n])
+
+    def node_up(self, n: int) -> None:
+        self._restore(self.down.pop(n, {}))
+
+    def _restore(self, edges: dict[tuple[int, int], dict]) -> None:
+        """Put edges back, except those that another lost node or a suspected link still holds out."""
+        for (u, v), attrs in edges.items():
+            lost = u if u in self.down else v if v in self.down else None
+            if lost is not None:
+                self.down[lost][(u, v)] = attrs
+            elif (min(u, v), max(u, v)) in self.suspended:
+                self.suspended[(min(u, v), max(u, v))][(u, v)] = attrs
+            else:
+                self.g.add_edge(u, v, **attrs)
+
+    def unusable(self) -> list[list[int]]:
+        """Links agents must route around: suspected dead, or with a lost end (sorted pairs)."""
+        out = set(self.suspended)
+        for edges in self.down.values():
+            out.update((min(u, v), max(u, v)) for u, v in edges)
+        return [list(k) for k in sorted(out)]
 
     def coverage(self) -> float:
         """Share of directed links measured at least once."""

@@ -2,6 +2,7 @@
 complete and exact or aborted and retried, and the following rounds are exact again."""
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -9,8 +10,10 @@ import time
 
 import pytest
 
+from emulation.topology import load as load_topology
 from emulation.topology import uniform
 from overlay.auth import SECRET_ENV, generate_secret
+from overlay.routing import Routes, adjacency
 from scheduler.service import Scheduler
 from wansync.cluster import RunConfig, agent_command, reap
 
@@ -25,8 +28,9 @@ AGENTS = RunConfig(topology="uniform", topo=uniform(NODES).scaled(0.2), schemes=
 class Cluster:
     """An in-process scheduler and one `wansync agent` process per node."""
 
-    def __init__(self, cluster: str, heartbeat_timeout: float = 1.5) -> None:
+    def __init__(self, cluster: str, heartbeat_timeout: float = 1.5, agents: RunConfig = AGENTS) -> None:
         self.cluster = cluster
+        self.agents = agents
         self.secret = generate_secret()
         self.events: list[tuple[float, str, dict]] = []
         self.sched = Scheduler(cluster, NODES, heartbeat_timeout=heartbeat_timeout, secret=self.secret.encode(),
@@ -43,7 +47,7 @@ class Cluster:
 
     def spawn(self, node: int) -> None:
         env = dict(os.environ, **{SECRET_ENV: self.secret})
-        self.procs[node] = subprocess.Popen(agent_command(AGENTS, node, self.port, self.cluster), env=env,
+        self.procs[node] = subprocess.Popen(agent_command(self.agents, node, self.port, self.cluster), env=env,
                                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     async def __aexit__(self, *exc: object) -> None:
@@ -92,6 +96,35 @@ async def test_sigkill_mid_round_survivors_retry_exact_and_the_restarted_agent_r
         assert js.records[-1].participants == NODES  # the restarted agent is used again
         if victim == "hub":
             assert all(c.sched.plans[r.version].groups[0].root != node for r in retried)
+
+
+async def test_a_lost_relay_is_routed_around_at_once(tmp_path):
+    """On a ring overlay, node 2's chunks reach hub 0 through a relay. Kill the relay: the survivors'
+    retry routes around the dead node straight away, no stall deadline needed to find its links."""
+    ring = tmp_path / "ring4.toml"
+    ring.write_text("nodes = 4\ndefaults = {rate_mbps = 100, delay_ms = 5}\n"
+                    + "".join(f"[[links]]\na = {a}\nb = {(a + 1) % 4}\n" for a in range(4)))
+    cfg = dataclasses.replace(AGENTS, topology=str(ring), topo=load_topology(ring))
+    relay = Routes(adjacency(cfg.topo.links)).route(2, 0)[1]
+    async with Cluster("relay", agents=cfg) as c:
+        job = asyncio.create_task(c.sched.run_job("star", rounds=20, params=PARAMS, chunk_params=CHUNK,
+                                                  compute_s=0.3, options={"hub": 0}))
+        await c.when_round_starts(2)
+        await asyncio.sleep(0.05)
+        c.procs[relay].kill()
+        while relay not in c.sched.lost:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(3.0)  # longer than the retry's stall deadline (2 s)
+        t_restart = time.time()
+        c.spawn(relay)
+        js = await asyncio.wait_for(job, 90)
+        assert_exact(js)
+        assert js.aborts and all(x["why"].startswith(f"agent {relay} lost") for x in js.aborts), js.aborts
+        retried = [r for r in js.records if r.attempt > 0]
+        assert retried and retried[0].participants == NODES - 1
+        assert retried[0].t_end < t_restart  # the survivors did not wait for the relay to come back
+        assert js.records[-1].participants == NODES  # back, and its links with it
+        assert c.sched.view.unusable() == []
 
 
 async def test_sigstop_is_detected_by_heartbeat_and_the_zombie_comes_back_as_a_new_incarnation():
