@@ -29,8 +29,8 @@ from overlay.control import ControlConn, control_protocol
 from overlay.messages import ProtocolError
 
 from . import deadline, planners
-from .plan import Job, Plan, aux_to_wire
-from .view import NetworkView
+from .plan import Job, Plan, PlanError, aux_to_wire
+from .view import DisconnectedView, NetworkView
 
 log = logging.getLogger("wansync.scheduler")
 
@@ -108,6 +108,7 @@ class JobState:
     joins: dict[int, int] = field(default_factory=dict)  # node -> first round it runs after rejoining
     barrier_t: dict[int, float] = field(default_factory=dict)  # round -> first request of its attempt
     recorded_t: dict[int, float] = field(default_factory=dict)  # round -> when its last ROUND_DONE came
+    blocked: dict[int, str] = field(default_factory=dict)  # round -> why no plan exists for its members yet
 
 
 class Scheduler:
@@ -316,16 +317,53 @@ class Scheduler:
         js.frozen[rnd] = js.plan.version
         return js.plan.version
 
+    def _try_start(self, js: JobState, rnd: int, asking: int | None = None) -> None:
+        """Freeze the round's version (re-planning first if members or usable links changed) and start
+        it once every member asked. Blocked while no plan connects the members (a lost node or
+        suspected links cut them apart): the watchdog tries again as the cluster changes."""
+        try:
+            v = self._version_for(js, rnd)
+        except (DisconnectedView, PlanError, ValueError) as exc:
+            if js.blocked.get(rnd) != str(exc):
+                log.warning("job %d round %d waits: no plan for its members (%s)", js.job, rnd, exc)
+                self.note_event("blocked", job=js.job, round=rnd, why=str(exc))
+            js.blocked[rnd] = str(exc)
+            return
+        js.blocked.pop(rnd, None)
+        attempt = js.attempt.get(rnd, 0)
+        members = set(self.plans[v].participants)
+        asked = js.asked.get(rnd, {})
+        for node in [n for n in asked if n not in members]:
+            del asked[node]  # joined after this round was frozen (it sits this one out), or lost since
+            if node in self.agents:
+                self._send(self.agents[node], {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v,
+                                               "attempt": attempt, "skip": True})
+        if asking is not None:
+            self.on_event("topo_request", {"node": asking, "round": rnd, "version": v})
+        if not members <= set(asked):
+            return
+        for node, have in asked.items():
+            reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt,
+                     "avoid": js.avoid}
+            if v not in have:
+                reply["plan"] = self.plans[v].to_wire()
+            self._send(self.agents[node], reply)
+        del js.asked[rnd]
+        js.started[rnd] = time.time()
+
     def _replan_members(self, js: JobState, alive: tuple[int, ...]) -> None:
+        """Plan for the living on what is usable; all or nothing (a planner may find no plan)."""
         old = js.spec.participants
-        js.avoid = self.view.unusable()
-        js.spec = dataclasses.replace(js.spec, participants=alive)
-        js.spec.options["state"].clear()  # frozen roots may be gone: choose again among the living
-        if js.spec.options.get("hub") is not None and js.spec.options["hub"] not in alive:
-            del js.spec.options["hub"]  # the chosen hub is lost: the planner picks the best one alive
+        # frozen roots may be gone: choose again among the living
+        options = {**js.spec.options, "state": {}}
+        if options.get("hub") is not None and options["hub"] not in alive:
+            del options["hub"]  # the chosen hub is lost: the planner picks the best one alive
+        spec = dataclasses.replace(js.spec, participants=alive, options=options)
         t = time.perf_counter()
-        js.plan = self._publish(js.planner(self.view, js.spec))
+        plan = js.planner(self.view, spec)
         js.policy_s += time.perf_counter() - t
+        js.spec, js.avoid = spec, self.view.unusable()
+        js.plan = self._publish(plan)
         js.replans += 1
         js.view_at_plan = self.view.snapshot()
         js.last_plan_t = time.time()
@@ -340,7 +378,9 @@ class Scheduler:
             return
         self.fenced[node] = max(self.fenced.get(node, 0), a.epoch)
         self.lost[node] = {"t": time.time(), "why": why, "epoch": a.epoch}
-        self.view.node_down(node)
+        for link in self.view.node_down(node):  # suspected links the living need after all
+            self.suspect_until.pop(link, None)
+            self.note_event("link_trusted", link=list(link), why=f"needed without node {node}")
         log.warning("agent %d lost (%s); fencing epoch %d", node, why, a.epoch)
         self.note_event("agent_lost", node=node, why=why)
         self._send(a, {"t": "FENCE", "node": node, "epoch": a.epoch})  # a frozen agent reads it when it wakes
@@ -362,6 +402,7 @@ class Scheduler:
                           "t_start": js.started.get(rnd)})
         js.frozen.pop(rnd, None)
         js.asked.pop(rnd, None)
+        js.blocked.pop(rnd, None)
         js.done.pop(rnd, None)
         js.started.pop(rnd, None)
         log.warning("job %d round %d attempt %d aborted: %s", js.job, rnd, att, why)
@@ -394,10 +435,17 @@ class Scheduler:
             rx = sum(a.rx_bytes for a in self.agents.values())
             if rx != self._progress[0]:
                 self._progress = (rx, now)
+            for rnd in list(js.blocked):  # the cluster may have changed: a node back, a suspicion over
+                if rnd in js.asked:
+                    self._try_start(js, rnd)
+                else:
+                    del js.blocked[rnd]
             for rnd, t0 in list(js.barrier_t.items()):
                 if rnd not in js.asked:
                     del js.barrier_t[rnd]
                     continue
+                if rnd not in js.frozen:
+                    continue  # blocked: no plan yet, so no members to wait for
                 # once the previous round is complete everywhere, everyone asks within its compute time:
                 # one who does not, while alive, is stuck (a slow previous round has its own deadlines)
                 if rnd > 0 and rnd - 1 not in js.recorded_t:
@@ -539,27 +587,10 @@ class Scheduler:
                 a.conn.send(reply)
                 self.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
                 return
-            v = self._version_for(js, rnd)
-            self.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
-            members = self.plans[v].participants
-            if a.node not in members:  # joined after this round was frozen: it sits this one out
-                self._send(a, {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt,
-                               "skip": True})
-                return
             if rnd not in js.asked:
                 js.barrier_t[rnd] = time.time()
-            asked = js.asked.setdefault(rnd, {})
-            asked[a.node] = set(msg.get("have", ()))
-            if len(asked) < len(members):
-                return
-            for node, have in asked.items():
-                reply = {"t": "TOPO_REPLY", "job": js.job, "round": rnd, "version": v, "attempt": attempt,
-                         "avoid": js.avoid}
-                if v not in have:
-                    reply["plan"] = self.plans[v].to_wire()
-                self._send(self.agents[node], reply)
-            del js.asked[rnd]
-            js.started[rnd] = time.time()
+            js.asked.setdefault(rnd, {})[a.node] = set(msg.get("have", ()))
+            self._try_start(js, rnd, a.node)
         elif t == "REPORT":
             for s in msg["samples"]:
                 src, dst, nbytes, seconds = s[0], s[1], s[2], s[3]

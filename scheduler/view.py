@@ -69,25 +69,39 @@ class NetworkView:
         found by a stall). Refused, returning False, if that would disconnect the nodes not lost."""
         if not self.g.has_edge(a, b) or (a, b) in self.suspended:
             return False
-        g = self.g.subgraph(n for n in self.g if n not in self.down).to_undirected()
-        g.remove_edge(a, b)
-        if not nx.is_connected(g):
+        edges = {(u, v): dict(self.g.edges[u, v]) for u, v in ((a, b), (b, a)) if self.g.has_edge(u, v)}
+        self.g.remove_edges_from(edges)
+        if not self._living_connected():
+            self._restore(edges)
             return False
-        self.suspended[(a, b)] = {(u, v): dict(self.g.edges[u, v])
-                                  for u, v in ((a, b), (b, a)) if self.g.has_edge(u, v)}
-        self.g.remove_edges_from(self.suspended[(a, b)])
+        self.suspended[(a, b)] = edges
         return True
 
     def unsuspend(self, a: int, b: int) -> None:
         self._restore(self.suspended.pop((a, b), {}))
 
-    def node_down(self, n: int) -> None:
-        """A lost agent relays nothing: its links leave planning and routing until it registers again."""
+    def node_down(self, n: int) -> list[tuple[int, int]]:
+        """A lost agent relays nothing: its links leave planning and routing until it registers again.
+        A loss is a fact and a suspicion a guess: suspected links the living nodes need to stay
+        connected are trusted again (returned). If they are still apart, no plan exists until the
+        node is back (planners raise DisconnectedView)."""
         if n in self.down or n not in self.g:
-            return
+            return []
         self.down[n] = {(u, v): dict(attrs) for u, v, attrs in [*self.g.out_edges(n, data=True),
                                                                   *self.g.in_edges(n, data=True)]}
         self.g.remove_edges_from(self.down[n])
+        trusted = []
+        for link in sorted(self.suspended):
+            if self._living_connected():
+                break
+            if not set(link) & set(self.down):
+                self.unsuspend(*link)
+                trusted.append(link)
+        return trusted
+
+    def _living_connected(self) -> bool:
+        g = self.g.subgraph(m for m in self.g if m not in self.down).to_undirected(as_view=True)
+        return len(g) == 0 or nx.is_connected(g)
 
     def node_up(self, n: int) -> None:
         self._restore(self.down.pop(n, {}))

@@ -98,13 +98,18 @@ async def test_sigkill_mid_round_survivors_retry_exact_and_the_restarted_agent_r
             assert all(c.sched.plans[r.version].groups[0].root != node for r in retried)
 
 
+def sparse(tmp_path, links: list[tuple[int, int]]) -> RunConfig:
+    """Agents on an overlay of only these links (100 Mbit/s, 5 ms)."""
+    f = tmp_path / "overlay.toml"
+    f.write_text(f"nodes = {NODES}\ndefaults = {{rate_mbps = 100, delay_ms = 5}}\n"
+                 + "".join(f"[[links]]\na = {a}\nb = {b}\n" for a, b in links))
+    return dataclasses.replace(AGENTS, topology=str(f), topo=load_topology(f))
+
+
 async def test_a_lost_relay_is_routed_around_at_once(tmp_path):
     """On a ring overlay, node 2's chunks reach hub 0 through a relay. Kill the relay: the survivors'
     retry routes around the dead node straight away, no stall deadline needed to find its links."""
-    ring = tmp_path / "ring4.toml"
-    ring.write_text("nodes = 4\ndefaults = {rate_mbps = 100, delay_ms = 5}\n"
-                    + "".join(f"[[links]]\na = {a}\nb = {(a + 1) % 4}\n" for a in range(4)))
-    cfg = dataclasses.replace(AGENTS, topology=str(ring), topo=load_topology(ring))
+    cfg = sparse(tmp_path, [(0, 1), (1, 2), (2, 3), (3, 0)])
     relay = Routes(adjacency(cfg.topo.links)).route(2, 0)[1]
     async with Cluster("relay", agents=cfg) as c:
         job = asyncio.create_task(c.sched.run_job("star", rounds=20, params=PARAMS, chunk_params=CHUNK,
@@ -125,6 +130,29 @@ async def test_a_lost_relay_is_routed_around_at_once(tmp_path):
         assert retried[0].t_end < t_restart  # the survivors did not wait for the relay to come back
         assert js.records[-1].participants == NODES  # back, and its links with it
         assert c.sched.view.unusable() == []
+
+
+async def test_a_lost_cut_vertex_blocks_the_round_until_it_returns(tmp_path):
+    """On a line 0-1-2-3 nothing joins 0 to 2 and 3 without node 1. Kill it: the retry has no plan,
+    so the round waits (a `blocked` event, nobody else declared lost) and runs, exact, once the
+    restarted node is back."""
+    async with Cluster("line", agents=sparse(tmp_path, [(0, 1), (1, 2), (2, 3)])) as c:
+        job = asyncio.create_task(c.sched.run_job("star", rounds=6, params=PARAMS, chunk_params=CHUNK,
+                                                  options={"hub": 0}))
+        await c.when_round_starts(2)
+        await asyncio.sleep(0.05)
+        c.procs[1].kill()
+        t = time.time()
+        while not (blocked := [e for e in c.sched.timeline if e["kind"] == "blocked"]):
+            assert time.time() - t < 20, "the round never said it waits for a plan"
+            await asyncio.sleep(0.05)
+        assert "does not connect" in blocked[0]["why"]
+        c.spawn(1)
+        js = await asyncio.wait_for(job, 60)
+        assert_exact(js)
+        assert set(c.sched.lost) == {1} and sorted(c.sched.agents) == [0, 1, 2, 3]
+        assert all(r.participants == NODES for r in js.records)  # no round ran without node 1
+        assert not js.blocked and c.sched.view.unusable() == []
 
 
 async def test_sigstop_is_detected_by_heartbeat_and_the_zombie_comes_back_as_a_new_incarnation():

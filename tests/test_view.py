@@ -1,6 +1,8 @@
 """The scheduler's view: links out of planning while suspected dead or while an end is lost."""
 
-from scheduler.view import NetworkView
+import pytest
+
+from scheduler.view import DisconnectedView, NetworkView
 
 RING = [(0, 1), (1, 2), (2, 3), (3, 0)]
 
@@ -41,3 +43,21 @@ def test_a_suspicion_that_would_cut_off_a_living_node_is_refused_even_with_a_nod
     w = NetworkView([*RING, (0, 2)])
     w.node_down(1)
     assert w.suspend(0, 3)  # 0 keeps 2, and 2 keeps 3
+
+
+def test_a_loss_trusts_again_the_suspected_links_the_living_need():
+    v = NetworkView([*RING, (0, 2)])
+    v.observe(2, 3, 1_000_000, 0.1)
+    assert v.suspend(2, 3)
+    assert v.node_down(0) == [(2, 3)]  # without 0, node 3's only way in is 2-3
+    assert (2, 3) in v.links() and v.rate(2, 3) == 80.0 and not v.suspended
+    v.require_connected([1, 2, 3])
+
+
+def test_a_lost_cut_vertex_leaves_no_plan_until_it_returns():
+    v = NetworkView([(0, 1), (1, 2)])
+    assert v.node_down(1) == []
+    with pytest.raises(DisconnectedView):
+        v.require_connected([0, 2])
+    v.node_up(1)
+    v.require_connected([0, 2])
