@@ -108,6 +108,8 @@ class Overlay:
         self._dialing: set[int] = set()
         self._addrs: dict[int, tuple[str, int]] = {}
         self.min_epoch: dict[int, int] = {}  # peer -> lowest incarnation accepted (FENCE)
+        # peer -> (incarnation, invalid messages): the limit holds across reconnects of one incarnation
+        self._invalid: dict[int, tuple[int, int]] = {}
         self.epoch = time.time_ns()  # this process's incarnation, sent in HELLO
         self._closing = False
         # link-down faults: peers we neither dial nor accept until `suspend(peer, False)`
@@ -262,12 +264,15 @@ class Overlay:
             await asyncio.sleep(backoff)
             backoff = min(RECONNECT_MAX_S, backoff * 2)
 
-    def _attach(self, peer: int, proto: FrameProtocol) -> None:
+    def _attach(self, peer: int, proto: FrameProtocol, epoch: int = 0) -> None:
         old = self._conns.get(peer)
         if old is not None and old is not proto:
             old.close()
         self._conns[peer] = proto
         proto.peer = peer
+        seen_epoch, invalid = self._invalid.get(peer, (epoch, 0))
+        proto.invalid = invalid if seen_epoch == epoch else 0  # a reconnect does not clear the count
+        self._invalid[peer] = (epoch, proto.invalid)
         proto.handler = _PeerConn(self, peer, proto)
         self.senders[peer].attach(proto)
         self._connected[peer].set()
@@ -434,7 +439,7 @@ class _Handshake:
                 self._refuse(f"node {node} runs incarnation {epoch}, which was fenced when it was lost (a zombie)")
                 return
             ov._refusals = {r for r in ov._refusals if r[0] != node}  # log the next failure again
-            ov._attach(node, self.proto)
+            ov._attach(node, self.proto, epoch)
             self._settle(None, node)
 
     def _settle(self, exc: Exception | None, node: int | None = None) -> None:
@@ -513,6 +518,8 @@ class _PeerConn:
     def on_invalid(self, error: ProtocolError) -> None:
         log.warning("node %d: %s", self.overlay.node, error)
         self.overlay.errors.append(error)
+        epoch, _ = self.overlay._invalid[self.peer]
+        self.overlay._invalid[self.peer] = (epoch, self.proto.invalid)
 
     def on_closed(self, error: Exception | None) -> None:
         if isinstance(error, ProtocolError):  # a truncated frame: what it held is resent, never half used

@@ -422,54 +422,61 @@ class Scheduler:
                 for a in self.agents.values():
                     a.last_seen += late
                 self._progress = (self._progress[0], self._progress[1] + late)
-            for a in list(self.agents.values()):
-                if now - a.last_seen > self.heartbeat_timeout:
-                    self._lost(a.node, f"silent for {now - a.last_seen:.1f} s")
-            for link, until in list(self.suspect_until.items()):
-                if now > until:  # trust it again; if it is still dead the next stall finds it
-                    del self.suspect_until[link]
-                    self.view.unsuspend(*link)
-            js = self.current
-            if js is None or js.finished.is_set():
+            try:
+                self._deadlines(now)
+            except Exception:  # a bug here must not end liveness checking for the whole run
+                log.exception("watchdog")
+
+    def _deadlines(self, now: float) -> None:
+        """Heartbeats, suspicions that ended, blocked rounds, the barrier, stall and overrun."""
+        for a in list(self.agents.values()):
+            if now - a.last_seen > self.heartbeat_timeout:
+                self._lost(a.node, f"silent for {now - a.last_seen:.1f} s")
+        for link, until in list(self.suspect_until.items()):
+            if now > until:  # trust it again; if it is still dead the next stall finds it
+                del self.suspect_until[link]
+                self.view.unsuspend(*link)
+        js = self.current
+        if js is None or js.finished.is_set():
+            return
+        rx = sum(a.rx_bytes for a in self.agents.values())
+        if rx != self._progress[0]:
+            self._progress = (rx, now)
+        for rnd in list(js.blocked):  # the cluster may have changed: a node back, a suspicion over
+            if rnd in js.asked:
+                self._try_start(js, rnd)
+            else:
+                del js.blocked[rnd]
+        for rnd, t0 in list(js.barrier_t.items()):
+            if rnd not in js.asked:
+                del js.barrier_t[rnd]
                 continue
-            rx = sum(a.rx_bytes for a in self.agents.values())
-            if rx != self._progress[0]:
-                self._progress = (rx, now)
-            for rnd in list(js.blocked):  # the cluster may have changed: a node back, a suspicion over
-                if rnd in js.asked:
-                    self._try_start(js, rnd)
-                else:
-                    del js.blocked[rnd]
-            for rnd, t0 in list(js.barrier_t.items()):
-                if rnd not in js.asked:
-                    del js.barrier_t[rnd]
-                    continue
-                if rnd not in js.frozen:
-                    continue  # blocked: no plan yet, so no members to wait for
-                # once the previous round is complete everywhere, everyone asks within its compute time:
-                # one who does not, while alive, is stuck (a slow previous round has its own deadlines)
-                if rnd > 0 and rnd - 1 not in js.recorded_t:
-                    continue
-                t0 = max(t0, js.recorded_t.get(rnd - 1, 0.0))
-                recent = [r.round_s for r in js.records[-5:]]
-                limit = deadline.overrun_s(js.job_msg.get("compute_s", 0.0), recent, 0)
-                missing = [n for n in self.plans[js.frozen[rnd]].participants if n not in js.asked[rnd]]
-                if now - t0 > limit and missing:
-                    for n in missing:
-                        self._lost(n, f"did not ask for round {rnd} within {limit:.1f} s (stuck)")
-            for rnd, t0 in list(js.started.items()):  # past the barrier, not complete (both pop it)
-                plan = self.plans[js.frozen[rnd]]
-                quiet = now - max(self._progress[1], t0)
-                aborts = sum(1 for x in js.aborts if x["round"] == rnd)
-                if quiet > deadline.stall_s(plan, self.view) * 2 ** aborts:
-                    suspects = self._suspect(quiet)
-                    self._abort(js, rnd, f"no data moved for {quiet:.1f} s"
-                                + (f"; routing around {suspects}" if suspects else ""))
-                    continue
-                recent = [r.round_s for r in js.records[-5:] if r.version == plan.version]
-                limit = deadline.overrun_s(self._predicted(js, plan), recent, aborts)
-                if now - t0 > limit:
-                    self._abort(js, rnd, f"round ran {now - t0:.1f} s, over its deadline of {limit:.1f} s")
+            if rnd not in js.frozen:
+                continue  # blocked: no plan yet, so no members to wait for
+            # once the previous round is complete everywhere, everyone asks within its compute time:
+            # one who does not, while alive, is stuck (a slow previous round has its own deadlines)
+            if rnd > 0 and rnd - 1 not in js.recorded_t:
+                continue
+            t0 = max(t0, js.recorded_t.get(rnd - 1, 0.0))
+            recent = [r.round_s for r in js.records[-5:]]
+            limit = deadline.overrun_s(js.job_msg.get("compute_s", 0.0), recent, 0)
+            missing = [n for n in self.plans[js.frozen[rnd]].participants if n not in js.asked[rnd]]
+            if now - t0 > limit and missing:
+                for n in missing:
+                    self._lost(n, f"did not ask for round {rnd} within {limit:.1f} s (stuck)")
+        for rnd, t0 in list(js.started.items()):  # past the barrier, not complete (both pop it)
+            plan = self.plans[js.frozen[rnd]]
+            quiet = now - max(self._progress[1], t0)
+            aborts = sum(1 for x in js.aborts if x["round"] == rnd)
+            if quiet > deadline.stall_s(plan, self.view) * 2 ** aborts:
+                suspects = self._suspect(quiet)
+                self._abort(js, rnd, f"no data moved for {quiet:.1f} s"
+                            + (f"; routing around {suspects}" if suspects else ""))
+                continue
+            recent = [r.round_s for r in js.records[-5:] if r.version == plan.version]
+            limit = deadline.overrun_s(self._predicted(js, plan), recent, aborts)
+            if now - t0 > limit:
+                self._abort(js, rnd, f"round ran {now - t0:.1f} s, over its deadline of {limit:.1f} s")
 
     def _suspect(self, quiet: float) -> list[list[int]]:
         """After a stall: links whose chunks waited unacknowledged about as long as nothing moved

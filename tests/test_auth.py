@@ -73,10 +73,11 @@ class Raw:
 
 
 async def authenticated(port: int, node: int, cluster: str, secret: bytes, *, expect: int,
-                        role: str = "agent", peer_role: str = "agent") -> Raw:
+                        role: str = "agent", peer_role: str = "agent", epoch: int = 0) -> Raw:
     """A raw connection that passed the real handshake as `node` (so the peer treats it as trusted)."""
     raw = await Raw.connect(port)
-    hs = Handshake(cluster, node, role, dialer=True, secret=secret, expect=expect, peer_role=peer_role)
+    hs = Handshake(cluster, node, role, dialer=True, secret=secret, expect=expect, peer_role=peer_role,
+                   hello_extra={"epoch": epoch})
     await auth.run_handshake(hs, raw.send, raw.recv)
     return raw
 

@@ -93,6 +93,14 @@ async def test_invalid_messages_are_counted_per_peer_and_the_limit_disconnects()
         b.send({"t": "ACK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "agg",
                 "origin": 2, "dst": 1})
         assert not await b.closed_by_peer(0.2)
+        # reconnecting does not clear the count: the same incarnation is cut at its next invalid message
+        a = await authenticated(port, 0, "lim", SECRET, expect=1)
+        a.send_raw(bad)
+        assert await a.closed_by_peer()
+        # a restarted peer (a newer incarnation) starts from zero
+        a = await authenticated(port, 0, "lim", SECRET, expect=1, epoch=1)
+        a.send_raw(bad * (MAX_INVALID - 1))
+        assert not await a.closed_by_peer(0.2)
         a.close()
         b.close()
     finally:
