@@ -7,7 +7,10 @@ SIGCONT later), cut (the link down for a moment), blackhole (bytes silently held
 (rate / 7), on random nodes and links. A killed or fenced agent is restarted after a few seconds,
 as an operator's supervisor would, and rejoins. Every round is checked exact by every agent.
 
-Detection: from a fault to the scheduler noticing (agent declared lost, or a round aborted).
+Detection: from a fault to the scheduler noticing (agent declared lost, or a round aborted). A
+blackhole can only be noticed once a round sends into it: its detection counts from the later of
+the fault and the start of the attempt that was aborted (`detect_since_fault_p95_s` counts from the
+fault itself).
 Recovery: from a fault to the end of the first round that began after it and ended exact. Faults
 that need no reaction (a short cut, a collapse, a fault on a link the plan does not use) count for
 recovery only.
@@ -181,29 +184,32 @@ class Soak:
         ok = [r for r in recs if r.ok and r.digests_agree and r.versions_agree]
         wrong = [r for r in recs if not (r.ok and r.digests_agree and r.versions_agree)]
         timeline = [(t, d) for t, k, d in self.events if k == "timeline"]
-        detect, recover, rows = [], [], []
+        detect, since_fault, recover, rows = [], [], [], []
         for f in injected:
             at = f["at"]
+            seen = raw = None
             if f["kind"] in ("kill", "freeze"):  # noticed when that agent is declared lost
-                seen = next((t - at for t, d in timeline if t >= at and d["kind"] == "agent_lost"
-                             and d.get("node") == f["node"]), None)
-            elif f["kind"] == "blackhole":  # noticed when a round aborts while it lasts (a stall)
-                seen = next((t - at for t, d in timeline if at <= t <= at + f["for_s"] + 1
-                             and d["kind"] == "abort"), None)
-            else:
-                seen = None
-            needs = seen is not None  # a blackhole on a link no plan used needs no reaction
-            if needs:
+                raw = seen = next((t - at for t, d in timeline if t >= at and d["kind"] == "agent_lost"
+                                   and d.get("node") == f["node"]), None)
+            elif f["kind"] == "blackhole":
+                # noticed when a round aborts while it lasts (a stall). Nothing can notice a blackhole on
+                # a link no round uses, so it counts from when the aborted attempt began, if later
+                ab = next((x for x in self.aborts if at <= x["t"] <= at + f["for_s"] + 1), None)
+                if ab is not None:
+                    raw, seen = ab["t"] - at, ab["t"] - max(at, ab.get("t_start") or at)
+            if seen is not None:  # a blackhole on a link no plan used needs no reaction
                 detect.append(seen)
+                since_fault.append(raw)
             # recovered: a round that began after the fault (so all of it ran with the fault) ended exact
             done = next((r.t_end - at for r in sorted(ok, key=lambda r: r.t_end) if r.t_start >= at), None)
             if done is not None:
                 recover.append(done)
             rows.append((f"{f['t_run']:.1f}", f["spec"] or f["kind"], str(f.get("node", f.get("link"))),
                          "yes" if f["mid_round"] else "no", "-" if seen is None else f"{seen:.2f}",
+                         "-" if raw is None else f"{raw:.2f}",
                          "-" if done is None else f"{done:.2f}"))
         t = Table(title=f"faults ({len(injected)} injected over {seconds / 60:.1f} min)")
-        for col in ("t s", "kind", "target", "mid-round", "detected s", "recovered s"):
+        for col in ("t s", "kind", "target", "mid-round", "detected s", "since fault s", "recovered s"):
             t.add_column(col)
         for row in rows:
             t.add_row(*row)
@@ -214,6 +220,7 @@ class Soak:
                "faults_mid_round": sum(1 for f in injected if f["mid_round"]),
                "aborts": len(self.aborts), "restarts": self.restarts,
                "detect_p50_s": pct(detect, 50), "detect_p95_s": pct(detect, 95),
+               "detect_since_fault_p95_s": pct(since_fault, 95),
                "recover_p50_s": pct(recover, 50), "recover_p95_s": pct(recover, 95),
                "round_s_median": statistics.median(r.round_s for r in ok) if ok else None,
                "throughput_vs_fault_free": rps / base_rps if base_rps else None,
