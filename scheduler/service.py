@@ -302,7 +302,7 @@ class Scheduler:
         alive = tuple(sorted(n for n in self.agents if js.joins.get(n, 0) <= rnd))
         avoid = self.view.unusable()
         if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
-            self._replan_members(js, alive)
+            self._replan_members(js, alive, avoid)
         elif (planners.adaptive(js.scheme, js.spec.options) and rnd > 0
                 and time.time() - js.last_plan_t >= self.update_time
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
@@ -351,7 +351,7 @@ class Scheduler:
         del js.asked[rnd]
         js.started[rnd] = time.time()
 
-    def _replan_members(self, js: JobState, alive: tuple[int, ...]) -> None:
+    def _replan_members(self, js: JobState, alive: tuple[int, ...], avoid: list[list[int]]) -> None:
         """Plan for the living on what is usable; all or nothing (a planner may find no plan)."""
         old = js.spec.participants
         # frozen roots may be gone: choose again among the living
@@ -362,7 +362,7 @@ class Scheduler:
         t = time.perf_counter()
         plan = js.planner(self.view, spec)
         js.policy_s += time.perf_counter() - t
-        js.spec, js.avoid = spec, self.view.unusable()
+        js.spec, js.avoid = spec, avoid
         js.plan = self._publish(plan)
         js.replans += 1
         js.view_at_plan = self.view.snapshot()
