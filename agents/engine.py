@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from overlay.budget import MemoryBudget
+from overlay.burstlog import BurstLog
 from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int
 from overlay.peers import HoldRefused, Overlay
 from overlay.routing import Routes
@@ -72,8 +74,8 @@ class RoundState:
         return (self.job, self.round, self.attempt, self.plan.version)
 
 
-# Bytes this node may hold for rounds after (or before) the one it runs; current-round frames are
-# never counted or refused. Over budget a frame is refused unacknowledged and resent later.
+# Bytes this node may hold for others: frames for rounds it has not begun, and chunks it relays.
+# Over budget a frame is refused unacknowledged and resent later.
 HOLD_BUDGET = 256 << 20
 PRIMARY_BUSY_BOUND = 2  # NetStorm's best setting (Fig. 17)
 AUXILIARY_QUEUE_LENGTH = 5
@@ -95,13 +97,18 @@ class ChunkEngine:
         self.overlay: Overlay | None = None
         self.rounds: dict[RoundKey, RoundState] = {}
         self._stash: dict[tuple[int, int, int, int], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
-        self.stashed_frames = 0
-        self.hold_budget = HOLD_BUDGET
+        self.stashed_frames = 0  # frames that had to wait for their round or plan (cumulative)
+        # one memory budget for what this node holds for others: frames held here for a later round,
+        # and chunks relayed through here (the overlay shares it)
+        self.budget = MemoryBudget(HOLD_BUDGET)
+        self.jobs: dict[int, int] = {}  # job -> rounds ahead of this node's its progress model allows
         self.current: tuple[int, int] | None = None  # (job, round) this node runs or runs next
-        self.held_peak = 0  # most bytes ever held for other rounds (<= hold_budget)
+        self.held_peak = 0  # most bytes ever held for rounds not begun (<= the budget + a frame per peer)
         self.hold_refused = 0  # segments refused for the budget (resent by their senders later)
-        self._held: dict[tuple[int, int, int, int], int] = {}  # stash key -> bytes held under it
+        self.refused_frames = 0  # segments refused as unexpected (unknown job, round outside the window)
+        self._held = 0  # bytes in the stash
         self._refused_from: dict[int, set[tuple[int, int]]] = {}  # peer -> (job, round)s refused
+        self._burst = BurstLog(log)
         self.on_error: Callable[[RoundKey, Exception], None] | None = None
         self.plans: dict[int, Plan] = {}  # every version this node holds (the agent fills it)
         self.aborted: dict[tuple[int, int], int] = {}  # (job, round) -> highest aborted attempt
@@ -146,6 +153,8 @@ class ChunkEngine:
     def begin_round(self, job: int, rnd: int, attempt: int, plan: Plan, contribution: np.ndarray) -> RoundState:
         """Own contribution goes in, leaf chunks go out, held frames for this round are replayed."""
         me = self.node
+        if job not in self.jobs:  # driven without an agent (tests): the job is announced by its first round
+            self.open_job(job, rnd)
         if me not in plan.participants:
             raise ValueError(f"node {me} is not a participant of plan v{plan.version}")
         if contribution.shape != (plan.params,) or contribution.dtype != np.float32:
@@ -166,7 +175,7 @@ class ChunkEngine:
                         final_bytes=[0] * len(plan.layout))
         self.rounds[st.key] = st
         self.current = (job, rnd)
-        for h, data in self._stash.pop(st.key, []):
+        for h, data in self._unstash(st.key):
             try:
                 self.chunk_buffer(h)  # held frames were never checked against the plan: check now
                 self._segment(st, h, memoryview(data))
@@ -193,13 +202,13 @@ class ChunkEngine:
             if key[:2] == (job, rnd) and key[2] <= attempt and not st.done.done():
                 st.done.set_exception(RoundAborted(f"job {job} round {rnd} attempt {key[2]} aborted"))
         for k in [k for k in self._stash if k[:2] == (job, rnd) and k[2] <= attempt]:
-            self.stashed_frames -= len(self._stash.pop(k))
+            self._unstash(k)
 
     def drop_stale(self, job: int, rnd: int) -> None:
         """Forget held frames of rounds that can no longer start."""
         self.current = (job, rnd)
         for k in [k for k in self._stash if (k[0], k[1]) < (job, rnd)]:
-            self.stashed_frames -= len(self._stash.pop(k))
+            self._unstash(k)
 
     # --- ChunkSink -------------------------------------------------------------------------------------
     def chunk_buffer(self, h: dict[str, Any]) -> memoryview | None:
@@ -236,23 +245,68 @@ class ChunkEngine:
         if st is None:
             self._stash[key].append((h, bytes(payload)))
             self.stashed_frames += 1
-            self._held[key] = self._held.get(key, 0) + len(payload)
-            self.held_peak = max(self.held_peak, self.held_bytes())
+            self.budget.take(_sender(h), len(payload))
+            self._held += len(payload)
+            self.held_peak = max(self.held_peak, self._held)
             return
         try:
             self._segment(st, h, payload)
         except RoundError as exc:
             self._fail(st, exc)
 
+    # --- which traffic this node expects: jobs and the rounds their progress model allows ------------
+    def open_job(self, job: int, first_round: int = 0, ahead: int = 1) -> None:
+        """Frames of `job` are welcome from now on, for rounds from the one before this node's (relays
+        finish it for others) up to `ahead` beyond it (the progress model's window: BSP runs one round
+        ahead at most). Every other job's traffic is refused from now on."""
+        self.jobs = {job: ahead}
+        if self.current is None or self.current[0] != job:
+            self.current = (job, first_round)
+
+    def _outside(self, h: dict[str, Any]) -> str | None:
+        """Why this node expects no frame like `h` now, or None. The round before this node's is still
+        expected: others may finish it (through us) after we did, or abort it and make us go back."""
+        job, rnd = h["job"], h["round"]
+        ahead = self.jobs.get(job)
+        if ahead is None:
+            return f"job {job} is not running here"
+        cur = self.current[1] if self.current is not None and self.current[0] == job else 0
+        if rnd > cur + ahead:
+            return f"round {rnd} is more than {ahead} ahead of round {cur}"
+        if rnd < cur - 1:
+            return f"round {rnd} is over (this node is at round {cur})"
+        return None
+
+    def admit_relay(self, h: dict[str, Any], peer: int) -> None:
+        why = self._outside(h)
+        if why is not None:
+            self._refuse(h, peer, why)
+
+    def _refuse(self, h: dict[str, Any], peer: int, why: str) -> None:
+        """Not stored, so never acknowledged: the sender keeps the chunk and resends it after the
+        connection drops, which this node asks for when the round begins (`_ask_resend`)."""
+        self.refused_frames += 1
+        self._refused_from.setdefault(peer, set()).add((h["job"], h["round"]))
+        self._burst.log(logging.WARNING, (peer, why.split(" ", 1)[0]),
+                        f"node {self.node}: refused frames from node {peer} (job {h['job']} round {h['round']}): {why}")
+        raise HoldRefused(why)
+
     # --- held frames: bounded memory, nothing lost ---------------------------------------------------
+    @property
+    def hold_budget(self) -> int:
+        return self.budget.limit
+
+    @hold_budget.setter
+    def hold_budget(self, nbytes: int) -> None:
+        self.budget.limit = nbytes
+
     def held_bytes(self) -> int:
-        """Bytes held for rounds other than the current one: what the hold budget bounds."""
-        for k in [k for k in self._held if k not in self._stash]:  # replayed or dropped since
-            del self._held[k]
-        return sum(n for k, n in self._held.items() if k[:2] != self.current)
+        """Bytes of frames held for a round (or plan) this node has not begun yet."""
+        return self._held
 
     def _may_hold(self, h: dict[str, Any]) -> None:
-        """Refuse a frame for another round when holding it would exceed the budget.
+        """Refuse a frame for a round not begun yet when it is not expected, or holding it would
+        exceed the node's memory budget (shared with relayed chunks) or the sender's share of it.
 
         Refused means not stored, hence never acknowledged: the sender keeps the chunk, and the
         overlay drops that connection when the round begins (`_ask_resend`), so the sender resends
@@ -260,18 +314,30 @@ class ChunkEngine:
         as duplicates). Back-pressure (pausing the socket) is not used: the current round's frames
         on the same connection would wait behind the future ones, and the future round can only
         begin once the current one ends: a deadlock."""
-        rnd = (h["job"], h["round"])
-        if rnd == self.current or self.held_bytes() + h["nbytes"] <= self.hold_budget:
+        peer = _sender(h)
+        why = self._outside(h)
+        if why is not None:
+            self._refuse(h, peer, why)
+        if self.budget.room(peer, h["nbytes"]):
             return
-        peer = h["path"][h["hop"]]
+        rnd = (h["job"], h["round"])
         self.hold_refused += 1
         seen = self._refused_from.setdefault(peer, set())
         if rnd not in seen:
             seen.add(rnd)
-            log.warning("node %d: hold budget full (%d of %d bytes held for other rounds than %s): refusing "
-                        "job %d round %d frames from node %d unacknowledged; they are resent when it begins",
-                        self.node, self.held_bytes(), self.hold_budget, self.current, rnd[0], rnd[1], peer)
+            log.warning("node %d: hold budget full (%d of %d bytes held, %d for node %d): refusing job %d round %d "
+                        "frames from node %d unacknowledged; they are resent when it begins", self.node,
+                        self.budget.used, self.budget.limit, self.budget.by_peer.get(peer, 0), peer, rnd[0], rnd[1],
+                        peer)
         raise HoldRefused(f"hold budget of {self.hold_budget} bytes full")
+
+    def _unstash(self, key: tuple[int, int, int, int]) -> list[tuple[dict[str, Any], bytes]]:
+        """Take a round's held frames out of the stash (to replay or drop): their bytes leave the budget."""
+        frames = self._stash.pop(key, [])
+        for h, data in frames:
+            self.budget.give(_sender(h), len(data))
+            self._held -= len(data)
+        return frames
 
     def _ask_resend(self) -> None:
         """A round began: peers whose frames were refused resend everything unacknowledged (a reconnect)."""
@@ -362,3 +428,8 @@ class ChunkEngine:
             st.done.set_exception(exc)
         if self.on_error is not None:
             self.on_error(st.key, exc)
+
+
+def _sender(h: dict[str, Any]) -> int:
+    """The neighbour a frame came from (the hop before this node on its route)."""
+    return h["path"][h["hop"]]

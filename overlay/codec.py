@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import struct
 from collections.abc import Callable
@@ -18,15 +19,34 @@ import msgpack
 
 from .messages import FramingError, ProtocolError, validate
 
+log = logging.getLogger("wansync.codec")
+
 LEN = struct.Struct("!I")
 MAX_HEADER = 64 * 1024
-MAX_PAYLOAD = 256 * 1024 * 1024
+# The largest segment a sender writes is overlay.link.DIRECT_SEGMENT_MAX (4 MiB): a frame of twice
+# that is not a segment. One frame at a time per connection is all a peer can make us buffer.
+MAX_PAYLOAD = 8 << 20
 SCRATCH = 256 * 1024
 SOCKET_BUFFER = 4 << 20
 MAX_INVALID = 16  # invalid messages tolerated from one peer before it is disconnected
 # Control connections carry a whole plan in TOPO_REPLY's header (~0.5 KiB per node for a ring), and
-# never a payload; their scratch buffer grows to a large header only when one arrives.
+# never a payload; their scratch buffer grows to a large header only as its bytes arrive.
 CONTROL_MAX_HEADER = 8 << 20
+# Before the peer proved it holds the cluster secret it may send only the handshake (HELLO, AUTH:
+# well under 1 KiB each) and costs at most a few KiB of buffers.
+PREAUTH_MAX_HEADER = 1024
+PREAUTH_SCRATCH = 2048
+# A payload the handler has no buffer for (held or relayed frames) is allocated as its bytes
+# arrive: this much first, then doubling, never the announced size at once.
+GROW_FROM = 64 * 1024
+
+
+class _Discard:
+    """on_header's answer for a frame whose payload is not wanted: read past it, then deliver the
+    header alone (payload None)."""
+
+
+DISCARD = _Discard()
 
 
 def encode(header: dict[str, Any], max_header: int = MAX_HEADER) -> bytes:
@@ -46,8 +66,9 @@ def decode_header(body: bytes | memoryview, peer: object = None) -> dict[str, An
 
 
 class FrameHandler(Protocol):
-    def on_header(self, header: dict[str, Any]) -> memoryview | None:
-        """Where the payload of this frame goes (exactly header['nbytes'] bytes), or None for a new buffer."""
+    def on_header(self, header: dict[str, Any]) -> memoryview | _Discard | None:
+        """Where the payload of this frame goes (exactly header['nbytes'] bytes), None for a buffer
+        allocated as the bytes arrive, or DISCARD to drop them (on_frame then gets payload None)."""
 
     def on_frame(self, header: dict[str, Any], payload: memoryview | None) -> None: ...
 
@@ -64,26 +85,38 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, handler: FrameHandler | None = None, *, peer: object = None,
                  max_payload: int = MAX_PAYLOAD, max_invalid: int = MAX_INVALID,
-                 on_bytes: Callable[[int], None] | None = None, max_header: int = MAX_HEADER) -> None:
+                 on_bytes: Callable[[int], None] | None = None, max_header: int = MAX_HEADER,
+                 preauth: bool = False) -> None:
+        """preauth: until `authenticated()` the peer may send only small headers and no payload, and
+        the connection's buffers stay a few KiB (a stranger costs next to nothing)."""
         self.handler = handler
         self.peer = peer
-        self.max_payload = max_payload
-        self.max_header = max_header  # both ways: larger headers are a FramingError (in) / ValueError (out)
+        self._limits = (max_header, max_payload)
+        self.max_payload = 0 if preauth else max_payload
+        # both ways: larger headers are a FramingError (in) / ValueError (out)
+        self.max_header = min(max_header, PREAUTH_MAX_HEADER) if preauth else max_header
+        self._scratch = PREAUTH_SCRATCH if preauth else SCRATCH
         self.max_invalid = max_invalid
         self.invalid = 0
         self.on_bytes = on_bytes  # receive-side hook (downlink shaping, meters)
         self.transport: asyncio.Transport | None = None
         self.closed = asyncio.get_running_loop().create_future()
-        self._buf = bytearray(SCRATCH)
+        self._buf = bytearray(self._scratch)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
         self._state = _HEAD
+        self._need = 0  # bytes of the frame head being received (grows the scratch as they arrive)
         self._dest: memoryview | None = None
+        self._want = 0  # payload bytes of the current frame
+        self._growing = False  # _dest is ours, grown as bytes arrive
         self._filled = 0
         self._header: dict[str, Any] | None = None
         self._discard_left = 0
         self._dead = False  # aborted: nothing more from this stream is acted on
+        self.close_reason: ProtocolError | None = None  # why we aborted (already reported to the handler)
+        self._unreported: ProtocolError | None = None  # why we closed, for on_closed to hear
+        self._closed_by_us = False
         self._can_write = asyncio.Event()
         self._can_write.set()
         self.bytes_in = 0
@@ -99,9 +132,23 @@ class FrameProtocol(asyncio.BufferedProtocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
 
+    def authenticated(self) -> None:
+        """The peer proved itself: full frame limits and a full-size scratch buffer from now on."""
+        self.max_header, self.max_payload = self._limits
+        self._scratch = SCRATCH
+        if len(self._buf) < SCRATCH:
+            n = self._end - self._start
+            grown = bytearray(SCRATCH)
+            grown[:n] = self._buf[self._start:self._end]
+            self._buf, self._view = grown, memoryview(grown)
+            self._start, self._end = 0, n
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._can_write.set()
-        if exc is None and (self._state != _HEAD or self._end > self._start):
+        if exc is None and self._unreported is not None:
+            exc = self._unreported
+        elif exc is None and not (self._dead or self._closed_by_us) and (
+                self._state != _HEAD or self._end > self._start):
             exc = FramingError("connection closed in the middle of a frame", peer=self.peer)
         if self.handler is not None:
             self.handler.on_closed(exc)
@@ -117,15 +164,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._can_write.set()
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Close from our side: the end is ours, so on_closed hears no "closed mid-frame" error."""
+        self._closed_by_us = True
         if self.transport is not None:
-            self.transport.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     def abort(self, error: Exception) -> None:
+        """Stop reading this stream for good and close it; the handler hears why (on_invalid) once,
+        and on_closed then gets no second, vaguer reason ("closed in the middle of a frame")."""
+        if self._dead:
+            return
         self._dead = True
+        self.close_reason = error if isinstance(error, ProtocolError) else ProtocolError(str(error), peer=self.peer)
         if self.handler is not None:
-            self.handler.on_invalid(error if isinstance(error, ProtocolError)
-                                    else ProtocolError(str(error), peer=self.peer))
+            self.handler.on_invalid(self.close_reason)
         if self.transport is not None:
             self.transport.abort()
 
@@ -156,9 +212,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._state == _HEAD:
             if self._end == len(self._buf):
                 self._compact()
+            if self._end == len(self._buf):  # a frame head larger than the scratch is arriving
+                self._grow_scratch()
             return self._view[self._end:]
         if self._state == _PAYLOAD:
             assert self._dest is not None
+            if self._growing and self._filled == len(self._dest):
+                self._grow_dest()
             return self._dest[self._filled:]
         remaining = self._discard_left
         return self._view[: min(remaining, len(self._buf))]
@@ -175,34 +235,49 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._parse()
             elif self._state == _PAYLOAD:
                 self._filled += nbytes
-                if self._filled == len(self._dest):  # type: ignore[arg-type]
+                if self._filled == self._want:
                     self._deliver()
                     self._parse()
             else:
                 self._discard_left -= nbytes
                 if self._discard_left == 0:
-                    self._state = _HEAD
+                    self._end_discard()
+                    self._parse()
         except FramingError as exc:
             self.abort(exc)
+        except Exception as exc:  # a bug in a handler: this connection ends, said plainly; the process goes on
+            log.error("connection to %r: handling its frames failed (%s: %s); closing it", self.peer,
+                      type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            self._dead = True
+            self._unreported = ProtocolError(f"closed after an internal error ({type(exc).__name__})",
+                                             peer=self.peer)
+            if self.transport is not None:
+                self.transport.abort()
 
     def _compact(self) -> None:
         n = self._end - self._start
         if self._start:
             self._buf[:n] = self._buf[self._start:self._end]
         self._start, self._end = 0, n
-        if n == len(self._buf):  # cannot happen: _parse grows scratch to fit any header it accepted
-            raise FramingError("header does not fit", peer=self.peer)
 
-    def _fit(self, size: int) -> None:
-        """Room for one whole `size`-byte frame head (size <= 4 + max_header, checked by the caller)."""
-        if size > len(self._buf):
-            n = self._end - self._start
-            grown = bytearray(size)
-            grown[:n] = self._buf[self._start:self._end]
-            self._buf, self._view = grown, memoryview(grown)
-            self._start, self._end = 0, n
-        elif self._start + size > len(self._buf):
-            self._compact()
+    def _grow_scratch(self) -> None:
+        """The scratch is full of one frame head still arriving: double it, up to that head's size
+        (which _parse checked against max_header), never to the announced size at once."""
+        size = min(max(self._need, len(self._buf) + 1), 2 * len(self._buf))
+        if size <= len(self._buf):  # cannot happen: _need is only set for heads larger than the scratch
+            raise FramingError("header does not fit", peer=self.peer)
+        grown = bytearray(size)
+        n = self._end - self._start
+        grown[:n] = self._buf[self._start:self._end]
+        self._buf, self._view = grown, memoryview(grown)
+        self._start, self._end = 0, n
+
+    def _grow_dest(self) -> None:
+        """A payload we allocate ourselves has filled its buffer: double it (up to the frame's size)."""
+        assert self._growing and self._dest is not None
+        grown = bytearray(min(self._want, 2 * len(self._dest)))
+        grown[:self._filled] = self._dest[:self._filled]
+        self._dest = memoryview(grown)
 
     def _parse(self) -> None:
         while self._state == _HEAD and not self._dead:
@@ -213,7 +288,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if hlen == 0 or hlen > self.max_header:
                 raise FramingError(f"header length {hlen} outside 1..{self.max_header}", peer=self.peer)
             if avail < 4 + hlen:
-                self._fit(4 + hlen)
+                self._need = 4 + hlen
+                if self._start + self._need > len(self._buf):
+                    self._compact()  # the head starts at 0; get_buffer grows the scratch as it arrives
                 break
             body = self._view[self._start + 4:self._start + 4 + hlen]
             self._start += 4 + hlen
@@ -240,13 +317,17 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._invalid(exc)
                 self._begin_discard(nbytes)
                 continue
-            if dest is None:
-                dest = memoryview(bytearray(nbytes))
-            elif len(dest) != nbytes:
-                raise FramingError(f"handler gave {len(dest)} bytes for a {nbytes}-byte payload",
-                                   peer=self.peer)
-            self._header, self._dest = header, dest
+            if dest is DISCARD:
+                self._begin_discard(nbytes, header)
+                continue
             take = min(nbytes, self._end - self._start)
+            self._growing = dest is None
+            if dest is None:  # ours: what already arrived, or GROW_FROM, then doubling as bytes come
+                dest = memoryview(bytearray(min(nbytes, max(take, GROW_FROM))))
+            elif not isinstance(dest, memoryview) or len(dest) != nbytes:
+                raise FramingError(f"handler gave {len(dest)} bytes for a {nbytes}-byte payload",  # type: ignore[arg-type]
+                                   peer=self.peer)
+            self._header, self._dest, self._want = header, dest, nbytes
             dest[:take] = self._view[self._start:self._start + take]
             self._start += take
             self._filled = take
@@ -256,22 +337,32 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._state = _PAYLOAD
         if self._start == self._end:
             self._start = self._end = 0
-            if len(self._buf) > SCRATCH:  # a large header came and went: give its memory back
-                self._buf = bytearray(SCRATCH)
+            if len(self._buf) > self._scratch:  # a large header came and went: give its memory back
+                self._buf = bytearray(self._scratch)
                 self._view = memoryview(self._buf)
 
-    def _begin_discard(self, nbytes: int) -> None:
+    def _begin_discard(self, nbytes: int, header: dict[str, Any] | None = None) -> None:
+        """Read past `nbytes` of payload; then deliver `header` alone (None: an invalid frame)."""
         take = min(nbytes, self._end - self._start)
         self._start += take
+        self._header = header
         if nbytes > take:
             self._discard_left = nbytes - take
             self._state = _DISCARD
+        else:
+            self._end_discard()
+
+    def _end_discard(self) -> None:
+        header, self._header, self._state = self._header, None, _HEAD
+        if header is not None:
+            self._dispatch(header, None)
 
     def _deliver(self) -> None:
         header, dest = self._header, self._dest
         self._header, self._dest, self._filled, self._state = None, None, 0, _HEAD
-        assert header is not None
-        self._dispatch(header, dest)
+        self._growing = False
+        assert header is not None and dest is not None
+        self._dispatch(header, dest if len(dest) == self._want else dest[:self._want])
 
     def _dispatch(self, header: dict[str, Any], payload: memoryview | None) -> None:
         if self.handler is None or self._dead:
@@ -282,13 +373,22 @@ class FrameProtocol(asyncio.BufferedProtocol):
             exc.peer = exc.peer if exc.peer is not None else self.peer
             self._invalid(exc)
 
+    def note_invalid(self, exc: ProtocolError) -> None:
+        """A well-framed message the handler found invalid after the fact: counted like any other."""
+        self._invalid(exc)
+
     def _invalid(self, exc: ProtocolError) -> None:
+        if self._dead:
+            return
         self.invalid += 1
         if self.handler is not None:
             self.handler.on_invalid(exc)
-        if self.invalid >= self.max_invalid and self.transport is not None:
+        if self.invalid >= self.max_invalid:  # on_closed hears why (each message was reported already)
             self._dead = True
-            self.transport.abort()
+            self._unreported = ProtocolError(f"{self.invalid} invalid messages (the limit): disconnected",
+                                             peer=exc.peer if exc.peer is not None else self.peer)
+            if self.transport is not None:
+                self.transport.abort()
 
 
 def _raw_nbytes(body: bytes | memoryview) -> int:

@@ -3,25 +3,43 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from ssl import SSLContext
 from typing import Any
 
 from .auth import HANDSHAKE_TIMEOUT_S, Handshake, run_handshake
+from .burstlog import BurstLog
 from .codec import CONTROL_MAX_HEADER, FrameProtocol
 from .messages import ProtocolError
 
+log = logging.getLogger("wansync.control")
+# Messages read but not yet handled: beyond this the socket is not read (TCP pushes back on the
+# peer) until the handler catches up, so a flood costs a bounded queue, not memory without end.
+INBOX_MAX = 256
+
 
 def control_protocol(peer: object) -> FrameProtocol:
-    """Control frames never carry payload (any payload is a framing error) but may carry a plan."""
-    return FrameProtocol(peer=peer, max_payload=0, max_header=CONTROL_MAX_HEADER)
+    """Control frames never carry payload (any payload is a framing error) but may carry a plan
+    once the peer is authenticated; before that only the small handshake messages."""
+    return FrameProtocol(peer=peer, max_payload=0, max_header=CONTROL_MAX_HEADER, preauth=True)
+
+
+class Refuse(asyncio.Protocol):
+    """A connection refused the moment it is accepted (too many half-open ones): costs no buffer."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]
 
 
 class ControlConn:
-    def __init__(self, proto: FrameProtocol) -> None:
+    def __init__(self, proto: FrameProtocol, burst: BurstLog | None = None) -> None:
+        """burst: where invalid messages are logged, one line per burst (the owner's, e.g. a scheduler's)."""
         self.proto = proto
+        self.burst = burst or BurstLog(log)
         self.inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.errors: list[ProtocolError] = []
         self.authenticated = False  # until then one invalid message closes the connection
+        self._paused = False
         proto.handler = self
 
     @classmethod
@@ -45,6 +63,7 @@ class ControlConn:
             self.close()
             raise
         self.authenticated = True
+        self.proto.authenticated()
         return peer
 
     def send(self, header: dict[str, Any]) -> None:
@@ -54,7 +73,17 @@ class ControlConn:
 
     async def recv(self) -> dict[str, Any] | None:
         """The next message, or None once the connection closed."""
-        return await self.inbox.get()
+        msg = await self.inbox.get()
+        if self._paused and self.inbox.qsize() <= INBOX_MAX // 2:
+            self._paused = False
+            if self.proto.transport is not None and not self.proto.transport.is_closing():
+                self.proto.transport.resume_reading()
+        return msg
+
+    def refuse(self, error: ProtocolError) -> None:
+        """The handler found a message invalid (a rule beyond its schema): counted, logged, and at the
+        limit the connection closes, like a message that failed validation."""
+        self.proto.note_invalid(error)
 
     def close(self) -> None:
         self.proto.close()
@@ -65,13 +94,21 @@ class ControlConn:
 
     def on_frame(self, header: dict[str, Any], payload: memoryview | None) -> None:
         self.inbox.put_nowait(header)
+        transport = self.proto.transport
+        if not self._paused and self.inbox.qsize() >= INBOX_MAX and transport is not None:
+            self._paused = True
+            transport.pause_reading()
 
     def on_invalid(self, error: ProtocolError) -> None:
-        self.errors.append(error)
-        if not self.authenticated:  # a stranger gets no second chance
+        self.errors[:] = [*self.errors[-15:], error]
+        if not self.authenticated:  # a stranger gets no second chance (the caller logs why)
             self.proto.close()
+            return
+        self.burst.log(logging.WARNING, (self.proto.peer, error.msg_type, error.field), str(error))
 
     def on_closed(self, error: Exception | None) -> None:
-        if isinstance(error, ProtocolError):  # a truncated frame
-            self.errors.append(error)
+        if isinstance(error, ProtocolError):  # a truncated frame, or the invalid-message limit
+            self.errors[:] = [*self.errors[-15:], error]
+            if self.authenticated:
+                log.warning("control connection to %s closed: %s", self.proto.peer, error.reason)
         self.inbox.put_nowait(None)

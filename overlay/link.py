@@ -24,6 +24,7 @@ queued before a relayed flow's first segment arrived, so relays and fairness wai
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import math
 import socket
@@ -63,22 +64,56 @@ class Pacer(Protocol):
     def wrote(self, nbytes: int) -> None: ...
 
 
+class Blocks:
+    """A relayed chunk as the segments that arrived, in order: never one buffer sized by what the
+    sender announced, so a relay holds only bytes it was actually sent."""
+
+    def __init__(self) -> None:
+        self._parts: list[memoryview] = []
+        self._starts: list[int] = []
+        self.size = 0
+
+    def append(self, part: memoryview) -> None:
+        self._starts.append(self.size)
+        self._parts.append(part)
+        self.size += len(part)
+
+    def view(self, start: int, n: int) -> memoryview:
+        """Up to n bytes from `start`, within one block (a sender's segment may end early)."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        off = start - self._starts[i]
+        return self._parts[i][off:off + n]
+
+
 @dataclass(eq=False)
 class Transfer:
     """One chunk crossing one hop. `ready` grows while a relay is still receiving it (cut-through)."""
 
     key: tuple
     header: dict[str, Any]  # CHUNK header without off/nbytes/t_send
-    payload: memoryview
+    payload: memoryview | Blocks
     ready: int
     flow: Hashable
     sent: int = 0
     t_send: float = 0.0
     done: asyncio.Future | None = None  # resolved on the hop ack
+    total: int = -1  # bytes of the whole chunk (default: the payload's length)
+    on_release: Callable[[], None] | None = None  # acked or cancelled: the sender holds it no longer
 
-    @property
-    def total(self) -> int:
-        return len(self.payload)
+    def __post_init__(self) -> None:
+        if self.total < 0:
+            assert isinstance(self.payload, memoryview)
+            self.total = len(self.payload)
+
+    def view(self, start: int, n: int) -> memoryview:
+        if isinstance(self.payload, Blocks):
+            return self.payload.view(start, n)
+        return self.payload[start:start + n]
+
+    def release(self) -> None:
+        if self.on_release is not None:
+            self.on_release()
+            self.on_release = None
 
 
 @dataclass
@@ -151,6 +186,7 @@ class LinkSender:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for tr in self.unacked.values():
+            tr.release()
             if tr.done is not None and not tr.done.done():
                 tr.done.cancel()
 
@@ -210,6 +246,7 @@ class LinkSender:
         tr = self.unacked.pop(key, None)
         if tr is None:
             return False
+        tr.release()
         self._last_progress = time.monotonic()
         self.meter.acks += 1
         if tr.done is not None and not tr.done.done():
@@ -224,6 +261,7 @@ class LinkSender:
         gone = [k for k in self.unacked if drop(k)]
         for k in gone:
             tr = self.unacked.pop(k)
+            tr.release()
             if tr.done is not None and not tr.done.done():
                 tr.done.cancel()
             flow = self._flows.get(tr.flow)
@@ -263,8 +301,9 @@ class LinkSender:
                 step = self.segment_bytes if len(tr.header["path"]) > 2 else self._direct_segment()
                 size = min(step, tr.ready - tr.sent)
                 if size <= self._deficit[flow]:
-                    self._deficit[flow] -= size
-                    return tr, tr.payload[tr.sent:tr.sent + size]
+                    seg = tr.view(tr.sent, size)
+                    self._deficit[flow] -= len(seg)
+                    return tr, seg
             else:
                 self._deficit[flow] = 0  # waiting for a relay's upstream: an idle flow saves no credit
             self._order.rotate(-1)

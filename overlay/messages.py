@@ -8,7 +8,8 @@ the connection instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 NUM = (int, float)
@@ -71,7 +72,8 @@ SCHEMAS: dict[str, Schema] = {
     "READY": {"round": (INT, True), "progress": (NUM, True)},
     "JOB": {"job": (INT, True), "scheme": (STR, True), "rounds": (INT, True), "params": (INT, True),
             "compute_s": (NUM, True), "t0": (NUM, False), "warmup": (INT, False),
-            "start": (INT, False)},  # start: first round for an agent that rejoined mid-job
+            "start": (INT, False),  # start: first round for an agent that rejoined mid-job
+            "ahead": (INT, False)},  # rounds a node may receive ahead of its own (its progress model's window)
     "TOPO_REQUEST": {"job": (INT, True), "round": (INT, True), "have": (LIST, False), "attempt": (INT, False)},
     "TOPO_REPLY": {"job": (INT, True), "round": (INT, True), "version": (INT, True),
                    "plan": (DICT, False), "attempt": (INT, False), "skip": (BOOL, False),
@@ -100,6 +102,12 @@ SCHEMAS: dict[str, Schema] = {
 # Which message types may carry payload bytes after the header.
 PAYLOAD_TYPES = frozenset({"CHUNK"})
 
+# Bounds on what a message may hold beyond its field types: a node id is a bit in a contributor
+# bitmap, so it must be small; lists and maps are bounded so a handler's loop is too.
+MAX_NODE = 1 << 16
+MAX_ITEMS = 1 << 16  # entries of a list or map inside one control message
+MAX_TEXT = 4096  # characters of a free-text field (an error message, a host name)
+
 
 def validate(header: Any, peer: object = None) -> dict[str, Any]:
     """Return the header if it is a known, complete, well-typed message; raise ProtocolError if not."""
@@ -120,12 +128,27 @@ def validate(header: Any, peer: object = None) -> dict[str, Any]:
         # bool is an int subclass: keep integer fields honest
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise ProtocolError(f"has type {type(value).__name__}", field=name, peer=peer, msg_type=t)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError("must be a finite number", field=name, peer=peer, msg_type=t)
     nbytes = header.get("nbytes", 0)
     if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
         raise ProtocolError("must be a non-negative int", field="nbytes", peer=peer, msg_type=t)
     if nbytes and t not in PAYLOAD_TYPES:
         raise ProtocolError("payload on a message type that carries none", field="nbytes", peer=peer,
                             msg_type=t)
+    for name in _NODE_FIELDS & header.keys():
+        if not -1 <= header[name] < MAX_NODE:
+            raise ProtocolError(f"node id {header[name]} outside 0..{MAX_NODE - 1}", field=name, peer=peer,
+                                msg_type=t)
+    for name in _COUNT_FIELDS & header.keys():
+        if header[name] < 0:
+            raise ProtocolError("must not be negative", field=name, peer=peer, msg_type=t)
+    try:
+        for name, check in _CHECKS.get(t, {}).items():
+            if name in header:
+                check(header[name])
+    except _Bad as bad:
+        raise ProtocolError(str(bad), field=name, peer=peer, msg_type=t) from None
     if t == "CHUNK":
         _validate_chunk(header, peer)
     elif t == "EMU":
@@ -133,6 +156,141 @@ def validate(header: Any, peer: object = None) -> dict[str, Any]:
     elif t == "ACK" and header["kind"] not in CHUNK_KINDS:
         raise ProtocolError(f"unknown kind {header['kind']!r}", field="kind", peer=peer, msg_type=t)
     return header
+
+
+# --- what field types alone cannot say ---------------------------------------------------------------
+_NODE_FIELDS = frozenset({"node", "src", "dst", "origin"})  # -1: the scheduler (HELLO)
+_COUNT_FIELDS = frozenset({"job", "round", "attempt", "version", "chunk", "rounds", "params", "warmup", "start",
+                           "epoch", "rx", "pid", "seen_job", "seen_version", "hop", "off", "total", "port", "ahead",
+                           "compute_s", "time"})
+
+
+class _Bad(ValueError):
+    """A field's content is wrong; validate() turns it into a ProtocolError naming the field."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _node(v: Any) -> int:
+    if not _is_int(v) or not 0 <= v < MAX_NODE:
+        raise _Bad(f"{v!r} is not a node id (0..{MAX_NODE - 1})")
+    return v
+
+
+def _node_key(k: Any) -> int:
+    """Map keys that name nodes: ints, or decimal strings (JSON-minded senders)."""
+    if isinstance(k, str) and k.isdigit() and len(k) <= 6:
+        k = int(k)
+    return _node(k)
+
+
+def _items(v: Any, what: str) -> Any:
+    if len(v) > MAX_ITEMS:
+        raise _Bad(f"{len(v)} {what}, more than {MAX_ITEMS}")
+    return v
+
+
+def _list_of(item: Callable[[Any], Any], what: str) -> Callable[[Any], None]:
+    def check(v: Any) -> None:
+        for x in _items(v, what):
+            item(x)
+    return check
+
+
+def _pair(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], None]:
+    def check(v: Any) -> None:
+        if not isinstance(v, list | tuple) or len(v) != 2:
+            raise _Bad(f"{v!r} is not a pair")
+        first(v[0])
+        second(v[1])
+    return check
+
+
+def _sample(v: Any) -> None:
+    """[src, dst, bytes, seconds] of one chunk transfer: bytes > 0, seconds finite and > 0."""
+    if not isinstance(v, list | tuple) or len(v) != 4:
+        raise _Bad(f"sample {v!r} is not [src, dst, bytes, seconds]")
+    _node(v[0])
+    _node(v[1])
+    if not _is_int(v[2]) or v[2] <= 0:
+        raise _Bad(f"sample bytes {v[2]!r} is not a positive int")
+    if not _is_num(v[3]) or v[3] <= 0:
+        raise _Bad(f"sample seconds {v[3]!r} is not a finite positive number")
+
+
+def _non_negative(v: Any) -> None:
+    if not _is_num(v) or v < 0:
+        raise _Bad(f"{v!r} is not a finite non-negative number")
+
+
+def _count(v: Any) -> None:
+    if not _is_int(v) or v < 0:
+        raise _Bad(f"{v!r} is not a non-negative int")
+
+
+def _text(limit: int = MAX_TEXT) -> Callable[[Any], None]:
+    def check(v: Any) -> None:
+        if len(v) > limit:
+            raise _Bad(f"{len(v)} characters, more than {limit}")
+    return check
+
+
+def _counters(v: Any) -> None:
+    for k, n in _items(v, "links").items():
+        _node_key(k)
+        _count(n)
+
+
+def _peers(v: Any) -> None:
+    for k, addr in _items(v, "peers").items():
+        _node_key(k)
+        if (not isinstance(addr, list | tuple) or len(addr) != 3 or not isinstance(addr[0], str)
+                or len(addr[0]) > 255 or not _is_int(addr[1]) or not 0 <= addr[1] < 65536 or not _is_int(addr[2])):
+            raise _Bad(f"peer {k}: {addr!r} is not [host, port, epoch]")
+
+
+def _plain(v: Any, depth: int = 0) -> int:
+    """Nested maps of finite numbers, booleans, None and short strings (job statistics); its size."""
+    if isinstance(v, dict):
+        if depth >= 4:
+            raise _Bad("nested too deep")
+        size = 0
+        for k, x in v.items():
+            if not isinstance(k, str | int) or isinstance(k, bool):
+                raise _Bad(f"key {k!r} is not a name")
+            size += 1 + _plain(x, depth + 1)
+            if size > MAX_ITEMS:
+                raise _Bad(f"more than {MAX_ITEMS} entries")
+        return size
+    if isinstance(v, list | tuple):
+        if depth >= 4 or len(v) > MAX_ITEMS:
+            raise _Bad("list nested too deep or too long")
+        return sum(1 + _plain(x, depth + 1) for x in v)
+    if v is None or isinstance(v, bool) or _is_num(v) or (isinstance(v, str) and len(v) <= MAX_TEXT):
+        return 0
+    raise _Bad(f"{type(v).__name__} value {v!r:.40} is not a finite number, bool, null or short text")
+
+
+_CHECKS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "HELLO": {"cluster": _text(256), "role": _text(32)},
+    "REGISTER": {"host": _text(255), "neighbors": _list_of(_node, "neighbours")},
+    "PEERS": {"peers": _peers},
+    "HEARTBEAT": {"stuck": _list_of(_pair(_node, _non_negative), "stuck links")},
+    "REPORT": {"samples": _list_of(_sample, "samples")},
+    "READY": {"progress": _non_negative},
+    "TOPO_REQUEST": {"have": _list_of(_count, "versions")},
+    "TOPO_REPLY": {"avoid": _list_of(_pair(_node, _node), "links")},
+    "ROUND_DONE": {"digest": _text(64), "error": _text()},
+    "STATS": {"stats": _plain},
+    "COUNTERS": {"links": _counters},
+    "CHUNK": {"path": _list_of(_node, "hops"), "contributors": _text(MAX_NODE // 8)},
+}
 
 
 EMU_OPS = ("rate", "down", "blackhole")

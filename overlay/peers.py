@@ -12,19 +12,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .auth import HANDSHAKE_TIMEOUT_S, AuthError, Handshake, TlsFiles
-from .codec import MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol
-from .link import SEGMENT_BYTES, LinkSender, Pacer, Transfer
+from .budget import MemoryBudget
+from .burstlog import BurstLog
+from .codec import DISCARD, MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol, _Discard
+from .link import SEGMENT_BYTES, Blocks, LinkSender, Pacer, Transfer
 from .messages import ProtocolError, ack_for, chunk_key
 
 log = logging.getLogger("wansync.overlay")
 
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
+# Accepted connections still in their handshake: more are refused at once (a stranger may not pile
+# up sockets and buffers); a neighbour's redial gets through once the others time out.
+MAX_HALF_OPEN = 64
+RELAY_BUDGET = 256 << 20  # a sink without a budget of its own (tests): what relays may hold
+EPOCHS_KEPT = 8  # incarnations per peer whose invalid-message counts are remembered
+ERRORS_KEPT = 256  # protocol errors kept for inspection (all are counted)
 
 
 class HoldRefused(Exception):
@@ -44,6 +53,10 @@ class ChunkSink(Protocol):
     def chunk_segment(self, header: dict[str, Any], payload: memoryview) -> None:
         """A segment landed (exactly once per key and offset)."""
 
+    def admit_relay(self, header: dict[str, Any], peer: int) -> None:
+        """Before relaying a chunk for others: raise HoldRefused (after saying why) if its job, task
+        or round is not one this node expects traffic of now."""
+
 
 class ReceiveLimiter(Protocol):
     def delay_for(self, nbytes: int, *, allow_large: bool = False) -> float: ...
@@ -56,6 +69,7 @@ class _Rx:
     relay: Transfer | None = None
     next_hop: int | None = None
     src: int | None = None
+    charged: int = 0  # relay bytes reserved in the memory budget for peer `src`
 
 
 @dataclass
@@ -73,10 +87,12 @@ class Overlay:
                  segment_bytes: int = SEGMENT_BYTES, on_sample: Sample | None = None,
                  host: str = "127.0.0.1", clock: Callable[[], float] = time.time, secret: bytes | None = None,
                  tls: TlsFiles | None = None, max_payload: int = MAX_PAYLOAD, max_header: int = MAX_HEADER,
-                 max_invalid: int = MAX_INVALID) -> None:
+                 max_invalid: int = MAX_INVALID, budget: MemoryBudget | None = None) -> None:
         """secret: the cluster secret neighbours must prove they hold (overlay.auth); None = no
         authentication (--insecure). tls: mutual TLS on every data connection. max_*: per-frame
-        limits on what a neighbour may send, and how many invalid messages before we hang up."""
+        limits on what a neighbour may send, and how many invalid messages before we hang up.
+        budget: memory for chunks relayed for others, shared with what the sink holds for later
+        rounds (default: the sink's `budget`, else a budget of our own)."""
         self.node = node
         self.cluster = cluster
         self.secret = secret
@@ -84,6 +100,10 @@ class Overlay:
         self.limits = {"max_payload": max_payload, "max_header": max_header, "max_invalid": max_invalid}
         self._refusals: set[tuple[object, str]] = set()  # handshake failures already logged once
         self.sink = sink
+        self.budget = budget or getattr(sink, "budget", None) or MemoryBudget(RELAY_BUDGET)
+        self._relay_refused: set[int] = set()  # peers whose relayed bytes found no room (resent later)
+        self._half_open = 0  # accepted connections still in their handshake
+        self.burst = BurstLog(log)
         self.neighbors = set(neighbors)
         self.host = host
         self.downlink = downlink
@@ -93,7 +113,8 @@ class Overlay:
                         for n in sorted(self.neighbors)}
         self.meters_in = {n: InMeter() for n in self.neighbors}
         self.port = 0
-        self.errors: list[ProtocolError] = []
+        self.errors: deque[ProtocolError] = deque(maxlen=ERRORS_KEPT)  # the latest, for logs and tests
+        self.error_count = 0  # every protocol error and refusal since start
         # None: relays follow the source route (the protocol). Set: relays ask their own auxiliary
         # table for the rest of the route, which can loop while tables update (Fig. 10; tests only);
         # a looping chunk then fails validation (its path visits a node twice) and is dropped
@@ -108,8 +129,9 @@ class Overlay:
         self._dialing: set[int] = set()
         self._addrs: dict[int, tuple[str, int]] = {}
         self.min_epoch: dict[int, int] = {}  # peer -> lowest incarnation accepted (FENCE)
-        # peer -> (incarnation, invalid messages): the limit holds across reconnects of one incarnation
-        self._invalid: dict[int, tuple[int, int]] = {}
+        # peer -> incarnation -> invalid messages: the limit holds across reconnects of an incarnation,
+        # and a connection claiming another incarnation in between does not reset it
+        self._invalid: dict[int, dict[int, int]] = {}
         self.epoch = time.time_ns()  # this process's incarnation, sent in HELLO
         self._closing = False
         # link-down faults: peers we neither dial nor accept until `suspend(peer, False)`
@@ -174,11 +196,15 @@ class Overlay:
             self._server.close()
             await self._server.wait_closed()
 
+    def note_error(self, error: ProtocolError) -> None:
+        self.errors.append(error)
+        self.error_count += 1
+
     def drop_connection(self, peer: int) -> None:
-        """Cut the socket to a neighbour (fault injection, tests); the dialer reconnects."""
+        """Cut the socket to a neighbour (fault injection, tests, a resend wanted); the dialer reconnects."""
         conn = self._conns.get(peer)
-        if conn is not None and conn.transport is not None:
-            conn.transport.abort()
+        if conn is not None:
+            conn.close(abort=True)
 
     def suspend(self, peer: int, down: bool) -> None:
         """Link down (fault injection): cut the socket and neither dial nor accept the peer until up.
@@ -226,15 +252,26 @@ class Overlay:
         return sum(s.cancel(drop) for s in self.senders.values())
 
     def forget_before(self, job: int, rnd: int) -> None:
-        """Duplicate detection only needs keys of rounds still in flight (agents run one round ahead)."""
+        """Duplicate detection only needs keys of rounds still in flight (agents run one round ahead);
+        transfers of older rounds that were never acknowledged are of no use to anyone now."""
+        def old(k: tuple) -> bool:
+            return (k[0], k[1]) < (job, rnd)
         for jr in [jr for jr in self._done if jr < (job, rnd)]:
             del self._done[jr]
-        for key in [k for k in self._rx if (k[0], k[1]) < (job, rnd)]:
+        for key in [k for k in self._rx if old(k)]:
             del self._rx[key]
+        for s in self.senders.values():
+            s.cancel(old)
 
     # --- receiving -------------------------------------------------------------------------------
-    def _protocol(self, peer: int | None) -> FrameProtocol:
-        proto = FrameProtocol(peer=peer, on_bytes=None, **self.limits)
+    def _protocol(self, peer: int | None) -> asyncio.BaseProtocol:
+        if peer is None:  # accepted: a stranger until it proves otherwise
+            if self._half_open >= MAX_HALF_OPEN:
+                self.burst.log(logging.WARNING, "half-open", f"node {self.node} refused connections: already "
+                               f"{MAX_HALF_OPEN} waiting to authenticate")
+                return _Refuse()
+            self._half_open += 1
+        proto = FrameProtocol(peer=peer, on_bytes=None, preauth=True, **self.limits)
         proto.handler = _Handshake(self, proto, expect=peer)
         if self.downlink is not None:
             proto.on_bytes = _receive_pacer(proto, self.downlink)
@@ -267,13 +304,16 @@ class Overlay:
     def _attach(self, peer: int, proto: FrameProtocol, epoch: int = 0) -> None:
         old = self._conns.get(peer)
         if old is not None and old is not proto:
-            old.close()
+            log.info("node %d: a new connection from node %d replaces the old one", self.node, peer)
+            old.close()  # closed by us: its end is not reported as an error
         self._conns[peer] = proto
         proto.peer = peer
-        seen_epoch, invalid = self._invalid.get(peer, (epoch, 0))
-        proto.invalid = invalid if seen_epoch == epoch else 0  # a reconnect does not clear the count
-        self._invalid[peer] = (epoch, proto.invalid)
-        proto.handler = _PeerConn(self, peer, proto)
+        proto.authenticated()
+        counts = self._invalid.setdefault(peer, {})
+        proto.invalid = counts.setdefault(epoch, 0)  # a reconnect of the same incarnation does not clear it
+        while len(counts) > EPOCHS_KEPT:
+            del counts[min(counts)]
+        proto.handler = _PeerConn(self, peer, proto, epoch)
         self.senders[peer].attach(proto)
         self._connected[peer].set()
 
@@ -308,7 +348,7 @@ class Overlay:
         skip = got - off  # > 0: the segment overlaps what we hold; only its tail is new
         if hop + 2 == len(path):  # this node is the destination
             try:
-                dest = self.sink.chunk_buffer(h) if skip == 0 else memoryview(bytearray(n))
+                dest = self.sink.chunk_buffer(h) if skip == 0 else None
             except HoldRefused:  # not recorded, so never acked: discarded like a duplicate, resent later
                 return "dup", key
             if rx is None:
@@ -320,15 +360,53 @@ class Overlay:
             raise ProtocolError(f"next hop {nxt} is not a neighbour of {self.node}", field="path", peer=peer,
                                 msg_type="CHUNK")
         if rx is None:
-            rx = self._rx[key] = _Rx(h["total"], next_hop=nxt)
+            admit = getattr(self.sink, "admit_relay", None)
+            try:
+                if admit is not None:
+                    admit(h, peer)
+            except HoldRefused:  # a job or round this node expects nothing of: said why, never held
+                return "dup", key
+        if rx is None:
+            # a relayed chunk is admitted whole or not at all: its size is reserved in the budget now
+            # (memory itself is allocated as its bytes arrive), so no admitted chunk ever waits for
+            # bytes that were refused, which would block its flow's later chunks behind it
+            if not self.budget.room(peer, h["total"]):
+                self._refuse_relay(peer, h["total"])
+                return "dup", key
+            self.budget.take(peer, h["total"])
+            rx = self._rx[key] = _Rx(h["total"], next_hop=nxt, charged=h["total"])
             rh = {k: v for k, v in h.items() if k not in ("off", "nbytes", "t_send", "t")}
             rh.update(t="CHUNK", hop=hop + 1)
-            rx.relay = Transfer(key=key, header=rh, payload=memoryview(bytearray(h["total"])), ready=0,
-                                flow=(path[0], path[-1]))
+            rx.relay = Transfer(key=key, header=rh, payload=Blocks(), ready=0, flow=(path[0], path[-1]),
+                                total=h["total"], on_release=lambda rx=rx: self._relay_released(rx))
             self.senders[nxt].send(rx.relay)
         rx.src = peer
-        assert rx.relay is not None
-        return "relay", (key, rx, rx.relay.payload[off:off + n], skip)
+        return "relay", (key, rx, None, skip)
+
+    def _refuse_relay(self, peer: int, total: int) -> None:
+        """Not acknowledged, so the sender keeps the chunk; it is asked for again once there is room."""
+        if total > self.budget.peer_limit:
+            self.burst.log(logging.ERROR, ("relay too big", peer),
+                           f"node {self.node}: a {total}-byte chunk from node {peer} can never be relayed here: a "
+                           f"peer may hold at most {self.budget.peer_limit} bytes of this node's budget (raise "
+                           f"--hold-budget-mb, or use smaller chunks)")
+        elif peer not in self._relay_refused:
+            self.burst.log(logging.WARNING, ("relay budget", peer),
+                           f"node {self.node}: memory budget full ({self.budget.used} of {self.budget.limit} bytes, "
+                           f"{self.budget.by_peer.get(peer, 0)} for node {peer}): refusing chunks it relays "
+                           f"through us until there is room")
+        self._relay_refused.add(peer)
+
+    def _relay_released(self, rx: _Rx) -> None:
+        """The next hop has the whole chunk (or it was cancelled): its bytes leave the budget, and
+        peers refused for want of room are asked to send again (a reconnect resends what is unacked)."""
+        if rx.charged and rx.src is not None:
+            self.budget.give(rx.src, rx.charged)
+            rx.charged = 0
+        if self._relay_refused and self.budget.used <= self.budget.limit // 2:
+            peers, self._relay_refused = self._relay_refused, set()
+            for p in peers:
+                self.drop_connection(p)
 
     def _on_chunk(self, peer: int, h: dict[str, Any], payload: memoryview | None, disp: tuple[str, Any]) -> None:
         kind, info = disp
@@ -338,6 +416,8 @@ class Overlay:
             return
         key, rx, _, skip = info
         assert payload is not None
+        if self._rx.get(key) is not rx:  # its round was aborted or forgotten while these bytes arrived
+            return
         if skip:  # an overlapping resend: pass on only the bytes not yet held
             h = {**h, "off": h["off"] + skip, "nbytes": h["nbytes"] - skip}
             payload = payload[skip:]
@@ -353,7 +433,8 @@ class Overlay:
             self.sink.chunk_segment(h, payload)
         else:
             tr = rx.relay
-            # the relay's payload buffer already holds these bytes (they were read straight into it)
+            assert tr is not None and isinstance(tr.payload, Blocks)
+            tr.payload.append(payload)  # the bytes as they arrived (read straight into this buffer)
             tr.ready = rx.got
             self.senders[rx.next_hop].more_ready()
         if rx.got == rx.total:
@@ -388,6 +469,13 @@ def _retrieved(fut: asyncio.Future) -> None:
         fut.exception()
 
 
+class _Refuse(asyncio.Protocol):
+    """A connection refused the moment it is accepted (too many half-open ones): costs no buffer."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]
+
+
 class _Handshake:
     """Until the neighbour is authenticated (overlay.auth: HELLO both ways, then AUTH both ways) the
     connection carries nothing else; one invalid message, a wrong secret or silence ends it."""
@@ -402,6 +490,7 @@ class _Handshake:
         loop = asyncio.get_running_loop()
         self.done: asyncio.Future = loop.create_future()
         self.done.add_done_callback(_retrieved)  # an acceptor's outcome is only logged, never awaited
+        self._counted_out = False
         # an accepted connection that never finishes the handshake must not stay open forever
         self._timer = None if expect is not None else loop.call_later(HANDSHAKE_TIMEOUT_S, self._timeout)
 
@@ -446,6 +535,9 @@ class _Handshake:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.expect is None and not self._counted_out:  # an accepted one is no longer half-open
+            self._counted_out = True
+            self.overlay._half_open -= 1
         if not self.done.done():
             if exc is None:
                 self.done.set_result(node)
@@ -463,7 +555,7 @@ class _Handshake:
         if self.done.done():
             return
         self._log_once(why)
-        self.overlay.errors.append(AuthError(why, peer=self.proto.peer))
+        self.overlay.note_error(AuthError(why, peer=self.proto.peer))
         self._settle(AuthError(why, peer=self.proto.peer))
         self.proto.close()
 
@@ -479,7 +571,7 @@ class _Handshake:
             why = self.auth.closed_reason()
             if isinstance(error, ProtocolError):  # e.g. a truncated frame: name it
                 why = error.reason
-                self.overlay.errors.append(error)
+                self.overlay.note_error(error)
             if self.expect is not None or isinstance(error, ProtocolError):
                 self._log_once(why)  # dialled: the other end refused us (it logged why)
             self._settle(ConnectionError(why))
@@ -488,20 +580,20 @@ class _Handshake:
 class _PeerConn:
     """Frames from one authenticated neighbour."""
 
-    def __init__(self, overlay: Overlay, peer: int, proto: FrameProtocol) -> None:
+    def __init__(self, overlay: Overlay, peer: int, proto: FrameProtocol, epoch: int = 0) -> None:
         self.overlay = overlay
         self.peer = peer
         self.proto = proto
+        self.epoch = epoch
         self._disp: tuple[str, Any] | None = None
 
-    def on_header(self, header: dict[str, Any]) -> memoryview | None:
+    def on_header(self, header: dict[str, Any]) -> memoryview | _Discard | None:
         if header["t"] != "CHUNK":
             raise ProtocolError("payload on a non-data message", peer=self.peer)
         disp = self._disp = self.overlay._on_chunk_header(self.peer, header)
         if disp[0] == "dup":
-            n = header["nbytes"]
-            return self.overlay._discard[:n] if n <= len(self.overlay._discard) else None
-        return disp[1][2]
+            return DISCARD
+        return disp[1][2]  # None: allocated as the bytes arrive (relayed or held for later)
 
     def on_frame(self, header: dict[str, Any], payload: memoryview | None) -> None:
         t = header["t"]
@@ -516,13 +608,13 @@ class _PeerConn:
             raise ProtocolError(f"{t} is not a data-plane message", field="t", peer=self.peer, msg_type=t)
 
     def on_invalid(self, error: ProtocolError) -> None:
-        log.warning("node %d: %s", self.overlay.node, error)
-        self.overlay.errors.append(error)
-        epoch, _ = self.overlay._invalid[self.peer]
-        self.overlay._invalid[self.peer] = (epoch, self.proto.invalid)
+        self.overlay.burst.log(logging.WARNING, (self.peer, error.msg_type, error.field),
+                               f"node {self.overlay.node}: {error}")
+        self.overlay.note_error(error)
+        self.overlay._invalid.setdefault(self.peer, {})[self.epoch] = self.proto.invalid
 
     def on_closed(self, error: Exception | None) -> None:
-        if isinstance(error, ProtocolError):  # a truncated frame: what it held is resent, never half used
+        if isinstance(error, ProtocolError):  # a truncated frame (resent, never half used), or the limit
             log.warning("node %d: %s", self.overlay.node, error)
-            self.overlay.errors.append(error)
+            self.overlay.note_error(error)
         self.overlay._detach(self.peer, self.proto)

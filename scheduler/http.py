@@ -15,12 +15,39 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from overlay.burstlog import BurstLog
 
 from .live import LiveState
 from .service import Scheduler
 
 log = logging.getLogger("wansync.http")
+MAX_WS_CLIENTS = 32  # live pages at once: each costs a pusher task and a snapshot per connect
+
+
+class _BadRequests(logging.Filter):
+    """A malformed request (oversized header, garbage) gets its 400 and one log line per burst, not
+    a traceback per request: it is the client's error, not ours."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.burst = BurstLog(log)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            text = (getattr(exc, "message", "") or str(exc)).strip()
+            first = text.splitlines()[0] if text else type(exc).__name__
+            self.burst.log(logging.WARNING, ("bad request", type(exc).__name__),
+                           f"refused a malformed HTTP request ({type(exc).__name__}: {first[:200]})")
+            return False
+        return True
+
+
+_server_log = logging.getLogger("wansync.http.server")
+_server_log.addFilter(_BadRequests())
 
 STATIC = Path(__file__).parent / "dashboard"
 PUSH_EVERY_S = 0.5  # WebSocket update period: faster than the 1 s throughput points, cheap at 26 links
@@ -69,7 +96,7 @@ class DashboardServer:
         self.app = app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, logger=_server_log)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -134,6 +161,8 @@ class DashboardServer:
     # --- live updates -----------------------------------------------------------------------------
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
         """A snapshot first, then every PUSH_EVERY_S what is new since this client's cursor."""
+        if len(self._sockets) >= MAX_WS_CLIENTS:
+            return _json({"error": f"too many live clients (at most {MAX_WS_CLIENTS}); try again later"}, 503)
         ws = web.WebSocketResponse(heartbeat=20)
         await ws.prepare(request)
         self._sockets.add(ws)

@@ -24,8 +24,8 @@ from typing import Any
 import msgpack
 
 from overlay.auth import AuthError, Handshake, TlsFiles
-from overlay.codec import FrameProtocol
-from overlay.control import ControlConn, control_protocol
+from overlay.burstlog import BurstLog
+from overlay.control import ControlConn, Refuse, control_protocol
 from overlay.messages import ProtocolError
 
 from . import deadline, planners
@@ -33,6 +33,9 @@ from .plan import Job, Plan, PlanError, aux_to_wire
 from .view import DisconnectedView, NetworkView
 
 log = logging.getLogger("wansync.scheduler")
+# Control connections accepted but not yet authenticated: more are refused at once (see Refuse)
+MAX_HALF_OPEN = 64
+BSP_AHEAD = 1  # rounds an agent may receive frames for beyond its own: BSP starts r+1 once r ended everywhere
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -72,6 +75,9 @@ class RoundRecord:
     prediction_s: float | None = None  # filled in by whoever knows the configured network
     attempt: int = 0  # > 0: earlier attempts were aborted (a lost agent, a stall) and retried
     participants: int = 0
+    # node -> hex blake2b-128 of its result's bytes: lets anyone check the result against a sum of their own
+    digests: dict[int, str] = field(default_factory=dict)
+
     def to_json(self) -> dict[str, Any]:
         return {"type": "round", **{k: v for k, v in self.__dict__.items()}}
 
@@ -152,6 +158,8 @@ class Scheduler:
         self.timeline: list[dict[str, Any]] = []
         self.link_bytes: dict[tuple[int, int], int] = {}  # cumulative bytes per directed link (COUNTERS)
         self._tasks: set[asyncio.Task] = set()
+        self._half_open = 0  # accepted control connections still in their handshake
+        self._burst = BurstLog(log)  # one line per burst of refusals or invalid messages, not one per event
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -163,9 +171,14 @@ class Scheduler:
         watch.add_done_callback(self._tasks.discard)
         return self._server.sockets[0].getsockname()[1]
 
-    def _accept(self) -> FrameProtocol:
+    def _accept(self) -> asyncio.BaseProtocol:
+        if self._half_open >= MAX_HALF_OPEN:  # strangers may not pile up: each costs a task and buffers
+            self._burst.log(logging.WARNING, "half-open", f"scheduler refused control connections: already "
+                       f"{MAX_HALF_OPEN} waiting to authenticate")
+            return Refuse()
+        self._half_open += 1
         proto = control_protocol("agent?")
-        conn = ControlConn(proto)
+        conn = ControlConn(proto, self._burst)
         task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -236,7 +249,7 @@ class Scheduler:
                       avoid=self.view.unusable())
         self.current = js
         msg = js.job_msg = {"t": "JOB", "job": js.job, "scheme": scheme, "rounds": js.rounds, "params": params,
-                            "compute_s": compute_s, "t0": js.t0, "warmup": warmup}
+                            "compute_s": compute_s, "t0": js.t0, "warmup": warmup, "ahead": BSP_AHEAD}
         for a in self.agents.values():
             a.conn.send(msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": plan.version})
@@ -519,8 +532,12 @@ class Scheduler:
                 if hs.peer_hello is not None or conn.errors or isinstance(exc, TimeoutError):
                     addr = conn.proto.transport.get_extra_info("peername") if conn.proto.transport else None
                     why = exc.reason if isinstance(exc, AuthError) else f"no handshake ({type(exc).__name__})"
-                    log.warning("scheduler refused a control connection from %s: %s", addr, why)
+                    kind = "timeout" if isinstance(exc, TimeoutError) else why
+                    self._burst.log(logging.WARNING, ("refused", kind),
+                               f"scheduler refused a control connection from {addr}: {why}")
                 return
+            finally:
+                self._half_open -= 1
             first = hs.peer_hello
             assert first is not None
             conn.proto.peer = f"agent {node}"
@@ -530,13 +547,26 @@ class Scheduler:
                 if msg is None:
                     break
                 if msg["t"] == "CLOCK":  # answered at once: its delay is the agent's error bound
-                    conn.send({"t": "CLOCK", "t0": msg["t0"], "t1": time.time()})
+                    try:
+                        conn.send({"t": "CLOCK", "t0": msg["t0"], "t1": time.time()})
+                    except ConnectionError:  # it hung up (or was cut off) meanwhile: the end of it
+                        break
                     continue
                 info.last_seen = time.time()
-                self._handle(info, msg)
+                try:
+                    self._handle(info, msg)
+                except ProtocolError as exc:  # valid by its schema, not by the rules: counted like one that is not
+                    exc.peer = exc.peer if exc.peer is not None else conn.proto.peer
+                    conn.refuse(exc)
+                except Exception as exc:  # a bug must not leave a connection open that nobody reads
+                    log.error("agent %d: handling its %s failed (%s: %s); closing its control connection",
+                              node, msg["t"], type(exc).__name__, exc)
+                    log.debug("handler failure", exc_info=True)
+                    break
         except ProtocolError as exc:
             log.warning("%s", exc)
         finally:
+            conn.close()
             if info is not None and self.agents.get(info.node) is info:
                 self.on_event("agent_lost", {"node": info.node})
                 self._lost(info.node, "control connection closed")
@@ -548,7 +578,17 @@ class Scheduler:
 
     def _handle(self, a: AgentInfo, msg: dict[str, Any]) -> None:
         t = msg["t"]
+        if t != "REGISTER" and self.agents.get(a.node) is not a:
+            # an authenticated connection that did not register (or was replaced since) speaks for no one
+            raise ProtocolError(f"{t} from node {a.node}, which has not registered on this connection",
+                                msg_type=t)
+        if msg.get("node", a.node) != a.node:
+            raise ProtocolError(f"node {a.node} speaks for node {msg['node']}", field="node", msg_type=t)
         if t == "REGISTER":
+            strangers = [n for n in msg["neighbors"] if not 0 <= n < self.expected or n == a.node]
+            if strangers:
+                raise ProtocolError(f"neighbours {strangers[:8]} are not other nodes of this cluster "
+                                    f"(0..{self.expected - 1})", field="neighbors", msg_type=t)
             if a.epoch <= self.fenced.get(a.node, -1):
                 log.warning("refused node %d: epoch %d was fenced (a zombie of a lost agent)", a.node, a.epoch)
                 self._send(a, {"t": "FENCE", "node": a.node, "epoch": a.epoch})
@@ -565,7 +605,7 @@ class Scheduler:
             self.job_id = max(self.job_id, msg.get("seen_job", 0))
             self.version = max(self.version, msg.get("seen_version", 0))
             a.host, a.port, a.pid = msg["host"], msg["port"], msg.get("pid")
-            a.neighbors = tuple(int(n) for n in msg["neighbors"])
+            a.neighbors = tuple(msg["neighbors"])
             self.agents[a.node] = a
             self.view.add_node(a.node)
             self.view.node_up(a.node)
@@ -599,9 +639,12 @@ class Scheduler:
             js.asked.setdefault(rnd, {})[a.node] = set(msg.get("have", ()))
             self._try_start(js, rnd, a.node)
         elif t == "REPORT":
-            for s in msg["samples"]:
-                src, dst, nbytes, seconds = s[0], s[1], s[2], s[3]
-                self.view.observe(int(src), int(dst), int(nbytes), float(seconds))
+            for src, dst, _, _ in msg["samples"]:  # the schema checked shapes and values
+                if dst != a.node or src not in a.neighbors:  # samples are taken by the receiver of a link
+                    raise ProtocolError(f"sample of link {src}->{dst}, not a link into node {a.node}",
+                                        field="samples", msg_type=t)
+            for src, dst, nbytes, seconds in msg["samples"]:
+                self.view.observe(src, dst, nbytes, seconds)
             self.on_event("samples", {"node": a.node, "samples": msg["samples"]})
             if self.current is not None:
                 self._maybe_refresh_aux(self.current)
@@ -613,14 +656,18 @@ class Scheduler:
                 js.stats[a.node] = msg["stats"]
                 self._maybe_finish(js)
         elif t == "COUNTERS":
-            for dst, nbytes in msg["links"].items():
-                self.link_bytes[(a.node, int(dst))] = int(nbytes)
+            links = {int(dst): nbytes for dst, nbytes in msg["links"].items()}  # the schema checked the keys
+            if not set(links) <= set(a.neighbors):
+                raise ProtocolError(f"counters for links {sorted(set(links) - set(a.neighbors))[:8]} that "
+                                    f"node {a.node} does not have", field="links", msg_type=t)
+            for dst, nbytes in links.items():
+                self.link_bytes[(a.node, dst)] = nbytes
             self.on_event("counters", {"node": a.node, "time": msg["time"], "links": msg["links"]})
         elif t == "HEARTBEAT":
-            a.rx_bytes = int(msg.get("rx", a.rx_bytes))
-            a.stuck = {int(b): float(s) for b, s in msg.get("stuck", [])}
+            a.rx_bytes = msg.get("rx", a.rx_bytes)
+            a.stuck = {b: w for b, w in msg.get("stuck", []) if b in a.neighbors}
         else:
-            log.warning("agent %d sent unexpected %s", a.node, t)
+            raise ProtocolError(f"{t} is not a message an agent sends", field="t", msg_type=t)
 
     def _round_done(self, a: AgentInfo, msg: dict[str, Any]) -> None:
         js = self.current
@@ -647,7 +694,8 @@ class Scheduler:
             t_start=min(starts), t_end=max(ends), warmup=rnd < js.warmup,
             errors=[m["error"] for m in got.values() if m.get("error")],
             trp_wait_s=max(m.get("t_wait", 0.0) for m in got.values()), coverage=self.view.coverage(),
-            attempt=msg["attempt"], participants=len(members))
+            attempt=msg["attempt"], participants=len(members),
+            digests={n: m["digest"].hex() for n, m in sorted(got.items())})
         if self.predict is not None and rec.version in self.plans:
             rec.prediction_s = self.predict(self.plans[rec.version], rec.t_start - js.t0)
         js.records.append(rec)

@@ -6,6 +6,7 @@ passive samples (bytes, seconds of each chunk transfer). It never looks at the e
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 
@@ -54,8 +55,8 @@ class NetworkView:
 
     def observe(self, src: int, dst: int, nbytes: int, seconds: float, now: float | None = None) -> None:
         """One passive sample: a chunk of nbytes took `seconds` from send-start to receive-complete."""
-        if seconds <= 0 or nbytes <= 0 or not self.g.has_edge(src, dst):
-            return
+        if not (math.isfinite(seconds) and seconds > 0 and nbytes > 0) or not self.g.has_edge(src, dst):
+            return  # the wire refuses such samples; nothing else may poison a rate either
         mbps = nbytes * 8 / seconds / 1e6
         e = self.g.edges[src, dst]
         e["rate"] = mbps if not e["measured"] else (1 - self.alpha) * e["rate"] + self.alpha * mbps
