@@ -14,20 +14,21 @@ import logging
 import math
 import os
 import resource
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from emulation.link import MBIT, LinkShaper, LinkSpec
-from emulation.token_bucket import TokenBucket
+from emulation.link import MBIT, Downlink, LinkShaper, LinkSpec, Uplink
 from emulation.topology import Topology
 from emulation.trace import Trace
 from overlay.auth import AuthError, Handshake, TlsFiles
 from overlay.clock import SyncedClock
 from overlay.control import ControlConn
 from overlay.peers import Overlay
-from scheduler.plan import Plan, aux_from_wire
+from scheduler.plan import Plan, PlanError, aux_from_wire
 
 from .engine import ChunkEngine, RoundAborted
 from .workload import contribution, expected
@@ -44,24 +45,63 @@ PROBE_CHUNK_NUM = 4
 
 
 class LoopLag:
-    """How late the event loop wakes a 10 ms sleeper: a CPU-starved process shows it first."""
+    """How late the event loop wakes a 10 ms sleeper (a CPU-starved process shows it first), how much
+    of a core the loop's thread used, and how long it waited for a CPU (the machine's run queue).
 
-    def __init__(self) -> None:
+    Lag is also kept apart for the ticks during which `busy()` held (this node had traffic): only
+    then does a late loop distort what a run measures."""
+
+    def __init__(self, busy: Callable[[], bool] | None = None) -> None:
         self.samples: list[float] = []
+        self.busy_samples: list[float] = []
+        self._busy = busy
         self._task: asyncio.Task | None = None
+        self._tid = threading.get_native_id()
+        self._mark = self._clocks()
 
     def start(self) -> None:
+        self._tid = threading.get_native_id()  # the loop's thread
+        self._mark = self._clocks()
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
+        busy = self._busy
         while True:
             t = time.perf_counter()
+            was = busy is not None and busy()
             await asyncio.sleep(LAG_TICK_S)
-            self.samples.append(time.perf_counter() - t - LAG_TICK_S)
+            lag = time.perf_counter() - t - LAG_TICK_S
+            self.samples.append(lag)
+            if was or (busy is not None and busy()):
+                self.busy_samples.append(lag)
+
+    def _clocks(self) -> tuple[float, float, float, int]:
+        """(wall, loop thread's CPU s, its run-queue wait s, times it ran) from /proc (Linux
+        schedstat); elsewhere the wait and count are 0."""
+        try:
+            with open(f"/proc/self/task/{self._tid}/schedstat") as fh:
+                run_ns, wait_ns, slices = (int(x) for x in fh.read().split()[:3])
+            return time.perf_counter(), run_ns / 1e9, wait_ns / 1e9, slices
+        except (OSError, ValueError):
+            return time.perf_counter(), time.thread_time(), 0.0, 0
+
+    def take(self) -> dict[str, float]:
+        """The figures since the previous take (or start), and start over."""
+        s, self.samples = self.samples, []
+        b, self.busy_samples = self.busy_samples, []
+        now, mark = self._clocks(), self._mark
+        self._mark = now
+        wall = max(1e-9, now[0] - mark[0])
+        cpu, wait, runs = now[1] - mark[1], now[2] - mark[2], now[3] - mark[3]
+        return {"loop_lag_p99_s": float(np.percentile(s, 99)) if s else 0.0,
+                "loop_lag_max_s": max(s, default=0.0),
+                "loop_lag_busy_p99_s": float(np.percentile(b, 99)) if b else 0.0,
+                "loop_busy_ticks": len(b), "loop_ticks": len(s),
+                "loop_cpu_share": cpu / wall, "runq_wait_share": wait / wall,
+                "runq_wait_per_run_s": wait / runs if runs > 0 else 0.0}
 
     def take_p99(self) -> float:
-        s, self.samples = self.samples, []
-        return float(np.percentile(s, 99)) if s else 0.0
+        return self.take()["loop_lag_p99_s"]
 
     def stop(self) -> None:
         if self._task is not None:
@@ -100,15 +140,19 @@ class Agent:
         self.probe_bytes = probe_bytes
         self.probe_num = probe_num
         self._probes: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
-        uplink = (TokenBucket(topo.uplink_mbps[node] * MBIT)
-                  if shaped and rate_shaping and node in topo.uplink_mbps else None)
+        # node caps, each with the fidelity guard's books (emulation.link)
+        self.uplink = (Uplink(topo.uplink_mbps[node] * MBIT)
+                       if shaped and rate_shaping and node in topo.uplink_mbps else None)
+        uplink = self.uplink
         self.shapers: dict[int, LinkShaper] = {}
         if shaped:
             self.shapers = {b: LinkShaper(s if rate_shaping else LinkSpec(math.inf, s.delay_s, s.jitter_s),
                                           uplink=uplink, seed=node * 1000 + b)
                             for (a, b), s in topo.links.items() if a == node}
-        downlink = (TokenBucket(topo.downlink_mbps[node] * MBIT)
-                    if shaped and rate_shaping and node in topo.downlink_mbps else None)
+        self.downlink = (Downlink(topo.downlink_mbps[node] * MBIT)
+                         if shaped and rate_shaping and node in topo.downlink_mbps else None)
+        downlink = self.downlink
+        self._cap_mark: dict[str, dict[str, float]] = {}  # the caps' books at the previous STATS
         self.samples: list[list[float]] = []
         self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.shapers,
                                downlink=downlink, host=host, on_sample=self._sample, clock=self.clock.now,
@@ -123,7 +167,9 @@ class Agent:
         self.engine.plans = self.plans
         self.ctl: ControlConn | None = None
         self._replies: dict[tuple[int, int], asyncio.Future] = {}
-        self._lag = LoopLag()
+        # the loop counts as busy while this node sends (a link backlogged) or receives against its cap
+        self._lag = LoopLag(busy=lambda: any(sh.backlogged for sh in self.shapers.values())
+                            or (self.downlink is not None and self.downlink.in_debt))
         self._trace_task: asyncio.Task | None = None
         self.params = None  # the model this agent keeps (updated with each round's result)
         self.epoch = self.overlay.epoch  # this process's incarnation: a restarted agent is a newer one
@@ -233,33 +279,48 @@ class Agent:
             msg = await ctl.recv()
             if msg is None:
                 return "lost"
-            t = msg["t"]
-            if t == "SHUTDOWN":
-                return "shutdown"
-            if t == "PEERS":
-                peers = {int(n): (v[0], v[1]) for n, v in msg["peers"].items()}
-                self.live_peers = set(peers) & self.overlay.neighbors
-                self.overlay.connect(peers)
-            elif t == "FENCE" and msg["node"] == self.node:
-                return "fenced" if msg["epoch"] == self.epoch else "lost"
-            elif t == "FENCE":  # a lost agent's incarnation: cut it off, never accept it again
-                self.live_peers.discard(msg["node"])
-                self.overlay.fence(msg["node"], msg["epoch"])
-            elif t == "JOB":
-                self._seen = (max(self._seen[0], msg["job"]), self._seen[1])
-                task = asyncio.create_task(self._job(msg))
-                jobs.add(task)
-                task.add_done_callback(jobs.discard)
-            elif t == "TOPO_REPLY":
-                fut = self._replies.pop((msg["job"], msg["round"]), None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-            elif t == "AUX_UPDATE":
-                self.engine.set_aux(msg["version"], tuple(aux_from_wire(g) for g in msg["groups"]))
-            elif t == "EMU":
-                self._emu(msg)
-            elif t == "ABORT":
-                self._on_abort(msg["job"], msg["round"], msg["attempt"])
+            try:
+                end = self._on_scheduler(msg, jobs)
+            except (PlanError, ValueError, KeyError, TypeError) as exc:  # never half-alive: start over
+                log.error("node %d: the scheduler's %s could not be used (%s: %s); reconnecting", self.node,
+                          msg["t"], type(exc).__name__, exc)
+                return "lost"
+            if end is not None:
+                return end
+
+    def _on_scheduler(self, msg: dict[str, Any], jobs: set[asyncio.Task]) -> str | None:
+        """One message from the scheduler; "shutdown", "fenced" or "lost" if the connection ends here."""
+        t = msg["t"]
+        if t == "SHUTDOWN":
+            return "shutdown"
+        if t == "PEERS":
+            peers = {int(n): (v[0], v[1]) for n, v in msg["peers"].items()}
+            self.live_peers = set(peers) & self.overlay.neighbors
+            self.overlay.connect(peers)
+        elif t == "FENCE" and msg["node"] == self.node:
+            return "fenced" if msg["epoch"] == self.epoch else "lost"
+        elif t == "FENCE":  # a lost agent's incarnation: cut it off, never accept it again
+            self.live_peers.discard(msg["node"])
+            self.overlay.fence(msg["node"], msg["epoch"])
+        elif t == "JOB":
+            self._seen = (max(self._seen[0], msg["job"]), self._seen[1])
+            self.engine.open_job(msg["job"], msg.get("start", 0), msg.get("ahead", 1))
+            task = asyncio.create_task(self._job(msg))
+            jobs.add(task)
+            task.add_done_callback(jobs.discard)
+        elif t == "TOPO_REPLY":
+            if "plan" in msg:  # checked here, where a bad one ends the connection, not the job
+                msg["plan"] = Plan.from_wire(msg["plan"]).validate()
+            fut = self._replies.pop((msg["job"], msg["round"]), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif t == "AUX_UPDATE":
+            self.engine.set_aux(msg["version"], tuple(aux_from_wire(g) for g in msg["groups"]))
+        elif t == "EMU":
+            self._emu(msg)
+        elif t == "ABORT":
+            self._on_abort(msg["job"], msg["round"], msg["attempt"])
+        return None
 
     def _emu(self, msg: dict[str, Any]) -> None:
         """A link fault on the application backend (emulation.faults.AppLinkControl): rate -> this
@@ -401,7 +462,7 @@ class Agent:
                 rnd += 1
                 continue
             if "plan" in reply:
-                self.plans[reply["version"]] = Plan.from_wire(reply["plan"])
+                self.plans[reply["version"]] = reply["plan"].with_version(reply["version"])
             self.engine.avoid_links(reply.get("avoid", ()))
             plan = self.plans[reply["version"]]
             self.overlay.forget_before(job, rnd - 1)
@@ -468,6 +529,8 @@ class Agent:
 
     def _stats(self, cpu0: float, wall0: float, guard0: dict, meter0: dict, aux0: tuple[int, int]
                ) -> dict[str, Any]:
+        """The job's figures, with the fidelity guard's: books per link and per node cap, and how
+        the event loop fared (wansync.cluster.guard_verdict judges them)."""
         wall = time.time() - wall0
         links = {}
         for b, s in self.overlay.senders.items():
@@ -477,10 +540,24 @@ class Agent:
                 g, g0 = self.shapers[b].guard(), guard0[b]
                 exp = g["expected_bytes"] - g0["expected_bytes"]
                 sent = g["sent_bytes"] - g0["sent_bytes"]
-                entry.update(configured_mbps=g["rate_mbps"], backlog_s=g["busy_s"] - g0["busy_s"],
-                             achieved_ratio=min(1.0, sent / exp) if exp > 0 else 1.0)
+                held = g["held_s"] - g0["held_s"]
+                idle = g["idle_s"] - g0["idle_s"]
+                # backlog_s: the time the link's own rate was the limit (not the uplink's holds, which
+                # are the cap's, nor waits for data to send)
+                entry.update(configured_mbps=g["rate_mbps"], backlog_s=g["busy_s"] - g0["busy_s"] - held - idle,
+                             uplink_held_s=held, idle_s=idle, achieved_ratio=min(1.0, sent / exp) if exp > 0 else 1.0)
             links[str(b)] = entry
-        return {"links": links, "loop_lag_p99_s": self._lag.take_p99(),
+        caps: dict[str, Any] = {}
+        for name, cap in (("uplink", self.uplink), ("downlink", self.downlink)):
+            if cap is None:
+                continue
+            g, g0 = cap.guard(), self._cap_mark.get(name, {})  # since the previous job's STATS
+            self._cap_mark[name] = g
+            exp = g["expected_bytes"] - g0.get("expected_bytes", 0.0)
+            sent = g["sent_bytes"] - g0.get("sent_bytes", 0.0)
+            caps[name] = {"configured_mbps": g["rate_mbps"], "backlog_s": g["busy_s"] - g0.get("busy_s", 0.0),
+                          "bytes": sent, "achieved_ratio": min(1.0, sent / exp) if exp > 0 else 1.0}
+        return {"links": links, "caps": caps, **self._lag.take(),
                 "cpu_s": _cpu_s() - cpu0, "wall_s": wall, "stashed_frames": self.engine.stashed_frames,
                 "aux_bytes": self.engine.aux_bytes - aux0[0], "sent_bytes": self.engine.sent_bytes - aux0[1],
                 "protocol_errors": len(self.overlay.errors),

@@ -2,14 +2,20 @@
 
 `LinkShaper` is what the overlay's link sender paces its writes through. It also keeps the
 fidelity guard's books: while the link had a backlog, how many bytes went out versus how many
-the configured rate allowed. A ratio below 97 % means the process could not keep up (CPU-bound),
-and a run with such a link is invalid.
+the configured rate allowed (less the time it had nothing to send, or its node's uplink held it).
+A ratio below 97 % means the process could not keep up (CPU-bound), and a run with such a link is
+invalid. The node caps keep books of their own: `Uplink` (one bucket shared by all of a node's
+outgoing links) while it was the binding constraint, `Downlink` (the receive limiter) while it was
+in debt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .token_bucket import TokenBucket
@@ -23,6 +29,13 @@ EARLY_S = 0.0005
 PIECE_S = 0.002
 MIN_PIECE = 1500
 UNLIMITED_PIECE = 256 * 1024  # delay-only shapers (tc backend): pieces only bound the delay line's writes
+# A piece the overlay never wrote (its connection dropped) is forgotten by the uplink's books once it
+# is this late: a loop that late is judged by the event-loop lag check anyway
+STALE_S = 1.0
+# Downlink: a read that comes this long after the receive debt was paid no longer continues the
+# backlog (the senders paused). Longer than any cap's burst (2 ms, or 16 KiB: 13 ms at 10 Mbit/s),
+# so a late resume that lets tokens overflow the burst shows in the books; 5x the loop-lag limit
+RESUME_GAP_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -48,9 +61,12 @@ class LinkShaper:
     while the wire had a backlog, against what the configured rate allowed over that time.
     """
 
-    def __init__(self, spec: LinkSpec, *, uplink: TokenBucket | None = None, seed: int = 0) -> None:
+    def __init__(self, spec: LinkSpec, *, uplink: TokenBucket | None = None, seed: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """clock: the event loop's clock (asyncio's is time.monotonic); tests pass a fake one."""
         self.spec = spec
-        self.bucket = TokenBucket(spec.rate_mbps * MBIT, reserve_s=EARLY_S)
+        self._clock = clock
+        self.bucket = TokenBucket(spec.rate_mbps * MBIT, reserve_s=EARLY_S, clock=clock)
         # outage (trace rate 0) and blackhole (fault): the link holds every byte until both end;
         # the sender waits on `wait_open` instead of scheduling, so no backlog is booked meanwhile
         self._outage = False
@@ -64,7 +80,17 @@ class LinkShaper:
         self.busy_s = 0.0
         self.expected_bytes = 0.0
         self.sent_bytes = 0
+        self.held_s = 0.0  # backlog time the node's uplink, not this link, held the pieces back
+        self.idle_s = 0.0  # backlog time the link had nothing to send (the delay line still held pieces)
         self._pending = 0  # written in the backlog still open
+        self._held = 0.0  # held_s of the backlog still open
+        self._idle = 0.0  # idle_s of the backlog still open
+        self._last_release: float | None = None  # when the open backlog's previous piece was released
+        self._backlog = False
+        # pieces released, not yet written: (bytes, write due, uplink due, uplink backlog), for the
+        # uplink's books (kept only when the node has an Uplink with books)
+        self._inflight: deque[tuple[int, float, float, _CapBacklog | None]] = deque()
+        self._books_uplink = isinstance(uplink, Uplink)
 
     @property
     def rate_mbps(self) -> float:
@@ -113,24 +139,80 @@ class LinkShaper:
             self.bucket.set_rate(rate_mbps * MBIT)
         self._wake()
 
+    @property
+    def backlogged(self) -> bool:
+        """True from the first piece of a backlog until the wire is idle again (the loop-lag check
+        judges the loop while the node had traffic)."""
+        return self._backlog
+
     def release_in(self, nbytes: int) -> float:
+        self._backlog = True
         wait = self.bucket.delay_for(nbytes)
+        now = self._clock()
+        if self._last_release is not None and now > self._last_release and not self.bucket.unlimited:
+            # the wire went free (the previous piece was through) before this piece was asked for: the
+            # link waited for data (an upstream slower than it, a receiver pushing back), not for CPU.
+            # A sender that schedules 20 ms ahead comes late only if its loop does (the lag check)
+            self._idle += now - self._last_release
         if self.uplink is not None:
-            wait = max(wait, self.uplink.delay_for(nbytes))
+            up = self.uplink.delay_for(nbytes)
+            if up > wait and not self.bucket.unlimited:
+                # the uplink holds this piece back beyond what the link alone would (its own tokens,
+                # or right behind the previous piece at the link's rate): not the link's shortfall
+                alone = now + wait
+                if self._last_release is not None:
+                    alone = max(alone, self._last_release + nbytes / self.bucket.rate)
+                self._held += max(0.0, now + up - alone)
+            wait = max(wait, up)
+            self._last_release = now + wait
+            offset = wait + self.delay_s + (self._rng.uniform(0, self.jitter_s) if self.jitter_s else 0.0)
+            if self._books_uplink:
+                assert isinstance(self.uplink, Uplink)
+                self._forget_stale(now)
+                self._inflight.append((nbytes, now + offset, now + up, self.uplink.released(up)))
+            return offset
+        self._last_release = now + wait
         if self.jitter_s:
             return wait + self.delay_s + self._rng.uniform(0, self.jitter_s)
         return wait + self.delay_s
 
     def wrote(self, nbytes: int) -> None:
         self._pending += nbytes
+        if self._inflight:  # the uplink's books: this piece crossed the uplink `late` after its tokens
+            now = self._clock()
+            self._forget_stale(now)
+            if self._inflight:
+                _, due, up_due, cap = self._inflight.popleft()
+                if cap is not None:
+                    assert isinstance(self.uplink, Uplink)
+                    self.uplink.written(cap, nbytes, up_due + max(0.0, now - due))
+
+    def _forget_stale(self, now: float) -> None:
+        """Pieces the overlay dropped unwritten (their connection closed) leave the uplink's books."""
+        q = self._inflight
+        while q and q[0][1] < now - STALE_S:
+            cap = q.popleft()[3]
+            if cap is not None:
+                assert isinstance(self.uplink, Uplink)
+                self.uplink.written(cap, 0, None)
 
     def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
+        self._backlog = False
+        self._last_release = None
+        held, self._held = self._held, 0.0
+        idle, self._idle = self._idle, 0.0
         if self.bucket.unlimited:  # delay-only: no rate to keep books against
             self._pending = 0
             return
         span = max(0.0, until - since) + last_nbytes / self.bucket.rate
+        held = min(held, span)
+        idle = min(idle, span - held)
         self.busy_s += span
-        self.expected_bytes += span * self.bucket.rate
+        self.held_s += held
+        self.idle_s += idle
+        # time the uplink held the pieces is judged by the uplink's books, and time the link waited for
+        # data is nobody's shortfall: neither is held against the link
+        self.expected_bytes += (span - held - idle) * self.bucket.rate
         self.sent_bytes += self._pending
         self._pending = 0
 
@@ -138,6 +220,146 @@ class LinkShaper:
         """Achieved vs configured while backlogged (1.0 = the link got all its rate)."""
         # the bucket's initial burst is free: never report more than the rate allowed
         ratio = min(1.0, self.sent_bytes / self.expected_bytes) if self.expected_bytes > 0 else 1.0
-        return {"busy_s": self.busy_s, "sent_bytes": float(self.sent_bytes),
+        return {"busy_s": self.busy_s, "held_s": self.held_s, "idle_s": self.idle_s,
+                "sent_bytes": float(self.sent_bytes),
                 "expected_bytes": self.expected_bytes, "achieved_ratio": ratio,
                 "rate_mbps": self.rate_mbps}
+
+
+@dataclass(eq=False)
+class _CapBacklog:
+    """One stretch of pieces that each found the uplink in debt (the uplink made them wait)."""
+
+    since: float | None = None  # when its first piece crossed (virtual: tokens paid + lateness)
+    until: float = 0.0
+    last_n: int = 0
+    sent: int = 0
+    pending: int = 0  # released, not yet written
+    open: bool = True
+
+
+def _books(busy_s: float, expected: float, sent: float, rate_Bps: float) -> dict[str, float]:
+    ratio = min(1.0, sent / expected) if expected > 0 else 1.0
+    return {"busy_s": busy_s, "sent_bytes": float(sent), "expected_bytes": expected, "achieved_ratio": ratio,
+            "rate_mbps": rate_Bps / MBIT}
+
+
+class Uplink(TokenBucket):
+    """A node's uplink cap: one bucket every outgoing link takes its tokens from, with the guard's books.
+
+    A backlog is a stretch of pieces that each found the bucket in debt. The books are kept when the
+    pieces are written: one written `late` seconds after its due time crossed the uplink `late`
+    seconds after its tokens were paid, so a loop that writes late stretches the backlog without
+    adding bytes, as on a link. Bytes sent over the backlog vs rate x its length: the bucket's
+    accounting is exact, so only lateness (a CPU-starved process) brings the ratio below 1."""
+
+    def __init__(self, rate_Bps: float, *, clock: Callable[[], float] = time.monotonic, **kw: object) -> None:
+        super().__init__(rate_Bps, clock=clock, **kw)  # type: ignore[arg-type]
+        self._current: _CapBacklog | None = None
+        self._unsettled: list[_CapBacklog] = []
+        self.busy_s = 0.0
+        self.expected_bytes = 0.0
+        self.sent_bytes = 0
+
+    def released(self, wait: float) -> _CapBacklog | None:
+        """A piece took its tokens and waits `wait` for them: the backlog it belongs to (None: the
+        uplink was not in debt, so it did not limit this piece and its backlog, if any, has ended)."""
+        cur = self._current
+        if wait <= 0:
+            if cur is not None:
+                cur.open = False
+                self._current = None
+                self._settle(cur)
+            return None
+        if cur is None:
+            cur = self._current = _CapBacklog()
+            self._unsettled.append(cur)
+        cur.pending += 1
+        return cur
+
+    def written(self, cap: _CapBacklog, nbytes: int, crossed: float | None) -> None:
+        """A piece of `cap` was written; `crossed`: its virtual crossing time (None: never written)."""
+        cap.pending -= 1
+        if crossed is not None:
+            if cap.since is None:
+                cap.since = crossed
+            cap.sent += nbytes
+            if crossed >= cap.until:
+                cap.until, cap.last_n = crossed, nbytes
+        self._settle(cap)
+
+    def _settle(self, cap: _CapBacklog) -> None:
+        if cap.open or cap.pending > 0:
+            return
+        self._unsettled.remove(cap)
+        busy, expected = self._span(cap)
+        self.busy_s += busy
+        self.expected_bytes += expected
+        self.sent_bytes += cap.sent
+
+    def _span(self, cap: _CapBacklog) -> tuple[float, float]:
+        if cap.since is None:
+            return 0.0, 0.0
+        span = max(0.0, cap.until - cap.since) + cap.last_n / self.rate
+        return span, span * self.rate
+
+    def guard(self) -> dict[str, float]:
+        """Achieved vs configured while the uplink was the binding constraint (backlogs still being
+        written count with what is written so far)."""
+        busy, expected, sent = self.busy_s, self.expected_bytes, float(self.sent_bytes)
+        for cap in self._unsettled:
+            b, e = self._span(cap)
+            busy, expected, sent = busy + b, expected + e, sent + cap.sent
+        return _books(busy, expected, sent, self.rate)
+
+
+class Downlink(TokenBucket):
+    """A node's downlink cap (the receive limiter: a connection stops reading while it is in debt),
+    with the guard's books: bytes received while in debt vs rate x that time.
+
+    A backlog starts with a read that leaves the bucket in debt and goes on while every next read
+    comes before the debt is paid or within RESUME_GAP_S of it and leaves a debt again (data was
+    waiting). Bytes = tokens at its start + rate x its length - tokens lost to the burst cap, so
+    only reads resumed so late that the bucket overflowed (a CPU-starved loop) lower the ratio."""
+
+    def __init__(self, rate_Bps: float, *, clock: Callable[[], float] = time.monotonic, **kw: object) -> None:
+        super().__init__(rate_Bps, clock=clock, **kw)  # type: ignore[arg-type]
+        self._since: float | None = None
+        self._paid_at = 0.0
+        self._sent = 0
+        self.busy_s = 0.0
+        self.expected_bytes = 0.0
+        self.sent_bytes = 0
+
+    def delay_for(self, nbytes: int, *, allow_large: bool = False) -> float:
+        wait = super().delay_for(nbytes, allow_large=allow_large)
+        if self.unlimited:
+            return wait
+        now = self._last  # the clock reading of this refill
+        if self._since is not None and (wait <= 0 or now > self._paid_at + RESUME_GAP_S):
+            self._close()  # the senders paused, or this read found the debt paid: the backlog ended then
+        if wait > 0:
+            if self._since is None:
+                self._since, self._sent = now, 0
+            self._sent += nbytes
+            self._paid_at = now + wait
+        return wait
+
+    @property
+    def in_debt(self) -> bool:
+        return self._since is not None and self._clock() < self._paid_at
+
+    def _close(self) -> None:
+        assert self._since is not None
+        span = max(0.0, self._paid_at - self._since)
+        self.busy_s += span
+        self.expected_bytes += span * self.rate
+        self.sent_bytes += self._sent
+        self._since = None
+
+    def guard(self) -> dict[str, float]:
+        busy, expected, sent = self.busy_s, self.expected_bytes, float(self.sent_bytes)
+        if self._since is not None:
+            span = max(0.0, self._paid_at - self._since)
+            busy, expected, sent = busy + span, expected + span * self.rate, sent + self._sent
+        return _books(busy, expected, sent, self.rate)

@@ -28,6 +28,7 @@ FEED_KEEP = 50_000
 NODE_STALE_S = 3.0  # agents report counters every 0.25 s: silence this long means the node is not up
 # round-time histogram buckets (seconds): scaled-down runs take milliseconds, full-size WAN rounds minutes
 ROUND_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+GUARD_VERDICTS = ("valid", "invalid", "unjudged")  # the fidelity guard's words (wansync.cluster.guard_verdict)
 PLAN_GROUPS_MAX = 64  # groups sent per plan (ring: one per node; netstorm: one per root)
 
 
@@ -74,7 +75,11 @@ class LiveState:
                             "t_start": data["t"], "last_end": data["t"]}
                 self._job_bytes0 = dict(self.sched.link_bytes)
             elif data["kind"] == "guard":
-                self.guard[data["scheme"]] = {k: data[k] for k in ("valid", "worst_ratio", "bad_links") if k in data}
+                g = {k: data[k] for k in ("valid", "verdict", "worst_ratio", "bad_links", "reasons") if k in data}
+                if g.get("verdict") not in GUARD_VERDICTS:  # an older event: only `valid` (None: unjudged)
+                    g["verdict"] = {True: "valid", False: "invalid"}.get(g.get("valid"), "unjudged")
+                g["valid"] = {"valid": True, "invalid": False}.get(g["verdict"])
+                self.guard[data["scheme"]] = g
             self._push("timeline", _plain(data))
         elif kind == "agent":
             self.lost.discard(data["node"])
@@ -153,8 +158,17 @@ class LiveState:
         return {"cluster": s.cluster, "expected_nodes": s.expected, "nodes": self.nodes(),
                 "up": sum(1 for n in range(s.expected) if self.node_up(n)), "plan_version": s.version,
                 "scheme": plan["scheme"] if plan else None, "job": self.job, "guard": self.guard,
-                "guard_valid": all(g.get("valid", True) for g in self.guard.values()) if self.guard else None,
+                "guard_verdict": self.run_verdict(),
+                "guard_valid": {"valid": True, "invalid": False}.get(self.run_verdict() or ""),
                 "errors": s.errors[-20:], "uptime_s": round(time.time() - self.t_start, 3)}
+
+    def run_verdict(self) -> str | None:
+        """The run's fidelity so far: invalid if any scheme was, valid only if every scheme was judged
+        valid, unjudged otherwise; None before the first verdict."""
+        if not self.guard:
+            return None
+        verdicts = {g["verdict"] for g in self.guard.values()}
+        return "invalid" if "invalid" in verdicts else "valid" if verdicts == {"valid"} else "unjudged"
 
     def view(self) -> dict[str, Any]:
         v = self.sched.view
@@ -257,19 +271,25 @@ class _Collector:
         for n in range(s.expected):
             up.add_metric([str(n)], 1.0 if live.node_up(n) else 0.0)
         yield up
-        gv = GaugeMetricFamily("wansync_guard_valid", "Fidelity guard per finished scheme of this run: 1 valid, 0 "
-                               "CPU-bound (links got < 97 % of their configured rate)", labels=["scheme"])
-        gw = GaugeMetricFamily("wansync_guard_worst_ratio", "Worst achieved/configured rate ratio of a backlogged "
-                               "link, per scheme", labels=["scheme"])
+        gv = GaugeMetricFamily("wansync_guard_valid", "Fidelity guard per finished scheme of this run: 1 judged "
+                               "valid, 0 invalid (CPU-bound) or unjudged (too short to judge)", labels=["scheme"])
+        gs = GaugeMetricFamily("wansync_guard_verdict", "Fidelity guard per finished scheme: 1 for its verdict "
+                               "(valid, invalid or unjudged), 0 for the others", labels=["scheme", "verdict"])
+        gw = GaugeMetricFamily("wansync_guard_worst_ratio", "Worst achieved/configured rate ratio of a judged "
+                               "(backlogged) link or node cap, per scheme", labels=["scheme"])
         for scheme, v in sorted(live.guard.items()):
-            gv.add_metric([scheme], 1.0 if v.get("valid") else 0.0)
+            gv.add_metric([scheme], 1.0 if v["verdict"] == "valid" else 0.0)
+            for verdict in GUARD_VERDICTS:
+                gs.add_metric([scheme, verdict], 1.0 if v["verdict"] == verdict else 0.0)
             if v.get("worst_ratio") is not None:
                 gw.add_metric([scheme], float(v["worst_ratio"]))
         yield gv
+        yield gs
         yield gw
         if live.guard:
-            yield GaugeMetricFamily("wansync_run_guard_valid", "1 while every scheme judged so far in this run is "
-                                    "valid", value=1.0 if all(v.get("valid") for v in live.guard.values()) else 0.0)
+            yield GaugeMetricFamily("wansync_run_guard_valid", "1 while every scheme so far in this run was judged "
+                                    "valid (0 if any was invalid or unjudged)",
+                                    value=1.0 if live.run_verdict() == "valid" else 0.0)
 
 
 def _plain(entry: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,10 @@ from emulation.trace import TraceError
 if TYPE_CHECKING:
     from overlay.auth import TlsFiles
 
-DEFAULT_SCHEMES = "star,ring,mst,ktree"
+DEFAULT_SCHEMES = "star,ring,mst,ktree,netstorm"  # the four baselines and the system this project is about
+CHUNK_HELP = ("chunk size, overriding the scaled default (1 M parameters x --scale): bytes with a unit "
+              "(200KB, 4MiB, 200000B; KB = 1000, KiB = 1024 bytes) or a plain integer = a parameter count "
+              "(float32, 4 bytes each); a whole number of parameters")
 TRACE_HORIZON_S = 6 * 3600.0
 
 
@@ -112,11 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--compute", type=float, default=0.0, help="compute seconds per round (default 0)")
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
     r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
+    r.add_argument("--chunk", default=None, metavar="SIZE", help=CHUNK_HELP)
     r.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
     r.add_argument("--heartbeat-timeout", type=float, default=1.5, metavar="S",
                    help="declare an agent lost after S seconds without a heartbeat (default 1.5; a killed "
                         "agent is noticed at once, a frozen or cut-off one after S)")
     _tls_args(r)
+    r.add_argument("--secret-file", type=Path, default=None, metavar="FILE",
+                   help="use this cluster secret (>= 16 bytes; chmod 600) instead of a fresh one per run, so a "
+                        "tool outside the launcher can authenticate to the scheduler and agents")
+    r.add_argument("--hold-budget-mb", type=float, default=None, metavar="MB",
+                   help="every agent's memory for frames of rounds after its current one (agent default 256)")
     r.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="inject a fault (repeatable): KIND:WHAT@WHEN, e.g. 'kill:node=3@t=20', "
                         "'blackhole:link=2-5@round=3,for=10', 'collapse:link=0-1,factor=7@t=2,for=5' "
@@ -185,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(scale=1.0)
     m.add_argument("--schemes", default=DEFAULT_SCHEMES, help=f"comma-separated (default {DEFAULT_SCHEMES})")
     m.add_argument("--model", default="alexnet", help="model name or parameter count (default alexnet)")
+    m.add_argument("--chunk", default=None, metavar="SIZE", help=CHUNK_HELP)
     m.add_argument("--hub", type=int, default=None)
     m.add_argument("--k", type=int, default=2)
 
@@ -224,6 +234,17 @@ def _run(args: argparse.Namespace) -> int:
         planners.resolve(s)
     if args.rounds < 1:
         raise SystemExit("wansync: --rounds must be >= 1")
+    if args.hold_budget_mb is not None and not args.hold_budget_mb > 0:
+        raise SystemExit("wansync: --hold-budget-mb must be > 0")
+    chunk = _chunk_arg(args)
+    secret = None
+    if args.secret_file is not None:
+        from overlay.auth import SecretError, load_secret
+
+        try:  # >= 16 bytes; a warning if group or others may read it
+            secret = load_secret(args.secret_file)
+        except SecretError as exc:
+            raise SystemExit(f"wansync: {exc}") from None
     topo = _topology(args)
     if args.backend == "tc":
         from emulation.tc import unavailable
@@ -239,13 +260,15 @@ def _run(args: argparse.Namespace) -> int:
                     heartbeat_timeout=args.heartbeat_timeout,
                     primary_busy_bound=args.primary_busy_bound, aux_queue_length=args.aux_queue_length,
                     probe_num=args.probe_num, http=_http_arg(args), faults=_faults(args, topo),
+                    chunk_override=chunk, hold_budget_mb=args.hold_budget_mb, secret=secret,
+                    secret_file=args.secret_file,
                     options={k: v for k, v in (("roots", args.roots), ("aux_mode", args.aux_mode),
                                                ("reroot", args.netstorm_reroot),
                                                ("both_directions", args.both_directions)) if v})
     cfg.params  # noqa: B018 - validates --model early
     from overlay.auth import SecretError, TlsFiles
 
-    try:  # the cluster secret itself is generated per run (wansync/cluster.py)
+    try:  # the cluster secret itself is generated per run (wansync/cluster.py) unless --secret-file
         cfg.tls = TlsFiles.from_args(args.tls_cert, args.tls_key, args.tls_ca)
     except SecretError as exc:
         raise SystemExit(f"wansync: {exc}") from None
@@ -297,7 +320,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     topo = _topology(args)
-    params, chunk = model_params(args.model, args.scale), chunk_params(args.scale)
+    params = model_params(args.model, args.scale)
+    chunk = _chunk_arg(args) or chunk_params(args.scale)
     options: dict = {"k": args.k} | ({} if args.hub is None else {"hub": args.hub})
     schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
     preds = predict(topo, _trace(args, topo), schemes, params, chunk, options)
@@ -341,6 +365,18 @@ def _agent(args: argparse.Namespace) -> int:
         print(f"wansync: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _chunk_arg(args: argparse.Namespace) -> int | None:
+    """--chunk in parameters (None: the scaled default); a clear error for a malformed size."""
+    from .cluster import parse_chunk
+
+    if args.chunk is None:
+        return None
+    try:
+        return parse_chunk(args.chunk)
+    except ValueError as exc:
+        raise SystemExit(f"wansync: {exc}") from None
 
 
 def _http_arg(args: argparse.Namespace) -> str | None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,8 +40,24 @@ SCHEMA_VERSION = 2  # 2: adds `throughput` and `event` records (README: Results 
 # asyncio, not uvloop: both carry an unshaped link at ~0.85x a raw socket here (transport bench), but
 # with the shaper uvloop's ms-granular timers cost about twice the CPU for the same fidelity
 DEFAULT_LOOP = "asyncio"
+# The fidelity guard (README: Fidelity guard). Books: a link or node cap backlogged >= GUARD_MIN_BACKLOG_S
+# must have carried >= GUARD_MIN_RATIO of what its rate allowed
 GUARD_MIN_RATIO = 0.97
 GUARD_MIN_BACKLOG_S = 0.5  # shorter backlogs are dominated by the bucket's initial burst
+# The loop, per agent, whatever the books say. Senders schedule LOOKAHEAD_S (20 ms) of wire time ahead:
+# a loop that wakes them 20 ms late has certainly let the wire run dry while data waited (the books
+# judge anything shorter directly). On an idle 2-core machine with 9 agents the busy p99 is 1.5-3 ms;
+# CPU-starved ones show 12-42 ms. So: lag p99 while the node had traffic <= 20 ms
+GUARD_MAX_LAG_S = 0.020
+# judged over >= 200 busy ticks (2 s): over fewer a p99 is one or two samples, i.e. the worst hiccup
+GUARD_MIN_LAG_TICKS = 200
+# A loop thread busy >= 90 % of the job has no slack left to wake timers on time (it queues behind itself)
+GUARD_MAX_LOOP_CPU = 0.90
+# The loop thread waited for a CPU (runnable, not running: the machine's run queue) longer than it ran:
+# whatever it did, it did late on average; and >= 2 ms per wake-up on average is a tenth of the lag limit
+GUARD_MAX_RUNQ_PER_CPU = 1.0
+GUARD_MAX_RUNQ_PER_RUN_S = 0.002
+VERDICTS = ("valid", "invalid", "unjudged")
 
 
 @dataclass
@@ -76,6 +93,10 @@ class RunConfig:
     link_control: LinkControl | None = None  # who realises link faults (default: EMU messages to agents)
     trace_file: Path | None = None  # set by run(): the computed trace every agent loads (--trace-file)
     tls: TlsFiles | None = None  # --tls-cert/--tls-key/--tls-ca: mutual TLS on control and data connections
+    chunk_override: int | None = None  # --chunk, in parameters (4 bytes each); None: chunk_params(scale)
+    hold_budget_mb: float | None = None  # --hold-budget-mb, handed to every agent; None: the agent's default
+    secret: bytes | None = None  # --secret-file's secret; None: a fresh one per run
+    secret_file: Path | None = None  # where it came from (agents read it there if it is not text)
 
     @property
     def params(self) -> int:
@@ -83,7 +104,41 @@ class RunConfig:
 
     @property
     def chunk(self) -> int:
-        return chunk_params(self.scale)
+        return self.chunk_override if self.chunk_override is not None else chunk_params(self.scale)
+
+
+CHUNK_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def parse_chunk(text: str) -> int:
+    """--chunk: bytes with a unit (200KB, 4MiB, 200000B; KB = 1000, KiB = 1024) or a plain integer
+    count of parameters (float32, 4 bytes each). Returns parameters; ValueError says what is wrong."""
+    t = text.strip().replace(" ", "")
+    i = len(t)
+    while i > 0 and t[i - 1].isalpha():
+        i -= 1
+    number, unit = t[:i], t[i:].lower()
+    if not unit:
+        if not number.isdigit():
+            raise ValueError(f"--chunk {text!r}: a plain number is a parameter count and must be a whole number "
+                             "(or give bytes with a unit: B, KB, MB, GB, KiB, MiB, GiB)")
+        n = int(number)
+        if n <= 0:
+            raise ValueError(f"--chunk {text!r}: must be > 0")
+        return n
+    if unit not in CHUNK_UNITS:
+        raise ValueError(f"--chunk {text!r}: unknown unit {t[i:]!r} (B, KB, MB, GB, KiB, MiB, GiB; "
+                         "no unit: parameters)")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"--chunk {text!r}: {number!r} is not a number") from None
+    nbytes = value * CHUNK_UNITS[unit]
+    if not nbytes > 0 or nbytes != int(nbytes):
+        raise ValueError(f"--chunk {text!r}: must be a positive whole number of bytes")
+    if int(nbytes) % 4:
+        raise ValueError(f"--chunk {text!r} = {int(nbytes)} bytes: not a multiple of 4 (parameters are float32)")
+    return int(nbytes) // 4
 
 
 class Results:
@@ -115,7 +170,31 @@ def agent_command(cfg: RunConfig, node: int, port: int, cluster: str) -> list[st
             "--probe-num", str(cfg.probe_num)]
     if cfg.tls is not None:
         cmd += ["--tls-cert", cfg.tls.cert, "--tls-key", cfg.tls.key, "--tls-ca", cfg.tls.ca]
+    if cfg.secret is not None and cfg.secret_file is not None and not _text_secret(cfg.secret):
+        cmd += ["--secret-file", str(cfg.secret_file)]  # binary: an environment variable cannot carry it
+    if cfg.hold_budget_mb is not None:
+        cmd += ["--hold-budget-mb", f"{cfg.hold_budget_mb:g}"]
+    if cfg.chunk_override is not None:  # probes stay half a chunk, as NetStorm's 2 MB to 4 MB at any scale
+        cmd += ["--probe-bytes", str(cfg.chunk_override * 4 // 2)]
     return cmd + cfg.extra_agent_args  # the cluster secret goes in the environment, never in argv (ps)
+
+
+def run_secret(cfg: RunConfig) -> tuple[bytes, dict[str, str]]:
+    """The run's cluster secret (--secret-file's, or a fresh one) and the agents' environment: the
+    secret goes there, never in argv (one that is not text goes as its file's path: agent_command)."""
+    secret = generate_secret().encode() if cfg.secret is None else cfg.secret
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    if _text_secret(secret):
+        env[SECRET_ENV] = secret.decode()
+    return secret, env
+
+
+def _text_secret(secret: bytes) -> bool:
+    try:
+        secret.decode()
+    except UnicodeDecodeError:
+        return False
+    return "\0" not in secret.decode()
 
 
 def tc_agent_command(cmd: list[str], net: TcNetwork, node: int, port: int) -> list[str]:
@@ -144,11 +223,11 @@ async def apply_trace_tc(net: TcNetwork, topo: Topology, trace: Trace, t0: float
 async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True) -> list[JobState]:
     console = console or Console(stderr=True)
     cluster = "run-" + secrets.token_hex(4)
-    secret = generate_secret()  # one per run, handed to the agents in their environment
-    agent_env = {**os.environ, SECRET_ENV: secret}
+    secret, agent_env = run_secret(cfg)
     results = Results(cfg.out)
     results.write({"type": "run", "topology": cfg.topo.name, "nodes": cfg.topo.nodes, "schemes": cfg.schemes,
                    "model": cfg.model, "params": cfg.params, "chunk_params": cfg.chunk, "scale": cfg.scale,
+                   "chunk_override": cfg.chunk_override is not None,
                    "rounds": cfg.rounds, "warmup": cfg.warmup, "loop": cfg.loop, "seed": cfg.seed,
                    "dynamic": cfg.dynamic, "links": cfg.topo.to_dict()["links"],
                    "trace": None if cfg.trace is None else cfg.trace.spec,
@@ -184,7 +263,7 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
 
     sched = Scheduler(cluster, cfg.topo.nodes, on_event=on_event, predict=predictor.round_s,
                       update_time=cfg.update_time_s * cfg.scale, update_rate=cfg.update_rate,
-                      secret=secret.encode(), tls=cfg.tls, heartbeat_timeout=cfg.heartbeat_timeout)
+                      secret=secret, tls=cfg.tls, heartbeat_timeout=cfg.heartbeat_timeout)
     live = LiveState(sched)
     live.listeners.append(lambda kind, it: kind == "point" and results.write(
         {"type": "throughput", "src": it["src"], "dst": it["dst"], "at": it["t"], "mbps": it["mbps"],
@@ -240,7 +319,8 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
                 summary = summarize(js, cfg)
                 results.write({"type": "job", **summary})
                 sched.note_event("guard", scheme=scheme, job=js.job, valid=summary["guard_valid"],
-                                 worst_ratio=summary["guard_worst_ratio"], bad_links=summary["guard_bad_links"][:5])
+                                 verdict=summary["guard_verdict"], worst_ratio=summary["guard_worst_ratio"],
+                                 bad_links=summary["guard_bad_links"][:5], reasons=summary["guard_reasons"][:5])
                 for node, st in js.stats.items():
                     results.write({"type": "node_stats", "job": js.job, "scheme": scheme, "node": node, **st})
         if show_table:
@@ -368,17 +448,94 @@ def reap(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
             p.wait()
 
 
-def guard_verdict(js: JobState) -> tuple[bool, float, list[str]]:
-    """(valid, worst achieved ratio, offending links) over links backlogged long enough to judge."""
-    worst, bad = 1.0, []
-    for node, st in js.stats.items():
-        for dst, link in st["links"].items():
-            if "achieved_ratio" not in link or link.get("backlog_s", 0) < GUARD_MIN_BACKLOG_S:
-                continue
-            worst = min(worst, link["achieved_ratio"])
-            if link["achieved_ratio"] < GUARD_MIN_RATIO:
-                bad.append(f"{node}->{dst} {link['achieved_ratio']:.1%}")
-    return not bad, worst, bad
+@dataclass
+class GuardVerdict:
+    """The fidelity guard's word on one job: `valid` only if something was judged and all of it held."""
+
+    verdict: str  # "valid", "invalid" or "unjudged"
+    worst_ratio: float | None  # worst achieved/configured ratio among judged links and caps
+    bad: list[str]  # judged links and caps below GUARD_MIN_RATIO, e.g. "0->1 93.5%", "uplink of 3 90.0%"
+    reasons: list[str]  # why invalid or unjudged (empty when valid)
+    judged: int  # links and caps judged (backlogged long enough)
+
+    @property
+    def valid(self) -> bool | None:
+        """True if valid, False if invalid, None if unjudged (never valid by default)."""
+        return {"valid": True, "invalid": False}.get(self.verdict)
+
+
+def guard_verdict(stats: Mapping[Any, Mapping[str, Any]], participants: Iterable[Any] | None = None
+                  ) -> GuardVerdict:
+    """Judge a job from its agents' STATS: the books of every link and node cap backlogged at least
+    GUARD_MIN_BACKLOG_S (>= GUARD_MIN_RATIO of their rate), and every agent's event loop (lag while
+    busy, CPU share of its thread, time waiting for a CPU). Any failure: invalid. Otherwise valid
+    only if at least one book was judged and every participant reported; else unjudged."""
+    bad: list[str] = []
+    starved: list[str] = []
+    worst: float | None = None
+    judged = 0
+    longest = 0.0
+    unshaped: list[str] = []
+
+    def book(label: str, entry: Mapping[str, Any]) -> None:
+        nonlocal worst, judged, longest
+        if "achieved_ratio" not in entry:
+            return
+        backlog = float(entry.get("backlog_s", 0.0))
+        longest = max(longest, backlog)
+        if backlog < GUARD_MIN_BACKLOG_S:
+            return
+        judged += 1
+        ratio = float(entry["achieved_ratio"])
+        worst = ratio if worst is None else min(worst, ratio)
+        if ratio < GUARD_MIN_RATIO:
+            bad.append(f"{label} {ratio:.1%}")
+
+    for node, st in sorted(stats.items(), key=lambda kv: str(kv[0])):
+        if st.get("app_rate_shaping") is False:
+            unshaped.append(str(node))
+        for dst, link in st.get("links", {}).items():
+            book(f"{node}->{dst}", link)
+        for name, cap in st.get("caps", {}).items():
+            book(f"{name} of {node}", cap)
+        lag, ticks = st.get("loop_lag_busy_p99_s"), int(st.get("loop_busy_ticks", 0))
+        if lag is not None and ticks >= GUARD_MIN_LAG_TICKS and lag > GUARD_MAX_LAG_S:
+            starved.append(f"node {node}: event-loop lag p99 {lag * 1e3:.1f} ms while busy "
+                           f"(> {GUARD_MAX_LAG_S * 1e3:g} ms)")
+        if float(st.get("wall_s", 0.0)) >= GUARD_MIN_BACKLOG_S:
+            cpu = float(st.get("loop_cpu_share", 0.0))
+            if cpu >= GUARD_MAX_LOOP_CPU:
+                starved.append(f"node {node}: event loop busy {cpu:.0%} of the job (>= {GUARD_MAX_LOOP_CPU:.0%})")
+            wait = float(st.get("runq_wait_share", 0.0))
+            per_run = float(st.get("runq_wait_per_run_s", 0.0))
+            if cpu > 0 and wait / cpu > GUARD_MAX_RUNQ_PER_CPU and per_run > GUARD_MAX_RUNQ_PER_RUN_S:
+                starved.append(f"node {node}: event loop waited for a CPU {wait / cpu:.1f}x as long as it ran, "
+                               f"{per_run * 1e3:.1f} ms per wake-up (machine overloaded)")
+    reasons: list[str] = []
+    if bad:
+        reasons.append(f"{len(bad)} backlogged link(s)/cap(s) below {GUARD_MIN_RATIO:.0%} of their rate: "
+                       + ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
+    reasons += starved
+    if reasons:
+        return GuardVerdict("invalid", worst, bad, reasons, judged)
+    missing = sorted(set(participants or ()) - set(stats), key=str)
+    if missing:
+        reasons.append(f"no STATS from node(s) {', '.join(map(str, missing))}")
+    if not stats:
+        reasons.append("no agent reported STATS")
+    elif judged == 0:
+        if unshaped and len(unshaped) == len(stats):
+            reasons.append("rates shaped by the kernel (tc backend): no application-level books to judge")
+        else:
+            reasons.append(f"too short to judge: no link or cap was backlogged >= {GUARD_MIN_BACKLOG_S:g} s "
+                           f"(longest {longest:.2f} s); run more rounds or a larger --scale")
+    if reasons:
+        return GuardVerdict("unjudged", worst, bad, reasons, judged)
+    return GuardVerdict("valid", worst, bad, [], judged)
+
+
+def job_guard(js: JobState) -> GuardVerdict:
+    return guard_verdict(js.stats, js.plan.participants)
 
 
 def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
@@ -390,8 +547,9 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
         for dst, link in st["links"].items():
             links.append((link["bytes"], f"{node}->{dst}", link.get("busy_s", 0.0)))
     links.sort(reverse=True)
-    valid, worst, bad = guard_verdict(js)
+    g = job_guard(js)
     lag = max((st["loop_lag_p99_s"] for st in js.stats.values()), default=0.0)
+    lag_busy = max((st.get("loop_lag_busy_p99_s", 0.0) for st in js.stats.values()), default=0.0)
     cpu = {n: st["cpu_s"] / st["wall_s"] if st["wall_s"] else 0.0 for n, st in js.stats.items()}
     preds = [r.prediction_s for r in recs if r.prediction_s is not None]
     return {"job": js.job, "scheme": js.scheme, "rounds": len(recs), "round_s_median": med,
@@ -400,8 +558,11 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
             "all_exact": all(r.ok and r.digests_agree and r.versions_agree for r in js.records),
             "versions": sorted({r.version for r in js.records}), "policy_s": js.policy_s,
             "busiest_links": [{"link": n, "bytes": b, "busy_s": s} for b, n, s in links[:3]],
-            "guard_valid": valid, "guard_worst_ratio": worst, "guard_bad_links": bad,
-            "loop_lag_p99_s": lag, "cpu_share": cpu,
+            # guard_valid: true only if judged valid; false if invalid; null if unjudged
+            "guard_valid": g.valid, "guard_verdict": g.verdict, "guard_reasons": g.reasons,
+            "guard_worst_ratio": g.worst_ratio, "guard_bad_links": g.bad, "guard_judged": g.judged,
+            "loop_lag_p99_s": lag, "loop_lag_busy_p99_s": lag_busy, "cpu_share": cpu,
+            "loop_cpu_share": {n: st.get("loop_cpu_share") for n, st in js.stats.items()},
             # overheads (NetStorm §6): topology-request wait, policy compute and bytes, held frames, aux share
             "trp_wait_s_median": statistics.median(r.trp_wait_s for r in recs), "replans": js.replans,
             "aux_updates": js.aux_updates,
@@ -409,6 +570,33 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
             "aux_share": (sum(st.get("aux_bytes", 0) for st in js.stats.values())
                           / max(1, sum(st.get("sent_bytes", 0) for st in js.stats.values()))),
             "view_coverage": recs[-1].coverage}
+
+
+def live_guard(jobs: Iterable[JobState], *, reason: str | None = None) -> dict[str, Any]:
+    """The benchmarks' figures for the live runs they used: `live_guard_valid` is true only if every
+    one was judged valid (none at all: false); counts per verdict, and the first reasons otherwise."""
+    verdicts = {v: 0 for v in VERDICTS}
+    reasons: list[str] = []
+    for js in jobs:
+        g = job_guard(js)
+        verdicts[g.verdict] += 1
+        reasons += [f"{js.scheme}: {r}" for r in g.reasons[:1]]
+    ok = sum(verdicts.values()) > 0 and verdicts["valid"] == sum(verdicts.values()) and reason is None
+    out: dict[str, Any] = {"live_guard_valid": ok, "live_guard_verdicts": verdicts}
+    if not ok:
+        out["live_guard_reason"] = reason or ("; ".join(reasons[:3]) if reasons else "no live run to judge")
+    return out
+
+
+def fidelity_cell(s: Mapping[str, Any]) -> str:
+    """The table's fidelity column: ok, INVALID (why) or UNJUDGED (why), never ok by default."""
+    worst = "" if s.get("guard_worst_ratio") is None else f"worst {s['guard_worst_ratio']:.1%}, "
+    if s["guard_verdict"] == "valid":
+        return f"ok ({worst}{s['guard_judged']} judged)"
+    why = "; ".join(s["guard_reasons"][:2])
+    if s["guard_verdict"] == "invalid":
+        return f"[bold red]INVALID: {why}[/]"
+    return f"[yellow]UNJUDGED: {why}[/]"
 
 
 def print_table(console: Console, jobs: list[JobState], cfg: RunConfig) -> None:
@@ -421,8 +609,7 @@ def print_table(console: Console, jobs: list[JobState], cfg: RunConfig) -> None:
     for js in jobs:
         s = summarize(js, cfg)
         busiest = ", ".join(f"{x['link']} {x['bytes'] / 1e6:.1f}" for x in s["busiest_links"])
-        fid = (f"ok (worst {s['guard_worst_ratio']:.1%})" if s["guard_valid"]
-               else f"[bold red]INVALID: CPU-bound ({'; '.join(s['guard_bad_links'][:3])})[/]")
+        fid = fidelity_cell(s)
         sim = "-" if s["prediction_s_median"] is None else f"{s['prediction_s_median']:.3f}"
         t.add_row(js.scheme, f"{s['round_s_median']:.3f}", f"{s['round_s_min']:.3f}", f"{s['round_s_max']:.3f}", sim,
                   f"{s['algbw_MBps']:.2f}", "yes" if s["all_exact"] else "[bold red]NO[/]", busiest, fid)

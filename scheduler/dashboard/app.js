@@ -227,7 +227,11 @@ function drawTimeline() {
     let color = "#4e79a7", label = e.kind;
     if (e.kind === "plan") label = "v" + e.version;
     else if (e.kind === "job") { color = "#59a14f"; label = e.scheme; }
-    else if (e.kind === "guard") { color = e.valid ? "#1a7f4b" : "#b2182b"; label = e.valid ? "ok" : "CPU-bound"; }
+    else if (e.kind === "guard") {
+      const v = e.verdict || (e.valid === true ? "valid" : e.valid === false ? "invalid" : "unjudged");
+      color = { valid: "#1a7f4b", invalid: "#b2182b" }[v] || "#b8860b";
+      label = { valid: "ok", invalid: "INVALID" }[v] || "UNJUDGED";
+    }
     else color = "#e15759";
     const g = el("g", { class: "event", "data-kind": e.kind }, svg);
     el("line", { x1: x, x2: x, y1: y - 8, y2: 96, stroke: color, "stroke-width": 1, opacity: 0.5 }, g);
@@ -256,8 +260,11 @@ function drawHeader() {
   document.getElementById("job").textContent = j ? `job ${j.job}: ${j.scheme} ${j.done}/${j.rounds} rounds` : "no job yet";
   document.getElementById("version").textContent = "plan v" + c.plan_version;
   const g = document.getElementById("guard");
-  g.textContent = c.guard_valid === null ? "fidelity –" : c.guard_valid ? "fidelity ok" : "INVALID: CPU-bound";
-  g.className = "pill " + (c.guard_valid === null ? "" : c.guard_valid ? "good" : "bad");
+  const v = c.guard_verdict || (c.guard_valid === true ? "valid" : c.guard_valid === false ? "invalid" : null);
+  g.textContent = { valid: "fidelity ok", invalid: "fidelity INVALID", unjudged: "fidelity UNJUDGED" }[v] || "fidelity –";
+  g.className = "pill " + ({ valid: "good", invalid: "bad", unjudged: "warn" }[v] || "");
+  g.title = Object.entries(c.guard || {}).map(([s, x]) => `${s}: ${x.verdict}` +
+    (x.reasons && x.reasons.length ? ` (${x.reasons.join("; ")})` : "")).join("\n");
   const p = S.plan;
   document.getElementById("plan-label").textContent = p ?
     `plan v${p.version} (${p.scheme}), ${p.groups_total} tree${p.groups_total === 1 ? "" : "s"}, ${p.chunks} chunks` :

@@ -23,11 +23,15 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from emulation.topology import build  # noqa: E402
-from wansync.cluster import RunConfig, run  # noqa: E402
+from scheduler.service import JobState  # noqa: E402
+from wansync.cluster import RunConfig, live_guard, run  # noqa: E402
 from wansync.predict import predict  # noqa: E402
 
 SCHEMES = ["star", "ring", "mst", "ktree"]
 TIE_PCT = 3.0  # schemes closer than this (live or predicted) are a tie for the ranking
+
+
+LIVE_JOBS: list[JobState] = []  # every live run used, for the fidelity guard's verdict
 
 
 def live_vs_sim(topology: str, nodes: int | None, scale: float, rounds: int) -> dict[str, tuple[float, float]]:
@@ -37,6 +41,7 @@ def live_vs_sim(topology: str, nodes: int | None, scale: float, rounds: int) -> 
                     rounds=rounds, warmup=1)
     quiet = Console(file=io.StringIO(), width=150)
     jobs = asyncio.run(run(cfg, console=quiet, show_table=False))
+    LIVE_JOBS.extend(jobs)
     out = {}
     for js in jobs:
         recs = [r for r in js.records if not r.warmup]
@@ -113,6 +118,7 @@ def main() -> None:
         "ranking_agrees": all(verdicts.values()),
         "sim_1000_nodes_s": round(max(big.values()), 2),
         "repeats": repeats, "rounds": rounds, "scale": scale,
+        **live_guard(LIVE_JOBS),
     }))
 
 

@@ -27,13 +27,14 @@ from emulation.topology import internet2  # noqa: E402
 from emulation.trace import redraw  # noqa: E402
 from scheduler.service import JobState  # noqa: E402
 from wansync.cli import TRACE_HORIZON_S  # noqa: E402
-from wansync.cluster import RunConfig, run  # noqa: E402
+from wansync.cluster import RunConfig, live_guard, run  # noqa: E402
 from wansync.predict import predict  # noqa: E402
 
 HUB = 5  # the paper's node 6, the degree-4 hub (MXNet's PS placement)
 STATIC = ["star", "mst", "ktree", "netstorm-lite", "netstorm-std", "netstorm"]
 DYNAMIC = ["star", "mst", "netstorm-lite", "netstorm-std", "netstorm"]
 PAPER = {"static": 9.2, "dynamic": 6.5, "aux_gain_pct": "30-65"}
+LIVE_JOBS: list[JobState] = []  # every live run used, for the fidelity guard's verdict
 
 
 def cluster(schemes: list[str], scale: float, rounds: int | dict[str, int], *, dynamic: bool = False,
@@ -45,6 +46,7 @@ def cluster(schemes: list[str], scale: float, rounds: int | dict[str, int], *, d
                     dynamic=dynamic, period_s=period_s, trace=trace, options=dict(options or {}),
                     rounds_by_scheme=rounds if isinstance(rounds, dict) else {})
     jobs = asyncio.run(run(cfg, console=Console(file=io.StringIO(), width=150), show_table=False))
+    LIVE_JOBS.extend(jobs)
     for js in jobs:
         if not all(r.ok and r.digests_agree and r.versions_agree for r in js.records):
             raise SystemExit(f"{js.scheme}: a round was not exact")
@@ -140,6 +142,7 @@ def main() -> None:
         "aux_gain_pct": round(aux_gain, 2),
         "sim_vs_live_max_err_pct": round(max(errs), 2),
         "scale": scale, "repeats": repeats, "periods": periods,
+        **live_guard(LIVE_JOBS),
     }))
 
 
