@@ -16,6 +16,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
                 counts[outcome] = counts.get(outcome, 0) + 1
                 if outcome == "skipped" and isinstance(rep.longrepr, tuple):
                     reasons.add(str(rep.longrepr[2]))
+                elif outcome == "error" and "tc backend cannot run" in str(rep.longrepr):
+                    reasons.add(str(rep.longrepr).strip().splitlines()[-1].removeprefix("Failed: "))
     if counts:
         line = ", ".join(f"{n} {k}" for k, n in counts.items())
         why = f" ({'; '.join(sorted(reasons))})" if reasons else ""

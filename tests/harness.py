@@ -1,14 +1,20 @@
-"""Several real agents' data planes in one process: real TCP on loopback, one event loop."""
+"""Several real agents' data planes in one process: real TCP on loopback, one event loop; and the
+exact sums every synchronization test compares results with, computed here, not by the product."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from agents.engine import ChunkEngine
-from agents.workload import contribution, expected
+from agents.workload import contribution
 from emulation.link import LinkShaper
 from emulation.topology import Topology
 from overlay.peers import Overlay
@@ -57,19 +63,99 @@ class LocalNet:
         await asyncio.gather(*(ov.close() for ov in self.overlays.values()))
 
     async def run_round(self, plan: Plan, job: int = 1, rnd: int = 0, attempt: int = 0,
-                        starts: Mapping[int, float] | None = None) -> dict[int, np.ndarray]:
-        """Every participant starts (optionally after a delay) and must end with the exact sum."""
+                        starts: Mapping[int, float | Callable[[], Awaitable[Any]]] | None = None
+                        ) -> dict[int, np.ndarray]:
+        """Every participant starts and must end with the exact sum (computed here: `exact_sum`).
+        starts: node -> a coroutine function to await before that node begins (an event it waits
+        for, e.g. `lambda: until(...)`), or a delay in seconds."""
         async def one(n: int) -> np.ndarray:
-            if starts and starts.get(n):
-                await asyncio.sleep(starts[n])
+            gate = (starts or {}).get(n)
+            if callable(gate):
+                await gate()
+            elif gate:
+                await asyncio.sleep(gate)
             st = self.engines[n].begin_round(job, rnd, attempt, plan,
                                              contribution(rnd, attempt, n, plan.params))
             res = await st.done
             self.engines[n].end_round(st)
             return res
+        for n, eng in self.engines.items():  # what the scheduler's JOB tells every agent, relays included
+            eng.open_job(job, rnd)
+            if n not in plan.participants:
+                eng.drop_stale(job, rnd)  # a node that only relays follows the job's rounds all the same
         results = await asyncio.wait_for(asyncio.gather(*(one(n) for n in plan.participants)), 60)
-        want = expected(rnd, attempt, plan.participants, plan.params)
+        want = exact_sum(rnd, plan.participants, plan.params, attempt=attempt)
         out = dict(zip(plan.participants, results, strict=True))
         for n, r in out.items():
-            assert np.array_equal(r, want), f"node {n} holds a wrong result"
+            assert r.dtype == np.float32 and np.array_equal(r, want), f"node {n} holds a wrong result"
         return out
+
+
+# --- exact sums, independent of agents.workload -------------------------------------------------------
+def closed_form(rnd: int, node: int, params: int, attempt: int = 0) -> np.ndarray:
+    """Node n's contribution in round r, attempt a, element i, written out again from its definition
+    (agents/workload.py's docstring), in int64: ((7i + 13n + 31r + 17a + (i >> 5) n) mod 64) - 32."""
+    i = np.arange(params, dtype=np.int64)
+    return (7 * i + 13 * node + 31 * rnd + 17 * attempt + (i >> 5) * node) % 64 - 32
+
+
+def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0) -> np.ndarray:
+    """The participants' exact sum (unit weights) as float32: summed in int64, where nothing rounds."""
+    total = np.zeros(params, dtype=np.int64)
+    for n in nodes:
+        total += closed_form(rnd, n, params, attempt)
+    assert np.abs(total).max(initial=0) < 2**24  # every value is an integer float32 holds exactly
+    return total.astype(np.float32)
+
+
+def digest_of(result: np.ndarray) -> str:
+    """What agents report for a result: hex blake2b-128 of its float32 bytes."""
+    return hashlib.blake2b(np.ascontiguousarray(result, dtype=np.float32).tobytes(), digest_size=16).hexdigest()
+
+
+@lru_cache(maxsize=64)
+def _exact_digest(rnd: int, nodes: tuple[int, ...], params: int) -> str:
+    return digest_of(exact_sum(rnd, nodes, params))
+
+
+def assert_round_exact(rec: Any, plan: Plan) -> None:
+    """Every participant of a round record (scheduler.service.RoundRecord, or its JSON form) holds
+    the exact sum of the participants of the plan version it ran, as this module computes it: not
+    only as the agents' own check (`ok`) and their agreement (`digests_agree`) say."""
+    r = rec if isinstance(rec, Mapping) else rec.__dict__
+    where = f"job {r['job']} round {r['round']} attempt {r['attempt']} (plan v{r['version']})"
+    assert plan.version == r["version"], f"{where}: judged against plan v{plan.version}"
+    assert all(w == 1.0 for w in plan.weights.values()), f"{where}: weighted plans need a weighted exact sum"
+    want = _exact_digest(r["round"], tuple(sorted(plan.participants)), plan.params)
+    digests = {int(n): d for n, d in r["digests"].items()}
+    assert sorted(digests) == sorted(plan.participants), \
+        f"{where}: digests from nodes {sorted(digests)}, participants {sorted(plan.participants)}"
+    wrong = sorted(n for n, d in digests.items() if d != want)
+    assert not wrong, f"{where}: nodes {wrong} hold a result that is not the exact sum"
+
+
+def assert_records_exact(records: Iterable[Any], plans: Mapping[int, Plan]) -> int:
+    """assert_round_exact for every record, with the plan of its version; how many were judged."""
+    n = 0
+    for rec in records:
+        version = rec["version"] if isinstance(rec, Mapping) else rec.version
+        assert version in plans, f"round record of plan v{version}, which was never published"
+        assert_round_exact(rec, plans[version])
+        n += 1
+    return n
+
+
+def assert_job_exact(sched: Any, js: Any) -> None:
+    """Every round record of a job (scheduler.service.JobState), judged with the scheduler's plans."""
+    assert js.records, f"job {js.job} recorded no round"
+    assert_records_exact(js.records, sched.plans)
+
+
+def assert_results_exact(path: Path | str) -> int:
+    """Every round record in a `wansync run --out` file, judged with the plans the same file holds;
+    how many rounds were judged."""
+    recs = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    plans = {r["version"]: Plan.from_wire(r["plan"]) for r in recs if r["type"] == "plan"}
+    n = assert_records_exact([r for r in recs if r["type"] == "round"], plans)
+    assert n > 0, f"{path} holds no round record"
+    return n

@@ -13,7 +13,9 @@ import sys
 
 import msgpack
 import pytest
+from harness import assert_job_exact
 from test_cluster import SECRET, start_cluster, stop_cluster
+from waiting import until
 
 from agents.agent import Agent
 from emulation.topology import uniform
@@ -44,7 +46,7 @@ class Raw:
     def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
 
-    async def recv(self, timeout: float = 5.0) -> dict | None:
+    async def recv(self, timeout: float = 30.0) -> dict | None:
         """The next frame's header (payload skipped), or None once the other end closed."""
         try:
             async with asyncio.timeout(timeout):
@@ -56,8 +58,9 @@ class Raw:
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
 
-    async def closed_by_peer(self, timeout: float = 5.0) -> bool:
-        """True once the other end hung up (everything it still sends is read and dropped)."""
+    async def closed_by_peer(self, timeout: float = 30.0) -> bool:
+        """True once the other end hung up (everything it still sends is read and dropped); False if
+        it had not within `timeout` (to show it stays open, prove it still answers instead)."""
         try:
             async with asyncio.timeout(timeout):
                 while await self.reader.read(65536):
@@ -191,12 +194,14 @@ async def test_agent_with_wrong_or_missing_secret_is_not_registered(caplog, agen
     agent = Agent(0, "c", ("127.0.0.1", port), uniform(2), shaped=False, secret=agent_secret)
     try:
         with pytest.raises(ConnectionError, match="refused us or failed authentication"):
-            await asyncio.wait_for(agent.run(), 10)
-        await asyncio.sleep(0.1)
+            await asyncio.wait_for(agent.run(), 30)
+
+        def refusals() -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if r.name == "wansync.scheduler" and "refused a control connection" in r.getMessage()]
+        await until(refusals, "the scheduler's line about the refused connection")
         assert not sched.agents
-        lines = [r.getMessage() for r in caplog.records if r.name == "wansync.scheduler"]
-        refusals = [m for m in lines if "refused a control connection" in m]
-        assert len(refusals) == 1 and sched_says in refusals[0], lines
+        assert len(refusals()) == 1 and sched_says in refusals()[0], refusals()
     finally:
         await agent.overlay.close()
         await sched.shutdown()
@@ -214,17 +219,15 @@ async def test_fake_scheduler_reflecting_the_agents_challenge_is_refused():
         proof = await raw.recv()
         got.append(proof)
         raw.send({"t": "AUTH", "mac": proof["mac"]})  # reflected
-        got.append(await raw.recv(2))  # the agent must not go on to REGISTER
+        got.append(await raw.recv())  # the agent must not go on to REGISTER: it hangs up
 
     server = await asyncio.start_server(fake, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     agent = Agent(0, "c", ("127.0.0.1", port), uniform(2), shaped=False, secret=SECRET)
     try:
         with pytest.raises(ConnectionError, match="failed authentication"):
-            await asyncio.wait_for(agent.run(), 10)
-        async with asyncio.timeout(5):
-            while len(got) < 3:
-                await asyncio.sleep(0.01)
+            await asyncio.wait_for(agent.run(), 30)
+        await until(lambda: len(got) >= 3, "the fake scheduler to see the agent's last word")
         assert got[0]["t"] == "HELLO" and got[1]["t"] == "AUTH" and got[2] is None
     finally:
         await agent.overlay.close()
@@ -256,7 +259,9 @@ async def test_neighbours_with_different_secrets_never_attach_and_say_so_once(ca
         port_b = await b.listen()
         await a.listen()
         a.connect({1: ("127.0.0.1", port_b)})
-        await asyncio.sleep(0.6)  # several redials (50, 100, 200 ms backoff)
+        # several redials (50, 100, 200 ms backoff), each refused
+        await until(lambda: sum("refused" in r.getMessage() for r in caplog.records) > 2,
+                    "the dialer's redials to be refused again")
         assert not a._conns and not b._conns
         assert not a._connected[1].is_set() and not b._connected[0].is_set()
         warn = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -290,7 +295,8 @@ async def test_fake_neighbour_reflecting_the_dialers_proof_is_not_attached():
     try:
         await ov.listen()
         ov.connect({1: ("127.0.0.1", server.sockets[0].getsockname()[1])})
-        await asyncio.sleep(0.5)
+        await until(lambda: seen and any("node 1 failed authentication" in str(e) for e in ov.errors),
+                    "the reflected proof to be refused")
         assert seen and not ov._conns and not ov._connected[1].is_set()
         assert any("node 1 failed authentication" in str(e) for e in ov.errors)
     finally:
@@ -311,12 +317,15 @@ async def test_intruders_leave_a_running_cluster_exact():
         assert (await raw.recv())["t"] == "HELLO"
         raw.send({"t": "AUTH", "mac": b"\0" * 32})
         assert await raw.closed_by_peer()
-        await asyncio.sleep(0.3)
+        errors = agents[1].overlay.errors  # the stranger claimed node 2, the wrong-secret neighbour node 0
+        assert any("node 2 failed authentication" in str(e) for e in errors)
+        await until(lambda: any("node 0 failed authentication" in str(e) for e in errors),
+                    "node 1 to refuse the wrong-secret neighbour")
         await intruder.close()
         js = await asyncio.wait_for(sched.run_job("ring", rounds=2, params=30_000, chunk_params=4_000), 30)
         assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert_job_exact(sched, js)
         assert sorted(sched.agents) == [0, 1, 2]
-        assert any("failed authentication" in str(e) for e in agents[1].overlay.errors)
     finally:
         await stop_cluster(sched, tasks)
 
@@ -428,6 +437,7 @@ async def test_tls_cluster_is_exact_and_refuses_plaintext(tmp_path):
         assert sched._server is not None
         js = await asyncio.wait_for(sched.run_job("ring", rounds=2, params=30_000, chunk_params=4_000), 30)
         assert all(r.ok and r.digests_agree for r in js.records)
+        assert_job_exact(sched, js)
         assert agents[0].ctl.proto.transport.get_extra_info("ssl_object") is not None
         conn = agents[0].overlay._conns[1]
         assert conn.transport.get_extra_info("ssl_object") is not None  # the data plane too
@@ -435,6 +445,6 @@ async def test_tls_cluster_is_exact_and_refuses_plaintext(tmp_path):
         port = agents[1].overlay.port
         raw = await Raw.connect(port)
         raw.send({"t": "HELLO", "node": 0, "cluster": "tls", "role": "agent", "nonce": os.urandom(32)})
-        assert await raw.recv(3) is None
+        assert await raw.recv() is None
     finally:
         await stop_cluster(sched, tasks)

@@ -2,12 +2,17 @@
 
 import asyncio
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
-import time
+import uuid
+from pathlib import Path
 
 import pytest
+from harness import assert_job_exact, assert_results_exact
+from waiting import until_sync
 
 from agents.agent import Agent
 from emulation.topology import internet2, uniform
@@ -41,6 +46,7 @@ async def test_every_scheme_is_exact_on_a_sparse_topology(scheme):
         assert len(js.records) == 3
         for r in js.records:
             assert r.ok and r.digests_agree and r.versions_agree, r
+        assert_job_exact(sched, js)  # the exact sum, as this test computes it
         # relays carried traffic for non-neighbour tree edges (star on internet2 needs them)
         if scheme == "star":
             relayed = sum(s["links"][d]["bytes"] for s in js.stats.values() for d in s["links"])
@@ -68,6 +74,7 @@ async def test_plan_switch_mid_run_never_mixes_versions():
         assert len(set(versions)) >= 3, versions
         for r in js.records:
             assert r.ok and r.digests_agree and r.versions_agree
+        assert_job_exact(sched, js)
     finally:
         await stop_cluster(sched, tasks)
     del topo
@@ -87,41 +94,67 @@ async def test_wrong_cluster_agent_is_refused():
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_wansync_run_end_to_end_reaps_its_processes(tmp_path, loop):
     out = tmp_path / "r.jsonl"
-    before = count_agents()
+    tag = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "wansync.cli", "run", "--topology", "internet2", "--schemes", "star,ring",
            "--model", "resnet50", "--scale", "0.005", "--rounds", "2", "--out", str(out), "--loop", loop]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=tagged(tag))
     assert res.returncode == 0, res.stderr[-2000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert all(r["schema"] == 2 for r in recs)
     rounds = [r for r in recs if r["type"] == "round"]
     assert {r["scheme"] for r in rounds} == {"star", "ring"} and len(rounds) == 2 * 3
     assert all(r["ok"] and r["versions_agree"] for r in rounds)
+    assert assert_results_exact(out) == 2 * 3  # every node's digest is that of the exact sum
     assert any(r["type"] == "link_sample" for r in recs)
     jobs = [r for r in recs if r["type"] == "job"]
     assert all("guard_valid" in j for j in jobs)
     assert all(r["prediction_s"] > 0 for r in rounds)  # the simulator's prediction rides along
-    assert count_agents() <= before  # every agent process was reaped
+    assert agents_of(tag) == []  # every agent process was reaped
 
 
 def test_ctrl_c_reaps_every_agent(tmp_path):
-    before = count_agents()
-    proc = subprocess.Popen([sys.executable, "-m", "wansync.cli", "run", "--rounds", "100", "--scale", "0.01",
-                             "--schemes", "ring"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while count_agents() < before + 9 and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)  # mid-run
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err[-1500:]
-    time.sleep(0.5)
-    assert count_agents() <= before
+    tag = uuid.uuid4().hex
+    log = tmp_path / "run.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "wansync.cli", "run", "--rounds", "100", "--scale", "0.01",
+                                 "--schemes", "ring"], stdout=subprocess.DEVNULL, stderr=err, env=tagged(tag))
+    try:
+        until_sync(lambda: len(agents_of(tag)) == 9 or proc.poll() is not None, "the run's 9 agents to start")
+        until_sync(lambda: re.search(r"ring round \d+: ", log.read_text()) or proc.poll() is not None,
+                   "the run's first round to end (mid-run from then on)")
+        assert proc.poll() is None, log.read_text()[-1500:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130, log.read_text()[-1500:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert agents_of(tag) == []  # reaped before the launcher exited: none left over, not even for a moment
 
 
-def count_agents() -> int:
-    res = subprocess.run(["pgrep", "-fc", "wansync.cli agent"], capture_output=True, text=True)
-    return int(res.stdout.strip() or 0)
+TAG = "WANSYNC_TEST_TAG"
+
+
+def tagged(tag: str) -> dict[str, str]:
+    """An environment that marks this test's launcher and, through inheritance, its agents."""
+    return {**os.environ, TAG: tag}
+
+
+def agents_of(tag: str) -> list[int]:
+    """Pids of live `wansync agent` processes carrying this test's tag: other tests' clusters, which
+    may run at the same time on this machine, are not counted."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if b"wansync.cli" in cmd and b"agent" in cmd and f"{TAG}={tag}".encode() in env:
+            pids.append(int(proc.name))
+    return pids
 
 
 def test_nodes_disagreeing_with_a_fixed_topology_is_an_error():

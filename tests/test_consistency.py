@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from harness import assert_job_exact
 from test_cluster import start_cluster, stop_cluster
 
 from emulation.topology import uniform
@@ -64,6 +65,7 @@ async def test_with_the_protocol_the_same_race_is_harmless_and_every_round_exact
         assert by_round[1].version == by_round[0].version  # frozen on the first request, before the re-plan
         assert by_round[2].version == holder["staged"]  # the new policy from the next round on
         assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert_job_exact(sched, js)
     finally:
         await stop_cluster(sched, tasks)
 
@@ -154,6 +156,7 @@ async def test_fig10_source_routing_cannot_loop_and_every_round_is_exact():
         js = await asyncio.wait_for(sched.run_job("fig10", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
         assert loops(agents) == 0
         assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert_job_exact(sched, js)
         assert agents[2].engine.aux_tables  # Y did get the new table ...
         assert sum(st["aux_bytes"] for st in js.stats.values()) > 0  # ... and auxiliary routes carried chunks
     finally:

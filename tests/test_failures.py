@@ -2,6 +2,7 @@
 complete and exact or aborted and retried, and the following rounds are exact again."""
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -9,16 +10,21 @@ import subprocess
 import time
 
 import pytest
+from harness import assert_job_exact
+from waiting import until
 
 from emulation.topology import load as load_topology
 from emulation.topology import uniform
 from overlay.auth import SECRET_ENV, generate_secret
 from overlay.routing import Routes, adjacency
-from scheduler.service import Scheduler
+from scheduler.service import JobState, Scheduler
 from wansync.cluster import RunConfig, agent_command, reap
 
 PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
 NODES = 4
+# a job that outlasts whatever a test waits for (a restarted agent booting, a zombie waking): the test
+# stops it once it saw what it waits for, so no assertion depends on how fast the machine boots a process
+UNTIL_STOPPED = 10_000
 
 
 AGENTS = RunConfig(topology="uniform", topo=uniform(NODES).scaled(0.2), schemes=[], model="resnet50", scale=0.2,
@@ -36,64 +42,116 @@ class Cluster:
         self.sched = Scheduler(cluster, NODES, heartbeat_timeout=heartbeat_timeout, secret=self.secret.encode(),
                                on_event=lambda kind, data: self.events.append((time.time(), kind, data)))
         self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, str] = {}  # every incarnation's stderr so far, drained without blocking
+        self._drainer: asyncio.Task | None = None
         self.port = 0
 
     async def __aenter__(self) -> "Cluster":
         self.port = await self.sched.start()
         for n in range(NODES):
             self.spawn(n)
+        self._drainer = asyncio.create_task(self._drain_forever())
         await self.sched.wait_agents(30)
         return self
 
+    async def _drain_forever(self) -> None:
+        """Keep reading the agents' stderr: a full pipe would freeze a chatty agent mid-test."""
+        while True:
+            for n in list(self.procs):
+                self.drain(n)
+            await asyncio.sleep(0.2)
+
     def spawn(self, node: int) -> None:
         env = dict(os.environ, **{SECRET_ENV: self.secret})
+        self.drain(node)
         self.procs[node] = subprocess.Popen(agent_command(self.agents, node, self.port, self.cluster), env=env,
                                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert self.procs[node].stderr is not None
+        os.set_blocking(self.procs[node].stderr.fileno(), False)
+
+    def drain(self, node: int) -> str:
+        """Node's stderr so far (all its incarnations). Read without blocking; also keeps the pipe
+        from filling up, which would freeze a chatty agent."""
+        p = self.procs.get(node)
+        while p is not None and p.stderr is not None:
+            try:
+                data = os.read(p.stderr.fileno(), 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.logs[node] = self.logs.get(node, "") + data.decode(errors="replace")
+        return self.logs.get(node, "")
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._drainer is not None:
+            self._drainer.cancel()
         await self.sched.shutdown()
         reap(list(self.procs.values()))
 
-    async def when_round_starts(self, rnd: int, timeout: float = 30.0) -> None:
-        t = time.time()
-        while self.sched.current is None or rnd not in self.sched.current.started:
-            if time.time() - t > timeout:
-                raise TimeoutError(f"round {rnd} did not start")
-            await asyncio.sleep(0.01)
+    async def when_round_starts(self, rnd: int) -> None:
+        """Round `rnd`'s attempt has started: every member has its reply, no member has finished it."""
+        await until(lambda: self.sched.current is not None and rnd in self.sched.current.started,
+                    f"round {rnd} to start")
+
+    async def when_retried_without(self, node: int) -> None:
+        """The survivors finished a retried attempt without `node`: recorded, exact or not (judged later)."""
+        await until(lambda: any(r.attempt > 0 and r.participants == NODES - 1 and node not in r.digests
+                                for r in self.sched.current.records),
+                    f"the survivors' retry without node {node} to be recorded")
+
+    async def when_back_in_a_round(self, node: int) -> None:
+        """Node `node` registered again and a round it took part in was recorded."""
+        def back() -> bool:
+            rejoined = [e for e in self.sched.timeline if e["kind"] == "agent_rejoined" and e["node"] == node]
+            return bool(rejoined) and any(r.round >= rejoined[-1]["round"] and node in r.digests
+                                          for r in self.sched.current.records)
+        await until(back, f"node {node} to rejoin and take part in a recorded round")
+
+    async def stop(self, job: asyncio.Task) -> JobState:
+        """End a job that runs UNTIL_STOPPED rounds: what the test waited for has happened."""
+        js = self.sched.current
+        assert js is not None and not job.done(), "the job ended before the test saw what it waits for"
+        job.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await job
+        return js
 
     def kinds(self, kind: str) -> list[dict]:
         return [d for _, k, d in self.events if k == kind]
 
 
-def assert_exact(js) -> None:
-    assert len(js.records) == js.rounds
+def assert_exact(sched: Scheduler, js: JobState, complete: bool = True) -> None:
+    """Every round recorded once (all of them, unless the test stopped the job), every node's result
+    the exact sum: by the agents' own check and by the digest of a sum the test computes itself."""
+    rounds = sorted(r.round for r in js.records)
+    assert rounds == list(range(js.rounds if complete else len(rounds))), rounds
     for r in js.records:
         assert r.ok and r.digests_agree and r.versions_agree, r
+    assert_job_exact(sched, js)
 
 
 @pytest.mark.parametrize("victim", [2, "hub"])
 async def test_sigkill_mid_round_survivors_retry_exact_and_the_restarted_agent_rejoins(victim):
     async with Cluster(f"kill-{victim}") as c:
-        # compute time keeps the job going while the restarted process boots (a few seconds on a busy machine)
-        job = asyncio.create_task(c.sched.run_job("star", rounds=14, params=PARAMS, chunk_params=CHUNK,
+        job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
                                                   compute_s=0.3))
         await c.when_round_starts(2)
         node = c.sched.current.plan.groups[0].root if victim == "hub" else victim
-        await asyncio.sleep(0.05)  # mid-round
-        t_kill = time.time()
-        c.procs[node].kill()
-        while node not in c.sched.lost:
-            await asyncio.sleep(0.01)
-        detect = c.sched.lost[node]["t"] - t_kill
-        await asyncio.sleep(0.5)
+        c.procs[node].kill()  # mid-round: its attempt started, and cannot end without this node
+        await until(lambda: node in c.sched.lost, f"node {node} to be declared lost")
+        # a killed process closes its sockets: noticed from that, no heartbeat timeout needed (how soon
+        # is a speed figure: scripts/bench/soak.py measures detection)
+        assert c.sched.lost[node]["why"] == "control connection closed", c.sched.lost[node]
+        await c.when_retried_without(node)
         c.spawn(node)  # a restarted agent: a newer epoch, same node id
-        js = await asyncio.wait_for(job, 90)
-        assert_exact(js)
-        assert detect < 1.0  # a killed process closes its sockets: noticed at once, no timeout needed
+        await c.when_back_in_a_round(node)
+        js = await c.stop(job)
+        assert_exact(c.sched, js, complete=False)
         assert js.aborts and js.aborts[0]["why"].startswith(f"agent {node} lost")
         retried = [r for r in js.records if r.attempt > 0]
         assert retried and retried[0].participants == NODES - 1  # the survivors' exact sum
-        assert js.records[-1].participants == NODES  # the restarted agent is used again
+        assert max(js.records, key=lambda r: r.round).participants == NODES  # the restarted agent is used again
         if victim == "hub":
             assert all(c.sched.plans[r.version].groups[0].root != node for r in retried)
 
@@ -112,23 +170,21 @@ async def test_a_lost_relay_is_routed_around_at_once(tmp_path):
     cfg = sparse(tmp_path, [(0, 1), (1, 2), (2, 3), (3, 0)])
     relay = Routes(adjacency(cfg.topo.links)).route(2, 0)[1]
     async with Cluster("relay", agents=cfg) as c:
-        job = asyncio.create_task(c.sched.run_job("star", rounds=20, params=PARAMS, chunk_params=CHUNK,
+        job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
                                                   compute_s=0.3, options={"hub": 0}))
         await c.when_round_starts(2)
-        await asyncio.sleep(0.05)
         c.procs[relay].kill()
-        while relay not in c.sched.lost:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(3.0)  # longer than the retry's stall deadline (2 s)
-        t_restart = time.time()
+        # the survivors finish without the relay: they do not wait for it to come back (it does not,
+        # until they are done); a route through it would have stalled, aborted with "no data moved"
+        await c.when_retried_without(relay)
         c.spawn(relay)
-        js = await asyncio.wait_for(job, 90)
-        assert_exact(js)
+        await c.when_back_in_a_round(relay)
+        js = await c.stop(job)
+        assert_exact(c.sched, js, complete=False)
         assert js.aborts and all(x["why"].startswith(f"agent {relay} lost") for x in js.aborts), js.aborts
         retried = [r for r in js.records if r.attempt > 0]
         assert retried and retried[0].participants == NODES - 1
-        assert retried[0].t_end < t_restart  # the survivors did not wait for the relay to come back
-        assert js.records[-1].participants == NODES  # back, and its links with it
+        assert max(js.records, key=lambda r: r.round).participants == NODES  # back, and its links with it
         assert c.sched.view.unusable() == []
 
 
@@ -140,16 +196,13 @@ async def test_a_lost_cut_vertex_blocks_the_round_until_it_returns(tmp_path):
         job = asyncio.create_task(c.sched.run_job("star", rounds=6, params=PARAMS, chunk_params=CHUNK,
                                                   options={"hub": 0}))
         await c.when_round_starts(2)
-        await asyncio.sleep(0.05)
         c.procs[1].kill()
-        t = time.time()
-        while not (blocked := [e for e in c.sched.timeline if e["kind"] == "blocked"]):
-            assert time.time() - t < 20, "the round never said it waits for a plan"
-            await asyncio.sleep(0.05)
+        blocked = await until(lambda: [e for e in c.sched.timeline if e["kind"] == "blocked"],
+                              "the round to say it waits for a plan (a `blocked` event)")
         assert "does not connect" in blocked[0]["why"]
         c.spawn(1)
         js = await asyncio.wait_for(job, 60)
-        assert_exact(js)
+        assert_exact(c.sched, js)
         assert set(c.sched.lost) == {1} and sorted(c.sched.agents) == [0, 1, 2, 3]
         assert all(r.participants == NODES for r in js.records)  # no round ran without node 1
         assert not js.blocked and c.sched.view.unusable() == []
@@ -157,25 +210,25 @@ async def test_a_lost_cut_vertex_blocks_the_round_until_it_returns(tmp_path):
 
 async def test_sigstop_is_detected_by_heartbeat_and_the_zombie_comes_back_as_a_new_incarnation():
     async with Cluster("freeze", heartbeat_timeout=1.0) as c:
-        job = asyncio.create_task(c.sched.run_job("ring", rounds=14, params=PARAMS, chunk_params=CHUNK,
+        job = asyncio.create_task(c.sched.run_job("ring", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
                                                   compute_s=0.3))
         await c.when_round_starts(2)
-        await asyncio.sleep(0.05)
-        t_stop = time.time()
         old_epoch = c.sched.agents[3].epoch
         c.procs[3].send_signal(signal.SIGSTOP)
-        while 3 not in c.sched.lost:
-            await asyncio.sleep(0.01)
-        detect = c.sched.lost[3]["t"] - t_stop
-        assert 0.9 < detect < 2.0  # the configured heartbeat timeout, plus at most a few ticks
-        await asyncio.sleep(1.0)
-        c.procs[3].send_signal(signal.SIGCONT)  # the zombie wakes up, reads its FENCE ...
-        js = await asyncio.wait_for(job, 60)
-        assert_exact(js)
+        await until(lambda: 3 in c.sched.lost, "the frozen node 3 to be declared lost")
+        # found by its silence, after the configured timeout of it (how soon after: a speed figure,
+        # measured by scripts/bench/soak.py); its socket stayed open, so nothing else could notice
+        why = c.sched.lost[3]["why"]
+        assert why.startswith("silent for ") and float(why.split()[2]) >= c.sched.heartbeat_timeout, why
+        await c.when_retried_without(3)  # the survivors went on without the zombie ...
+        c.procs[3].send_signal(signal.SIGCONT)  # ... which wakes up and reads its FENCE ...
+        await c.when_back_in_a_round(3)
+        js = await c.stop(job)
+        assert_exact(c.sched, js, complete=False)
         assert any(r.attempt > 0 and r.participants == NODES - 1 for r in js.records)
         # ... and registers again as a newer incarnation (its old epoch stays refused everywhere)
         assert c.sched.fenced[3] == old_epoch and c.sched.agents[3].epoch > old_epoch
-        assert js.records[-1].participants == NODES
+        assert max(js.records, key=lambda r: r.round).participants == NODES
 
 
 async def test_a_stalled_round_is_aborted_by_its_deadline_and_retried():
@@ -185,11 +238,10 @@ async def test_a_stalled_round_is_aborted_by_its_deadline_and_retried():
         job = asyncio.create_task(c.sched.run_job("ring", rounds=6, params=PARAMS, chunk_params=CHUNK))
         await c.when_round_starts(2)
         os.kill(c.procs[1].pid, signal.SIGSTOP)  # a frozen relay on the ring: no byte moves anymore
-        while not c.sched.current.aborts:
-            await asyncio.sleep(0.05)
+        await until(lambda: c.sched.current.aborts, "the stall deadline to abort the frozen round")
         os.kill(c.procs[1].pid, signal.SIGCONT)
         js = await asyncio.wait_for(job, 60)
-        assert_exact(js)
+        assert_exact(c.sched, js)
         assert js.aborts[0]["why"].startswith("no data moved")  # found by the stall deadline, not by a loss
 
 
@@ -197,7 +249,7 @@ async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_j
     async with Cluster("restart") as c:
         old = c.sched
         js1 = await asyncio.wait_for(old.run_job("mst", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
-        assert_exact(js1)
+        assert_exact(old, js1)
         job = asyncio.create_task(old.run_job("ring", rounds=50, params=PARAMS, chunk_params=CHUNK))
         await c.when_round_starts(1)
         # the scheduler crashes mid-round: no SHUTDOWN, every connection just ends
@@ -208,12 +260,14 @@ async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_j
         for t in list(old._tasks):
             t.cancel()
         job.cancel()
-        await asyncio.sleep(1.0)
+        # every agent noticed and waits for a scheduler (its redials are refused meanwhile)
+        await until(lambda: all("lost the scheduler" in c.drain(n) for n in range(NODES)),
+                    "every agent to notice that its scheduler is gone")
         c.sched = Scheduler(c.cluster, NODES, secret=c.secret.encode())
         await c.sched.start(port=c.port)
         await c.sched.wait_agents(30)  # the agents waited and registered again
         js2 = await asyncio.wait_for(c.sched.run_job("ring", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
-        assert_exact(js2)
+        assert_exact(c.sched, js2)
         assert js2.job > js1.job + 1  # numbered above what the agents saw of the old scheduler
         assert min(r.version for r in js2.records) > max(old.plans)
         assert all(p.poll() is None for p in c.procs.values())
@@ -234,7 +288,7 @@ async def test_a_7x_rate_drop_on_one_link_slows_rounds_without_aborting_them():
                 slow.append(data["round_s"])
         sched.on_event = on_event
         js = await asyncio.wait_for(sched.run_job("ring", rounds=6, params=PARAMS, chunk_params=CHUNK), 90)
-        assert_exact(js)
+        assert_exact(sched, js)
         assert js.stats[1]["links"]["2"]["configured_mbps"] == pytest.approx(40.0 / 7)  # the drop was on ...
         assert len(slow) == 3 and not js.aborts  # ... and no deadline mistook a slow round for a stalled one
     finally:
@@ -252,7 +306,7 @@ async def test_a_blackholed_link_is_found_by_the_stall_deadline_and_routed_aroun
         await c.when_round_starts(2)
         links.set_blackhole(1, 2, True)
         js = await asyncio.wait_for(job, 60)
-        assert_exact(js)
+        assert_exact(c.sched, js)
         assert not c.sched.lost
         assert "routing around [[1, 2]]" in js.aborts[0]["why"]
         after = [r for r in js.records if r.t_start > js.aborts[0]["t"]]
@@ -269,9 +323,10 @@ async def test_a_fenced_epoch_is_refused_by_neighbours_and_a_newer_one_accepted(
     async with LocalNet(line(2)) as net:
         zombie = net.overlays[1]
         net.overlays[0].fence(1, zombie.epoch)  # FENCE: node 1's current incarnation is lost
-        await asyncio.sleep(0.3)  # node 0 dropped the connection; node 1 redials with the same epoch
+        # node 0 dropped the connection; node 1 redials with the same epoch and is refused
+        await until(lambda: any("fenced" in str(e) for e in net.overlays[0].errors),
+                    "node 0 to refuse the fenced epoch's redial")
         assert not net.overlays[0]._connected[1].is_set()
-        assert any("fenced" in str(e) for e in net.overlays[0].errors)
         # a restarted node 1: a newer epoch, another port
         fresh = Overlay(1, net.cluster, Sink(), neighbors=[0], secret=SECRET)
         port = await fresh.listen()
@@ -296,7 +351,7 @@ async def test_an_agent_alive_but_not_asking_for_a_round_is_fenced_and_rejoins()
             send(msg)
         agents[3].ctl.send = lossy
         js = await asyncio.wait_for(sched.run_job("ring", rounds=6, params=PARAMS, chunk_params=CHUNK), 60)
-        assert_exact(js)
+        assert_exact(sched, js)
         assert "did not ask for round 2" in sched.lost[3]["why"]
         assert 3 in sched.agents and sched.agents[3].epoch > sched.fenced[3]  # back as a new incarnation
     finally:

@@ -8,10 +8,13 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from harness import assert_results_exact
 from rich.console import Console
+from waiting import until
 
 from emulation.faults import AppLinkControl, Fault, FaultError, FaultInjector, check, load_scenario, parse
 from emulation.topology import build
@@ -127,44 +130,63 @@ def test_emu_messages_are_validated():
 
 # --- the injector ----------------------------------------------------------------------------------
 class Links:
+    """Records every call, and when it came (the injector's clock is time.time)."""
+
     def __init__(self):
         self.calls = []
+        self.at = {}
+
+    def _call(self, call):
+        self.calls.append(call)
+        self.at.setdefault(call, time.time())
 
     def set_rate(self, src, dst, mbps):
-        self.calls.append(("rate", src, dst, mbps))
+        self._call(("rate", src, dst, mbps))
 
     def set_down(self, a, b, down):
-        self.calls.append(("down", a, b, down))
+        self._call(("down", a, b, down))
 
     def set_blackhole(self, a, b, on):
-        self.calls.append(("blackhole", a, b, on))
+        self._call(("blackhole", a, b, on))
+
+
+EARLY = 0.005  # a timer may fire this much before its time (clock resolution, two clocks)
 
 
 async def test_injector_fires_at_times_and_rounds_and_heals():
+    """Each fault fires at its time or round and heals after its `for`: never sooner (a loaded
+    machine only makes them later, so only lower bounds are asserted)."""
     links, reports = Links(), []
     faults = [parse("down:link=0-1@t=0.05,for=0.1"), parse("collapse:link=2-3,factor=4@round=1,scheme=mst,for=0.05"),
               parse("blackhole:link=1-2@round=0,job=2"), parse("collapse:link=0>1,mbps=2@t=0.02,scheme=mst")]
     inj = FaultInjector(faults, links=links, pid_of=lambda n: None, rate_of=lambda s, d: 40.0 + s,
                         report=reports.append)
+    t0 = time.time()
     inj.start()
     inj.on_event("job", {"job": 1, "scheme": "ring"})
     inj.on_event("round", {"job": 1, "scheme": "ring", "round": 0})  # not mst: nothing
-    await asyncio.sleep(0.08)
-    assert links.calls == [("down", 0, 1, True)]
-    await asyncio.sleep(0.1)
+    await until(lambda: links.calls, "the first fault (down at t=0.05)")
+    assert links.calls == [("down", 0, 1, True)]  # neither of mst's faults, nor round 1's
+    assert links.at[("down", 0, 1, True)] >= t0 + 0.05 - EARLY
+    await until(lambda: len(links.calls) > 1, "the down fault to heal")
     assert links.calls[-1] == ("down", 0, 1, False)
+    assert links.at[("down", 0, 1, False)] >= links.at[("down", 0, 1, True)] + 0.1 - EARLY
+    t_job2 = time.time()
     inj.on_event("job", {"job": 2, "scheme": "mst"})  # round 0 of job 2 starts: the blackhole
     assert links.calls[-1] == ("blackhole", 1, 2, True)
     inj.on_event("round", {"job": 2, "scheme": "mst", "round": 0})  # round 1 of mst starts
     assert links.calls[-2:] == [("rate", 2, 3, 42.0 / 4), ("rate", 3, 2, 43.0 / 4)]
-    await asyncio.sleep(0.1)
-    assert ("rate", 2, 3, 42.0) in links.calls and ("rate", 3, 2, 43.0) in links.calls  # healed
-    assert ("rate", 0, 1, 2.0) in links.calls  # t counts from the mst job's start
+    healed = [("rate", 2, 3, 42.0), ("rate", 3, 2, 43.0)]
+    await until(lambda: all(c in links.calls for c in healed), "the collapse to heal")
+    assert all(links.at[c] >= links.at[("rate", 2, 3, 42.0 / 4)] + 0.05 - EARLY for c in healed)
+    await until(lambda: ("rate", 0, 1, 2.0) in links.calls, "mst's collapse at t=0.02")
+    assert links.at[("rate", 0, 1, 2.0)] >= t_job2 + 0.02 - EARLY  # t counts from the mst job's start
     inj.on_event("round", {"job": 2, "scheme": "mst", "round": 0})  # fires once only
     await inj.stop()  # the blackhole had no `for`: stop heals it
     assert links.calls[-1] == ("blackhole", 1, 2, False) or ("blackhole", 1, 2, False) in links.calls
     actions = [(r["kind"], r["action"]) for r in reports]
     assert actions.count(("blackhole", "inject")) == 1 and ("blackhole", "heal") in actions
+    assert links.calls.count(("rate", 2, 3, 42.0 / 4)) == 1
     assert all(r["type"] == "fault" and "spec" in r for r in reports)
 
 
@@ -173,22 +195,23 @@ async def test_injector_signals_processes():
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
     reports = []
     try:
-        inj = FaultInjector([parse("freeze:node=0@t=0,for=0.3"), parse("kill:node=1@t=0")], links=None,
+        # frozen for 2 s: long enough to see it stopped, polling, on a loaded machine
+        inj = FaultInjector([parse("freeze:node=0@t=0,for=2"), parse("kill:node=1@t=0")], links=None,
                             pid_of=lambda n: procs[n].pid, rate_of=lambda s, d: 1.0, report=reports.append)
         inj.start()
-        await asyncio.sleep(0.15)
-        assert _state(procs[0].pid) == "T"  # stopped
-        assert procs[1].wait(5) == -signal.SIGKILL
-        await asyncio.sleep(0.4)
-        assert _state(procs[0].pid) in ("S", "R")  # continued
+        await until(lambda: _state(procs[0].pid) == "T", "node 0's process to be stopped")
+        assert procs[1].wait(30) == -signal.SIGKILL
+        await until(lambda: len(reports) == 3, "the freeze to heal")
+        await until(lambda: _state(procs[0].pid) in ("S", "R"), "node 0's process to continue")
         await inj.stop()
         assert [(r["kind"], r["action"]) for r in reports] == [("freeze", "inject"), ("kill", "inject"),
                                                               ("freeze", "heal")]
+        assert reports[2]["t_run"] >= reports[0]["t_run"] + 2 - EARLY  # healed after its `for`, not sooner
         # a link fault without link control is reported, never fatal
         inj2 = FaultInjector([parse("down:link=0-1@t=0")], links=None, pid_of=lambda n: None,
                              rate_of=lambda s, d: 1.0, report=reports.append)
         inj2.start()
-        await asyncio.sleep(0.01)
+        await until(lambda: len(reports) > 3, "the link fault's report")
         assert "no link control" in reports[-1]["error"]
     finally:
         for p in procs:
@@ -233,6 +256,7 @@ def test_link_fault_heals_and_every_round_stays_exact(tmp_path, fault):
     assert len(recs) == 4
     for r in recs:
         assert r.ok and r.digests_agree and r.versions_agree, r
+    assert assert_results_exact(tmp_path / "r.jsonl") == 4  # the exact sum, as this test computes it
     faults = [r for r in _records(tmp_path) if r["type"] == "fault"]
     assert [(f["action"], f["round"]) for f in faults] == [("inject", 2), ("heal", 2)]
     assert faults[0]["spec"] == fault and "error" not in faults[0] and "error" not in faults[1]
@@ -251,4 +275,5 @@ def test_a_killed_agent_is_survived_by_the_run(tmp_path):
     assert [(k["kind"], k["node"], k["action"], k["round"]) for k in kills] == [("kill", 2, "inject", 1)]
     recs = jobs[0].records
     assert len(recs) == 8 + jobs[0].warmup and all(r.ok and r.digests_agree and r.versions_agree for r in recs)
+    assert assert_results_exact(tmp_path / "r.jsonl") == len(recs)
     assert recs[-1].participants == 3  # the survivors, exact

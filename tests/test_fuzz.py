@@ -269,7 +269,7 @@ def build(target: str) -> tuple[FrameProtocol, list[ProtocolError]]:
     proto.handler = _Handshake(ov, proto, expect=None)
     _connect(proto)
     if target.startswith("peer"):
-        eng.drop_stale(1, 0)
+        eng.open_job(1, 0)
         eng.begin_round(1, 0, 0, PLAN, contribution(0, 0, 1, PLAN.params))
         ov._attach(0, proto)  # as if node 0 had just authenticated
         assert isinstance(proto.handler, _PeerConn)
@@ -366,7 +366,7 @@ def test_a_valid_round_still_completes_through_the_fuzz_harness():
         eng = ChunkEngine(1, ROUTES)
         ov = Overlay(1, CLUSTER, eng, neighbors=[0, 2], secret=SECRET)
         eng.overlay = ov
-        eng.drop_stale(1, 0)
+        eng.open_job(1, 0)
         rs = eng.begin_round(1, 0, 0, PLAN, contribution(0, 0, 1, PLAN.params))
         for child in (0, 2):
             proto = FrameProtocol(peer=None)

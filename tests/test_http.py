@@ -10,7 +10,9 @@ import urllib.request
 
 import aiohttp
 import pytest
+from harness import assert_job_exact, assert_results_exact
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import until, until_sync
 
 from agents.agent import Agent
 from emulation.topology import uniform
@@ -31,7 +33,7 @@ async def start(topo, cluster, step_s=0.5):
     agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=True, secret=SECRET) for n in range(topo.nodes)]
     tasks = [asyncio.create_task(a.run()) for a in agents]
     await sched.wait_agents(20)
-    return sched, live, server, url, tasks
+    return sched, live, server, url, tasks, agents
 
 
 async def stop(sched, server, tasks):
@@ -51,7 +53,7 @@ def metrics(text):
 
 async def test_api_and_metrics_describe_the_running_cluster():
     topo = uniform(4, 30).scaled(0.01)  # ~0.1 s per tree edge and direction: rounds span several points
-    sched, live, server, url, tasks = await start(topo, "h1", step_s=0.25)
+    sched, live, server, url, tasks, agents = await start(topo, "h1", step_s=0.25)
     try:
         async with aiohttp.ClientSession() as http:
             async def get(path, status=200):
@@ -64,7 +66,12 @@ async def test_api_and_metrics_describe_the_running_cluster():
             assert await get("/api/plan", 404)
             js = await asyncio.wait_for(sched.run_job("mst", rounds=3, warmup=1, params=PARAMS, chunk_params=CHUNK),
                                         60)
-            await asyncio.sleep(0.6)  # the agents' last counters (every 0.25 s) after the final broadcast
+            assert_job_exact(sched, js)
+            # the agents' last counters (every 0.25 s) after the final broadcast: the scheduler has
+            # every link's byte count as the sender's own meter ends it
+            await until(lambda: all(sched.link_bytes.get((a.node, b)) == s.meter.bytes
+                                    for a in agents for b, s in a.overlay.senders.items()),
+                        "the agents' final byte counters")
             c = await get("/api/cluster")
             assert c["expected_nodes"] == 4 and c["up"] == 4 and all(n["up"] for n in c["nodes"])
             assert c["plan_version"] == sched.version and c["scheme"] == "mst"
@@ -120,7 +127,7 @@ async def test_api_and_metrics_describe_the_running_cluster():
 
             tasks[3].cancel()  # node 3 dies: its control connection closes
             await asyncio.gather(tasks[3], return_exceptions=True)
-            await asyncio.sleep(0.3)
+            await until(lambda: 3 not in sched.agents, "the scheduler to notice node 3 is gone")
             async with http.get(url + "metrics") as r:
                 m = metrics(await r.text())
             assert m["wansync_node_up"][(("node", "3"),)] == 0 and m["wansync_node_up"][(("node", "0"),)] == 1
@@ -138,17 +145,17 @@ async def test_api_and_metrics_describe_the_running_cluster():
 
 async def test_websocket_sends_a_snapshot_then_live_throughput_and_rounds():
     topo = uniform(4, 100).scaled(0.01)
-    sched, live, server, url, tasks = await start(topo, "h2", step_s=0.25)
+    sched, live, server, url, tasks, agents = await start(topo, "h2", step_s=0.25)
     try:
         job = asyncio.create_task(sched.run_job("ring", rounds=12, params=PARAMS, chunk_params=CHUNK))
         kinds, busy, timeline = set(), [], []
         async with aiohttp.ClientSession() as http, http.ws_connect(url + "ws") as ws:
-            first = await ws.receive_json(timeout=10)
+            first = await ws.receive_json(timeout=30)
             assert first["type"] == "snapshot" and first["cluster"]["expected_nodes"] == 4
             assert len(first["view"]["links"]) == 12
             seq = first["seq"]
             while not job.done() and not ("round" in kinds and busy):
-                msg = await ws.receive_json(timeout=10)
+                msg = await ws.receive_json(timeout=30)
                 assert msg["type"] == "update" and msg["seq"] >= seq
                 assert all(it["seq"] > seq for it in msg["items"])  # never resends what the page has
                 seq = msg["seq"]
@@ -158,7 +165,9 @@ async def test_websocket_sends_a_snapshot_then_live_throughput_and_rounds():
         assert "round" in kinds and busy, kinds
         assert all(0 < it["mbps"] < 10_000 and it["src"] != it["dst"] for it in busy)
         assert "plan" in timeline + [e["kind"] for e in first["timeline"]]
-        await asyncio.wait_for(job, 60)
+        js = await asyncio.wait_for(job, 60)
+        assert all(r.ok and r.digests_agree for r in js.records)
+        assert_job_exact(sched, js)
     finally:
         await stop(sched, server, tasks)
 
@@ -179,18 +188,20 @@ def test_wansync_run_prints_the_url_and_serves_while_running(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         url = wait_for_url(proc)
-        seen_guard = seen_bytes = False
-        deadline = time.time() + 60
-        while proc.poll() is None and time.time() < deadline and not (seen_guard and seen_bytes):
+        seen = {"bytes": False, "guard": False}
+
+        def served() -> bool:
+            """Both seen on /metrics while the run still serves it (after that: a failure, not a wait)."""
             try:
-                with urllib.request.urlopen(url + "metrics", timeout=5) as r:
+                with urllib.request.urlopen(url + "metrics", timeout=30) as r:
                     m = metrics(r.read().decode())
-            except OSError:  # the run ended between poll() and the request
-                break
-            seen_bytes = seen_bytes or sum(m.get("wansync_link_bytes_total", {}).values()) > 0
-            seen_guard = seen_guard or m.get("wansync_guard_valid", {}).get((("scheme", "star"),)) in (0.0, 1.0)
-            time.sleep(0.2)
-        assert seen_bytes and seen_guard
+            except OSError:  # the run ended between two requests (a failure), or a moment's hiccup
+                assert proc.poll() is None, f"the run ended before /metrics showed {seen}"
+                return False
+            seen["bytes"] = seen["bytes"] or sum(m.get("wansync_link_bytes_total", {}).values()) > 0
+            seen["guard"] = seen["guard"] or m.get("wansync_guard_valid", {}).get((("scheme", "star"),)) in (0.0, 1.0)
+            return seen["bytes"] and seen["guard"]
+        until_sync(served, "the running cluster's link bytes and star's verdict on /metrics", every=0.05)
         _, err = proc.communicate(timeout=90)
         assert proc.returncode == 0, err[-2000:]
     finally:
@@ -204,6 +215,7 @@ def test_wansync_run_prints_the_url_and_serves_while_running(tmp_path):
     assert any(e["kind"] == "plan" for e in events)
     tp = [r for r in recs if r["type"] == "throughput"]
     assert tp and all(r["mbps"] >= 0 and r["bytes"] >= 0 for r in tp) and any(r["mbps"] > 0 for r in tp)
+    assert assert_results_exact(out) == 3 * (4 + 1)  # every round of the three schemes (warm-up included)
 
 
 def wait_for_url(proc, timeout=30):

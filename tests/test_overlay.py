@@ -5,6 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 from harness import LocalNet
+from waiting import until
 
 from emulation.link import LinkSpec
 from emulation.topology import Topology, internet2, uniform
@@ -44,10 +45,12 @@ async def test_relay_delivers_once_and_every_hop_acks():
     async with LocalNet(line(3)) as net:
         sink = Sink()
         net.overlays[2].sink = sink
+        net.engines[1].open_job(1)  # the relay expects job 1's traffic (unknown jobs are refused)
         data = np.arange(50_000, dtype=np.float32)
         tr = net.overlays[0].send_chunk(header(), memoryview(data).cast("B"), (0, 1, 2))
-        await asyncio.wait_for(tr.done, 10)
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(tr.done, 30)  # node 1 acked; node 2 acks to node 1 in its own time
+        await until(lambda: sum(len(p) for *_, p in sink.segments) >= data.nbytes
+                    and not net.overlays[1].senders[2].unacked, "node 2 to receive the chunk and ack it")
         got = b"".join(p for _, _, p in sorted(sink.segments, key=lambda s: s[1]))
         assert got == data.tobytes()
         assert len(sink.segments) == -(-data.nbytes // (64 * 1024))
@@ -64,9 +67,12 @@ async def test_duplicate_and_resent_frames_are_dropped():
         for _ in range(3):  # the same frame three times, as a resend after a lost ack would
             conn.write_raw(encode(h))
             conn.write_raw(payload)
-        await asyncio.sleep(0.2)
-        assert len(sink.segments) == 1
-        assert net.overlays[0].senders[1].meter.acks == 0  # acks for unknown transfers are ignored
+        # then a real transfer on the same connection: once it is acked, node 1 has read the three
+        # frames before it and node 0 every ack node 1 sent for them
+        marker = net.overlays[0].send_chunk(header(chunk=1), memoryview(payload), (0, 1))
+        await asyncio.wait_for(marker.done, 30)
+        assert [s[0] for s in sink.segments].count(chunk_key(h)) == 1
+        assert net.overlays[0].senders[1].meter.acks == 1  # the marker's: acks for unknown transfers are ignored
 
 
 @pytest.mark.parametrize("scheme", ["star", "ring"])
@@ -74,15 +80,24 @@ async def test_cut_connections_mid_round_lose_nothing_and_double_nothing(scheme)
     topo = internet2().scaled(0.1)
     async with LocalNet(topo, shaped=True) as net:
         plan = PLANNERS[scheme](NetworkView(topo.links), Job(400_000, 30_000, tuple(range(9)))).with_version(1)
-
-        async def cut():
-            for _ in range(4):
-                await asyncio.sleep(0.15)
-                for a, b in [(5, 3), (5, 6), (0, 1)]:
-                    net.overlays[a].drop_connection(b)
-        cutter = asyncio.create_task(cut())
-        await net.run_round(plan)  # asserts the exact sum everywhere
-        await cutter
+        cuts = [(5, 3), (5, 6), (0, 1)]
+        senders = [net.overlays[x].senders[y] for a, b in cuts for x, y in ((a, b), (b, a))]
+        rnd = asyncio.ensure_future(net.run_round(plan))  # asserts the exact sum everywhere
+        hits = 0
+        for _ in range(4):  # each cut while bytes of a chunk are on the way over a cut link
+            await until(lambda: rnd.done() or any(tr.sent for s in senders for tr in s.unacked.values()),
+                        "a chunk part-sent over a link to cut")
+            if rnd.done():
+                break
+            before = [s.conn for s in senders]
+            for a, b in cuts:
+                net.overlays[a].drop_connection(b)
+            hits += 1
+            await until(lambda before=before: rnd.done() or all(s.conn is not None and s.conn is not c
+                                                                for s, c in zip(senders, before, strict=True)),
+                        "the cut links to reconnect")
+        await asyncio.wait_for(rnd, 60)
+        assert hits > 0
         resent = sum(s.meter.resent for ov in net.overlays.values() for s in ov.senders.values())
         assert resent > 0  # the cuts really hit transfers in flight
 
@@ -102,18 +117,32 @@ async def test_wrong_cluster_neighbour_is_refused():
 
 
 async def test_shaped_link_meets_its_rate_with_delay_pipelined():
-    """100 Mbit/s, 30 ms: back-to-back frames must not wait for the delay one after another."""
+    """100 Mbit/s, 30 ms: back-to-back frames must not wait for the delay one after another.
+
+    Judged by Little's law, not by a clock: a link meets its rate over a delay only if it keeps a
+    bandwidth-delay product in flight, which the sender's delay line shows however loaded the
+    machine (waiting out the delay per frame would keep one piece in flight). How close a run comes
+    to the rate is a speed figure: scripts/bench/shaper.py measures it."""
     topo = line(2, rate=100.0, delay=0.030)
     async with LocalNet(topo, shaped=True) as net:
         sink = Sink()
         net.overlays[1].sink = sink
+        sender = net.overlays[0].senders[1]
+        peak = 0
+        append = sender._append
+
+        def spy(*args, **kw):
+            nonlocal peak
+            append(*args, **kw)
+            peak = max(peak, sender._line_bytes)
+        sender._append = spy
         data = memoryview(bytearray(64 * 1024))
         trs = [net.overlays[0].send_chunk(header(chunk=i, origin=0), data, (0, 1)) for i in range(40)]
-        await asyncio.wait_for(asyncio.gather(*(t.done for t in trs)), 20)
-        shaper = net.overlays[0].senders[1].pacer
-        g = shaper.guard()
-        # ratio of bytes sent to what the rate allowed while backlogged, not a wall-clock assertion
-        assert g["achieved_ratio"] >= 0.97
+        await asyncio.wait_for(asyncio.gather(*(t.done for t in trs)), 60)
+        shaper = sender.pacer
+        bdp = shaper.rate_Bps * shaper.delay_s  # 375 KB
+        assert peak >= 0.9 * bdp, (peak, bdp)
+        assert sum(len(p) for *_, p in sink.segments) == 40 * len(data)
 
 
 async def test_single_hop_and_relayed_flows_share_a_link_fairly_in_bytes():
@@ -142,7 +171,10 @@ async def test_a_resend_cut_into_other_segments_adds_every_byte_exactly_once(fir
         plan = PLANNERS["star"](NetworkView(topo.links), Job(300_000, 300_000, (0, 1, 2), {"hub": 2})).with_version(1)
 
         async def cut():
-            await asyncio.sleep(0.2)  # mid-chunk: 1.2 MB at 20 Mbit/s takes about 0.5 s per hop
+            # mid-chunk: node 1 holds a prefix of node 0's 1.2 MB chunk (it takes ~0.5 s per hop at 20 Mbit/s)
+            held = await until(lambda: net.overlays[1].meters_in[0].bytes >= 2 * first and
+                               net.overlays[1].meters_in[0].bytes, "node 1 to hold part of node 0's chunk")
+            assert held < 300_000 * 4 and net.overlays[0].senders[1].unacked, "the chunk ended before the cut"
             for ov in net.overlays.values():
                 for s in ov.senders.values():
                     s.segment_bytes = second

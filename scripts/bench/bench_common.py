@@ -71,3 +71,24 @@ async def recv(ctrl: Connection) -> Any:
 
     loop.add_reader(ctrl.fileno(), ready)
     return await fut
+
+
+def rss_mib(pid: int | None = None) -> float | None:
+    """Resident memory of a process (VmRSS, MiB; this one if pid is None); None once it is gone."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def mem_available_mib() -> float:
+    """What the machine can still give (MemAvailable): benchmarks that provoke leaks stop short of it."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return float("inf")
