@@ -20,7 +20,7 @@ import numpy as np
 
 from overlay.budget import MemoryBudget
 from overlay.burstlog import BurstLog
-from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int
+from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int, chunk_header
 from overlay.peers import HoldRefused, Overlay
 from overlay.routing import Routes
 from scheduler.plan import AuxTable, Plan
@@ -405,10 +405,8 @@ class ChunkEngine:
 
     def _send(self, st: RoundState, c: int, kind: str, data: np.ndarray, contributors: int, dst: int) -> None:
         assert self.overlay is not None
-        header = {"t": "CHUNK", "job": st.job, "round": st.round, "attempt": st.attempt,
-                  "version": st.plan.version, "chunk": c, "kind": kind, "origin": self.node,
-                  "contributors": bitmap_bytes(contributors),
-                  "t_send": 0.0}
+        header = chunk_header(job=st.job, rnd=st.round, attempt=st.attempt, version=st.plan.version, chunk=c,
+                              kind=kind, origin=self.node, contributors=bitmap_bytes(contributors))
         path = self.routes.route(self.node, dst)
         aux = self.aux_for(st.plan, st.chunk_group[c]).get((self.node, dst))
         if aux and self.overlay.in_transit(path) >= self.primary_busy_bound:

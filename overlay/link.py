@@ -2,66 +2,37 @@
 
 Transfers (chunks, own or relayed) are cut into segments: relayed ones into at most
 `segment_bytes` (cut-through at every relay), single-hop ones into about 10 ms of link time
-(fewer headers where the rate is high). Flows that share the link are served by deficit
-round-robin, so they share it fairly in bytes. A transfer stays in `unacked` until
-the neighbour acknowledges the whole chunk, and is sent again from its start after a reconnect
-(the receiver drops the segments it already has).
-
-When a pacer (the emulated WAN) is attached, every segment is cut into pieces no larger than its
-burst, and the pacer says when each piece may arrive (token-bucket release plus one-way delay).
-Pieces wait in a delay line that one timer callback writes out on schedule: the sender never
-sleeps per piece, delay is pipelined, and a process that is descheduled for a moment does not
-leave the emulated wire idle (the schedule, not the wake-up, decides the rate).
-
-On a kernel-shaped link (tc backend: the pacer keeps only delay, `set_kernel_rate` gives the rate
-the kernel shapes to) the sender does not pace, but sizes what it lets run ahead from that rate:
-segments of ~10 ms of link time as above, and about LOOKAHEAD_S of link time between the
-round-robin and the wire (delay line beyond its delay, transport buffer, unsent socket bytes via
-TCP_NOTSENT_LOWAT). Unbounded, the socket and the line hold megabytes: a node's own chunks were all
-queued before a relayed flow's first segment arrived, so relays and fairness waited behind them.
+(fewer headers where the rate is high). A `LinkSender` composes two parts:
+- the flow scheduler (`overlay.drr`): per-flow queues served by deficit round-robin, so flows that
+  share the link share it fairly in bytes; it decides which segment goes next;
+- the delay line (`overlay.delayline`), when a pacer (the emulated WAN) is attached: pieces released
+  by the pacer, written by one timer on schedule, with the fidelity books; on a kernel-shaped link
+  (tc backend) it sizes the queues below the round-robin from the kernel's rate instead.
+The sender itself keeps what belongs to the connection: a transfer stays in `unacked` until the
+neighbour acknowledges the whole chunk, and is sent again from its start after a reconnect (the
+receiver drops the segments it already has); control frames (acks) go out in order with the data;
+the meters count what went out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import math
-import socket
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from .codec import FrameProtocol, encode
+from .delayline import DelayLine, Pacer
+from .drr import DeficitRoundRobin
 
 SEGMENT_BYTES = 64 * 1024
 WRITE_PIECE = 256 * 1024  # largest single write on an unshaped link
 DIRECT_SEGMENT_S = 0.010  # a single-hop segment may take this much link time (no relay waits for it)
 DIRECT_SEGMENT_MAX = 4 << 20
-LINE_SLACK = 4 << 20  # bytes the delay line may hold beyond (delay + lookahead) x rate
-LOOKAHEAD_S = 0.020  # how far ahead of the wire the sender may schedule pieces (bounds the line)
-KERNEL_AHEAD_MIN = 64 << 10  # kernel-shaped links: the least each queue below the round-robin may hold
-
-
-class Pacer(Protocol):
-    """What the emulated WAN offers a sender (see emulation.link.LinkShaper)."""
-
-    max_write: int
-    delay_s: float
-    jitter_s: float
-    early_s: float  # how much before its time a piece may be written
-    rate_Bps: float  # the link's current rate in bytes/s (inf: unlimited)
-
-    def release_in(self, nbytes: int) -> float:
-        """Take nbytes of tokens; seconds from now until they have crossed the link (rate + delay)."""
-
-    def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
-        """Fidelity books: the wire had a backlog from `since` until the last piece (written at
-        `until`, loop time) was through."""
-
-    def wrote(self, nbytes: int) -> None: ...
 
 
 class Blocks:
@@ -151,32 +122,20 @@ class LinkSender:
         self.meter = LinkMeter()
         self.conn: FrameProtocol | None = None
         self.unacked: dict[tuple, Transfer] = {}
-        self._flows: dict[Hashable, deque[Transfer]] = {}
-        self._order: deque[Hashable] = deque()
-        self._deficit: dict[Hashable, int] = {}
-        self._turn: Hashable | None = None
+        self.flows: DeficitRoundRobin[Transfer] = DeficitRoundRobin()
+        self.line = DelayLine(pacer) if pacer is not None else None  # the emulated wire, if paced
         self._control: deque[dict[str, Any]] = deque()
         self._wake = asyncio.Event()
         self._attached = asyncio.Event()
-        self._line: deque[tuple[float, bytes | memoryview, FrameProtocol, bool]] = deque()
-        self._flush_handle: asyncio.TimerHandle | None = None
-        self._line_bytes = 0
-        self._line_space = asyncio.Event()
-        self._line_space.set()
-        self._last_due = 0.0
         self._idle = True  # the send loop has nothing to schedule
-        self._wire_since: float | None = None  # start of the current backlog on the emulated wire
-        self._last_write = 0.0
-        self._last_piece = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._closed = False
-        self.kernel_rate_Bps: float | None = None  # rate the kernel shapes this link to (tc backend)
         self._last_progress = time.monotonic()  # last ack, or when unacknowledged chunks began to wait
 
     # --- public -----------------------------------------------------------------------------
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        if self.line is not None:
+            self.line.start()
         self._tasks = [asyncio.create_task(self._send_loop(), name=f"link {self.local}->{self.remote}")]
 
     async def close(self) -> None:
@@ -190,35 +149,39 @@ class LinkSender:
             if tr.done is not None and not tr.done.done():
                 tr.done.cancel()
 
+    @property
+    def kernel_rate_Bps(self) -> float | None:
+        """Rate the kernel shapes this link to (tc backend), if known."""
+        return self.line.kernel_rate_Bps if self.line is not None else None
+
     def set_kernel_rate(self, rate_Bps: float) -> None:
         """The kernel shapes this link to rate_Bps (tc backend, delay-only pacer): not paced here,
-        but segments and the queues below the round-robin are sized from it (see module doc). An
+        but segments and the queues below the round-robin are sized from it (overlay.delayline). An
         outage (0) keeps the last rate, as the application shaper does."""
-        if rate_Bps > 0:
-            self.kernel_rate_Bps = rate_Bps
-        if self.conn is not None:
-            self._bound_kernel_queue(self.conn)
+        if self.line is not None:
+            self.line.set_kernel_rate(rate_Bps)
 
     def attach(self, conn: FrameProtocol) -> None:
         """A (re)connected socket: everything not yet acknowledged goes again, from its start."""
         self.conn = conn
-        self._bound_kernel_queue(conn)
+        if self.line is not None:
+            self.line.conn = conn
+            self.line.bound_kernel_queue(conn)
         self._drop_line()
-        self._flows.clear()
-        self._order.clear()
-        self._deficit.clear()
-        self._turn = None
+        self.flows.clear()
         for tr in self.unacked.values():
             if tr.sent:
                 self.meter.resent += 1
             tr.sent = 0
-            self._queue(tr)
+            self.flows.enqueue(tr)
         self._attached.set()
         self._wake.set()
 
     def detach(self, conn: FrameProtocol) -> None:
         if self.conn is conn:
             self.conn = None
+            if self.line is not None:
+                self.line.conn = None
             self._attached.clear()
             self._drop_line()
 
@@ -231,7 +194,7 @@ class LinkSender:
         if not self.unacked:
             self._last_progress = time.monotonic()
         self.unacked[tr.key] = tr
-        self._queue(tr)
+        self.flows.enqueue(tr)
         self._wake.set()
 
     def more_ready(self) -> None:
@@ -251,9 +214,7 @@ class LinkSender:
         self.meter.acks += 1
         if tr.done is not None and not tr.done.done():
             tr.done.set_result(True)
-        flow = self._flows.get(tr.flow)
-        if flow and tr in flow:  # acked before we finished (a resend after reconnect)
-            flow.remove(tr)
+        self.flows.remove(tr)  # acked before we finished (a resend after reconnect)
         return True
 
     def cancel(self, drop: Callable[[tuple], bool]) -> int:
@@ -264,66 +225,31 @@ class LinkSender:
             tr.release()
             if tr.done is not None and not tr.done.done():
                 tr.done.cancel()
-            flow = self._flows.get(tr.flow)
-            if flow and tr in flow:
-                flow.remove(tr)
+            self.flows.remove(tr)
         return len(gone)
 
     # --- internals ---------------------------------------------------------------------------
-    def _queue(self, tr: Transfer) -> None:
-        q = self._flows.get(tr.flow)
-        if q is None:
-            q = self._flows[tr.flow] = deque()
-            self._order.append(tr.flow)
-        q.append(tr)
-
     def _next_segment(self) -> tuple[Transfer, memoryview] | None:
-        """Deficit round-robin over flows: each turn earns one quantum of bytes, so flows share the
-        link fairly in bytes even though single-hop segments are larger than relayed ones."""
-        for _ in range(len(self._order) + 1):
-            if not self._order:
-                return None
-            flow = self._order[0]
-            if self._turn != flow:
-                self._turn = flow
-                self._deficit[flow] = self._deficit.get(flow, 0) + self._quantum()
-            q = self._flows[flow]
-            while q and q[0].sent >= q[0].total:
-                q.popleft()
-            if not q:
-                del self._flows[flow]
-                self._deficit.pop(flow, None)
-                self._order.popleft()
-                self._turn = None
-                continue
-            tr = q[0]
-            if tr.ready > tr.sent:
-                step = self.segment_bytes if len(tr.header["path"]) > 2 else self._direct_segment()
-                size = min(step, tr.ready - tr.sent)
-                if size <= self._deficit[flow]:
-                    seg = tr.view(tr.sent, size)
-                    self._deficit[flow] -= len(seg)
-                    return tr, seg
-            else:
-                self._deficit[flow] = 0  # waiting for a relay's upstream: an idle flow saves no credit
-            self._order.rotate(-1)
-            self._turn = None
-        return None
+        """The flow scheduler's next segment: each turn earns one quantum of bytes, enough for the
+        largest segment either kind of transfer sends."""
+        return self.flows.next(max(self.segment_bytes, self._direct_segment()), self._step)
 
-    def _quantum(self) -> int:
-        return max(self.segment_bytes, self._direct_segment())
+    def _step(self, tr: Transfer) -> int:
+        """The largest segment of a transfer: relayed ones are cut for cut-through, direct ones by time."""
+        return self.segment_bytes if len(tr.header["path"]) > 2 else self._direct_segment()
 
     def _direct_segment(self) -> int:
         """Single-hop transfers need no cut-through: segments of ~DIRECT_SEGMENT_S of link time
         (64 KiB up to 52 Mbit/s, up to 4 MiB unshaped) save a header, a validation and a syscall
         per 64 KiB where the rate makes them costly, and keep round-robin turns short in time."""
-        rate = self._rate_Bps()
+        rate = math.inf if self.line is None else self.line.rate_Bps()
         if math.isinf(rate):
             return max(self.segment_bytes, DIRECT_SEGMENT_MAX)
         n = int(rate * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
         return min(max(self.segment_bytes, DIRECT_SEGMENT_MAX), max(self.segment_bytes, n))
 
     async def _send_loop(self) -> None:
+        line = self.line
         while not self._closed:
             if self.conn is None:
                 self._set_idle(True)
@@ -338,7 +264,11 @@ class LinkSender:
                     await self.pacer.wait_open()  # type: ignore[attr-defined]
                     continue
                 while self._control:
-                    self._emit_control(conn, encode(self._control.popleft()))
+                    data = encode(self._control.popleft())
+                    if line is None:
+                        conn.write_raw(data)
+                    else:
+                        line.control(conn, data)
                 nxt = self._next_segment()
                 if nxt is None:
                     self._set_idle(True)
@@ -353,7 +283,7 @@ class LinkSender:
                 header = dict(tr.header)
                 header.update(off=tr.sent, nbytes=len(seg), t_send=tr.t_send)
                 prefix = encode(header)
-                if self.pacer is None:
+                if line is None:
                     conn.write_raw(prefix)
                     # moderate pieces: Python 3.11's selector transport copies what a send leaves
                     # over and memmoves its whole buffer after every send, quadratic in multi-MiB
@@ -361,10 +291,7 @@ class LinkSender:
                         conn.write_raw(seg[i:i + WRITE_PIECE])
                         await conn.drain()
                 else:
-                    await self._schedule(conn, prefix, seg)
-                    if self._line_bytes > self._line_cap():  # bounded even when the rate is not
-                        self._line_space.clear()
-                        await self._line_space.wait()
+                    await line.send(conn, prefix, seg)  # paced pieces; returns once the line has room
                 await conn.drain()
                 if self.conn is not conn:
                     continue  # the connection dropped mid-segment: attach() requeued everything
@@ -376,145 +303,15 @@ class LinkSender:
             except (ConnectionError, RuntimeError):
                 self.detach(conn)
 
-    async def _schedule(self, conn: FrameProtocol, prefix: bytes, seg: memoryview) -> None:
-        """Put a segment's pieces on the delay line at the times the pacer releases them."""
-        pacer = self.pacer
-        assert pacer is not None
-        step = pacer.max_write
-        pieces: list[bytes | memoryview] = [prefix] + [seg[i:i + step] for i in range(0, len(seg), step)]
-        ahead = 0.0
-        for piece in pieces:
-            offset = pacer.release_in(len(piece))
-            now = self._now()
-            if offset <= self._early and not self._line:  # due now, nothing ahead of it: write it now
-                self._write(conn, now + offset, piece, now)
-            else:
-                self._append(now + offset, piece, conn, paced=True)
-            ahead = offset - pacer.delay_s
-        if ahead > LOOKAHEAD_S:  # one wake-up per ~LOOKAHEAD_S/2 of wire time, not one per piece
-            await asyncio.sleep(ahead - LOOKAHEAD_S / 2)
-
-    def _emit_control(self, conn: FrameProtocol, data: bytes) -> None:
-        """Control frames cost no tokens but keep FIFO order with the data pieces already scheduled."""
-        if self.pacer is None or (not self._line and self.pacer.delay_s <= 0):
-            conn.write_raw(data)
-        else:
-            self._append(self._now() + self.pacer.delay_s, data, conn, paced=False)
-
-    def _append(self, due: float, data: bytes | memoryview, conn: FrameProtocol, *, paced: bool) -> None:
-        due = max(self._last_due, due)  # FIFO even with jitter
-        self._last_due = due
-        self._line.append((due, data, conn, paced))
-        self._line_bytes += len(data)
-        if self._flush_handle is None:
-            assert self._loop is not None
-            self._flush_handle = self._loop.call_at(due - self._early, self._flush)
-
-    def _flush(self) -> None:
-        """Write every piece that is due; a late callback catches up instead of idling the wire."""
-        self._flush_handle = None
-        assert self._loop is not None
-        now = self._loop.time()
-        conn = self.conn
-        pacer = self.pacer
-        line = self._line
-        early = self._early
-        parts: list[bytes | memoryview] = []
-        while line and line[0][0] <= now + early:
-            due, data, owner, paced = line.popleft()
-            self._line_bytes -= len(data)
-            if owner is not conn or conn is None:  # never bytes of a dead socket on a new one
-                continue
-            parts.append(data)
-            if paced and pacer is not None:
-                self._book(due, len(data), now)
-        if parts:
-            assert conn is not None
-            conn.write_many(parts)  # everything due in one writev, not one send per piece
-        if self._line_bytes <= self._line_cap():
-            self._line_space.set()
-        if line:
-            self._flush_handle = self._loop.call_at(line[0][0] - early, self._flush)
-        else:
-            self._maybe_wire_idle()
-
-    def _write(self, conn: FrameProtocol, due: float, data: bytes | memoryview, now: float) -> None:
-        conn.write_raw(data)
-        self._book(due, len(data), now)
-
-    def _book(self, due: float, nbytes: int, now: float) -> None:
-        assert self.pacer is not None
-        if self._wire_since is None:
-            self._wire_since = due
-        self.pacer.wrote(nbytes)
-        self._last_piece = nbytes
-        self._last_write = max(now, due)  # only lateness counts; acks do not extend the backlog
-
-    def _line_cap(self) -> float:
-        if self.pacer is None:
-            return LINE_SLACK
-        if self._kernel_shaped():  # the line holds the bytes in flight over the delay, and a little more
-            assert self.kernel_rate_Bps is not None
-            return self.kernel_rate_Bps * (self.pacer.delay_s + self.pacer.jitter_s) + self._kernel_ahead()
-        if math.isinf(self.pacer.rate_Bps):
-            return LINE_SLACK
-        return self.pacer.rate_Bps * (self.pacer.delay_s + self.pacer.jitter_s + LOOKAHEAD_S) + LINE_SLACK
-
-    def _rate_Bps(self) -> float:
-        """The link's rate: the pacer's, or on a kernel-shaped link the kernel's; inf if unshaped."""
-        if self.pacer is None:
-            return math.inf
-        if self._kernel_shaped():
-            assert self.kernel_rate_Bps is not None
-            return self.kernel_rate_Bps
-        return self.pacer.rate_Bps
-
-    def _kernel_shaped(self) -> bool:
-        return self.kernel_rate_Bps is not None and self.pacer is not None and math.isinf(self.pacer.rate_Bps)
-
-    def _kernel_ahead(self) -> int:
-        """Bytes each queue below the round-robin may hold on a kernel-shaped link: LOOKAHEAD_S / 2."""
-        assert self.kernel_rate_Bps is not None
-        return max(KERNEL_AHEAD_MIN, int(self.kernel_rate_Bps * LOOKAHEAD_S / 2))
-
-    def _bound_kernel_queue(self, conn: FrameProtocol) -> None:
-        """Kernel-shaped link: the transport buffers at most _kernel_ahead() before the send loop
-        waits (drain), and the socket keeps at most that much unsent (TCP_NOTSENT_LOWAT), instead of
-        the default megabytes (SO_SNDBUF) that would make round-robin decisions far ahead of the wire."""
-        if not self._kernel_shaped() or conn.transport is None:
-            return
-        ahead = self._kernel_ahead()
-        conn.transport.set_write_buffer_limits(high=ahead, low=ahead // 2)
-        sock = conn.transport.get_extra_info("socket")
-        if sock is not None and hasattr(socket, "TCP_NOTSENT_LOWAT"):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, ahead)
-
-    @property
-    def _early(self) -> float:
-        return self.pacer.early_s if self.pacer is not None else 0.0
-
-    def _now(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
-
     def _set_idle(self, idle: bool) -> None:
         if idle != self._idle:
             self._idle = idle
             self.meter.busy(not idle)
-        if idle:
-            self._maybe_wire_idle()
-
-    def _maybe_wire_idle(self) -> None:
-        if self._idle and not self._line and self._wire_since is not None and self.pacer is not None:
-            self.pacer.wire_busy(self._wire_since, self._last_write, self._last_piece)
-            self._wire_since = None
+            if self.line is not None:
+                self.line.idle = idle
+        if idle and self.line is not None:
+            self.line.maybe_wire_idle()
 
     def _drop_line(self) -> None:
-        self._line.clear()
-        self._line_bytes = 0
-        self._line_space.set()
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        self._maybe_wire_idle()
+        if self.line is not None:
+            self.line.drop()

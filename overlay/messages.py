@@ -1,16 +1,29 @@
-"""Every message type of the wire, with the schema that guards it.
+"""Every message type of the wire: one typed record per type, which is also the schema that guards it.
 
-A header is acted on only after `validate()` accepted it, so the rest of the code can index
-fields without defensive checks. A well-framed but invalid header raises `ProtocolError`, which
-names the field and the peer; framing errors (bad length, oversize) are `FramingError` and close
-the connection instead.
+A record's fields say what the header holds (their types, whether required, and what their content
+may be: `fieldcheck`); the schema used by `validate()` is derived from them, so the two cannot drift.
+A header is acted on only after `validate()` accepted it, so the rest of the code can index fields
+without defensive checks. A well-framed but invalid header raises `ProtocolError`, which names the
+field and the peer; framing errors (bad length, oversize) are `FramingError` and close the connection.
+
+Control messages are read as records (`decode`) and built as records (`Record.wire()`), in this
+module only. Data frames (CHUNK, ACK) stay plain validated dicts on the hot path, one per segment:
+`chunk_header` and `ack_for` build them here all the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from . import fieldcheck as fc
+from .fieldcheck import MAX_ITEMS, MAX_NODE, MAX_TEXT  # noqa: F401 (re-exported: the wire's bounds)
 
 NUM = (int, float)
 INT = (int,)
@@ -19,15 +32,6 @@ BIN = (bytes,)
 LIST = (list, tuple)
 DICT = (dict,)
 BOOL = (bool,)
-ANY = (object,)
-
-# Kinds of data frame: a partial sum going up a tree, a final value coming down, a source's own
-# parameters (multicast schemes), or a probe that only measures a link.
-CHUNK_KINDS = ("agg", "bcast", "mcast", "probe")
-# A relay allocates a chunk's `total` bytes when its first segment arrives: never more than this
-# (the largest frame a connection takes, overlay.codec.MAX_PAYLOAD).
-MAX_CHUNK_BYTES = 256 * 1024 * 1024
-
 
 class ProtocolError(Exception):
     """A well-framed message that breaks the schema; names the field and the peer."""
@@ -50,63 +54,391 @@ class FramingError(ProtocolError):
 # field name -> (accepted python types, required)
 Schema = Mapping[str, tuple[tuple[type, ...], bool]]
 
-_KEY: Schema = {
-    "job": (INT, True), "round": (INT, True), "attempt": (INT, True), "version": (INT, True),
-    "chunk": (INT, True), "kind": (STR, True), "origin": (INT, True),
-}
 
-SCHEMAS: dict[str, Schema] = {
-    # handshake (either direction)
-    "HELLO": {"node": (INT, True), "cluster": (STR, True), "role": (STR, True), "nonce": (BIN, False),
-              "epoch": (INT, False)},
-    "CHALLENGE": {"nonce": (BIN, True), "mac": (BIN, False)},
-    "AUTH": {"mac": (BIN, True)},
-    # control plane: agent <-> scheduler
-    "REGISTER": {"node": (INT, True), "host": (STR, True), "port": (INT, True),
-                 "neighbors": (LIST, True), "pid": (INT, False), "seen_job": (INT, False),
-                 "seen_version": (INT, False)},  # seen_*: what this agent saw of an earlier scheduler
-    "PEERS": {"peers": (DICT, True)},
-    # rx: data bytes received so far; stuck: [[peer, seconds its chunks wait unacknowledged], ...]
-    "HEARTBEAT": {"node": (INT, True), "time": (NUM, True), "rx": (INT, False), "stuck": (LIST, False)},
-    "REPORT": {"node": (INT, True), "samples": (LIST, True)},
-    "READY": {"round": (INT, True), "progress": (NUM, True)},
-    "JOB": {"job": (INT, True), "scheme": (STR, True), "rounds": (INT, True), "params": (INT, True),
-            "compute_s": (NUM, True), "t0": (NUM, False), "warmup": (INT, False),
-            "start": (INT, False),  # start: first round for an agent that rejoined mid-job
-            "ahead": (INT, False)},  # rounds a node may receive ahead of its own (its progress model's window)
-    "TOPO_REQUEST": {"job": (INT, True), "round": (INT, True), "have": (LIST, False), "attempt": (INT, False)},
-    "TOPO_REPLY": {"job": (INT, True), "round": (INT, True), "version": (INT, True),
-                   "plan": (DICT, False), "attempt": (INT, False), "skip": (BOOL, False),
-                   "avoid": (LIST, False)},  # avoid: links suspected dead, routed around this round
-    # a lost agent's incarnation: its connections are dropped and that epoch is never accepted again
-    "FENCE": {"node": (INT, True), "epoch": (INT, True)},
-    "AUX_UPDATE": {"job": (INT, True), "version": (INT, True), "groups": (LIST, True)},  # per group: wire aux
-    "ROUND_DONE": {"node": (INT, True), "job": (INT, True), "round": (INT, True),
-                   "attempt": (INT, True), "version": (INT, True), "digest": (BIN, True),
-                   "ok": (BOOL, True), "t_start": (NUM, True), "t_end": (NUM, True),
-                   "t_compute": (NUM, True), "t_wait": (NUM, False), "error": (STR, False)},
-    "ABORT": {"job": (INT, True), "round": (INT, True), "attempt": (INT, True)},
-    "CLOCK": {"t0": (NUM, True), "t1": (NUM, False)},
-    "STATS": {"node": (INT, True), "job": (INT, True), "stats": (DICT, True)},
-    # cumulative bytes sent per outgoing link (dst -> bytes) at `time` (synced clock): live throughput, metrics
-    "COUNTERS": {"node": (INT, True), "time": (NUM, True), "links": (DICT, True)},
-    "SHUTDOWN": {},
-    # emulation control (scheduler -> the agents owning a link; fault injection on the app backend)
-    "EMU": {"op": (STR, True), "src": (INT, True), "dst": (INT, True), "mbps": (NUM, False), "on": (BOOL, False)},
-    # data plane: agent <-> agent
-    "CHUNK": {**_KEY, "contributors": (BIN, True), "t_send": (NUM, True), "path": (LIST, True),
-              "hop": (INT, True), "off": (INT, True), "total": (INT, True), "nbytes": (INT, True)},
-    "ACK": {**_KEY, "dst": (INT, True)},
-}
+class Msg(enum.StrEnum):
+    """Every message type, as it appears in a header's `t`."""
+
+    HELLO = "HELLO"
+    CHALLENGE = "CHALLENGE"
+    AUTH = "AUTH"
+    REGISTER = "REGISTER"
+    PEERS = "PEERS"
+    HEARTBEAT = "HEARTBEAT"
+    REPORT = "REPORT"
+    READY = "READY"
+    JOB = "JOB"
+    TOPO_REQUEST = "TOPO_REQUEST"
+    TOPO_REPLY = "TOPO_REPLY"
+    FENCE = "FENCE"
+    AUX_UPDATE = "AUX_UPDATE"
+    ROUND_DONE = "ROUND_DONE"
+    ABORT = "ABORT"
+    CLOCK = "CLOCK"
+    STATS = "STATS"
+    COUNTERS = "COUNTERS"
+    SHUTDOWN = "SHUTDOWN"
+    EMU = "EMU"
+    CHUNK = "CHUNK"
+    ACK = "ACK"
+
+
+def f(*checks: fc.Check, lo: float | None = None, hi: float | None = None, optional: bool = False) -> Any:
+    """A record field: bounds of a number (lo <= value < hi), content checks beyond its type, and
+    whether a header may omit it."""
+    meta = {"checks": checks, "lo": lo, "hi": hi}
+    return dataclasses.field(default=None, metadata=meta) if optional else dataclasses.field(metadata=meta)
+
+
+_TYPES: dict[Any, tuple[type, ...]] = {int: INT, float: NUM, str: STR, bytes: BIN, bool: BOOL, list: LIST, dict: DICT}
+
+
+class Record:
+    """One message. `T` is its type; `wire()` its header; `of(header)` reads a validated header."""
+
+    T: ClassVar[Msg]
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def wire(self) -> dict[str, Any]:
+        h: dict[str, Any] = {"t": self.T.value}
+        for name in self._fields:
+            v = getattr(self, name)
+            if v is not None:
+                h[name] = v
+        return h
+
+    @classmethod
+    def of(cls, h: Mapping[str, Any]) -> Record:
+        return cls(**{k: h[k] for k in cls._fields if k in h})
+
+    @staticmethod
+    def cross_check(h: dict[str, Any], peer: object) -> None:
+        """Rules between fields (a record may add its own); raise ProtocolError."""
+
+
+RECORDS: dict[str, type[Record]] = {}
+SCHEMAS: dict[str, Schema] = {}  # derived from the records: what validate() enforces
+# per type, what validate() checks field by field: (name, types, required, lo, hi, content checks)
+_Spec = tuple[str, tuple[type, ...], bool, float | None, float | None, tuple[fc.Check, ...]]
+_SPECS: dict[str, tuple[_Spec, ...]] = {}
+
+
+def message(cls: type) -> type:
+    """Register a record class: a frozen, keyword-only dataclass whose fields are its schema."""
+    dc = dataclass(frozen=True, kw_only=True, slots=True)(cls)
+    hints = typing.get_type_hints(dc)
+    schema: dict[str, tuple[tuple[type, ...], bool]] = {}
+    specs: list[_Spec] = []
+    for fld in dataclasses.fields(dc):
+        hint = hints[fld.name]
+        if isinstance(hint, types.UnionType):  # X | None: an optional field of type X
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        base = typing.get_origin(hint) or hint
+        schema[fld.name] = (_TYPES[base], fld.default is dataclasses.MISSING)
+        m = fld.metadata
+        specs.append((fld.name, *schema[fld.name], m.get("lo"), m.get("hi"), m.get("checks", ())))
+    dc._fields = tuple(schema)  # type: ignore[attr-defined]
+    RECORDS[dc.T.value] = dc  # type: ignore[attr-defined]
+    SCHEMAS[dc.T.value] = schema  # type: ignore[attr-defined]
+    _SPECS[dc.T.value] = tuple(specs)  # type: ignore[attr-defined]
+    return dc
+
+
+def _node(optional: bool = False) -> Any:
+    """A node id: a bit of a contributor bitmap, so small."""
+    return f(lo=0, hi=fc.MAX_NODE, optional=optional)
+
+
+def _count(optional: bool = False) -> Any:
+    return f(lo=0, optional=optional)
+
+
+# --- handshake (either direction; overlay.auth drives it) ----------------------------------------------------
+@message
+class Hello(Record):
+    T = Msg.HELLO
+    node: int = f(fc.node_or_scheduler)
+    cluster: str = f(fc.text(256))
+    role: str = f(fc.text(32))
+    nonce: bytes | None = f(optional=True)
+    epoch: int | None = _count(optional=True)
+
+
+@message
+class Challenge(Record):
+    T = Msg.CHALLENGE
+    nonce: bytes = f()
+    mac: bytes | None = f(optional=True)
+
+
+@message
+class Auth(Record):
+    T = Msg.AUTH
+    mac: bytes = f()
+
+
+# --- control plane: agent -> scheduler -----------------------------------------------------------------------
+@message
+class Register(Record):
+    T = Msg.REGISTER
+    node: int = _node()
+    host: str = f(fc.text(255))
+    port: int = f(lo=0, hi=65536)
+    neighbors: list[int] = f(fc.list_of(fc.node, "neighbours"))
+    pid: int | None = _count(optional=True)
+    seen_job: int | None = _count(optional=True)  # what this agent saw of an earlier scheduler
+    seen_version: int | None = _count(optional=True)
+
+
+@message
+class Heartbeat(Record):
+    """Liveness and progress: data bytes received so far; peers whose chunks wait unacknowledged."""
+
+    T = Msg.HEARTBEAT
+    node: int = _node()
+    time: float = f(lo=0)
+    rx: int | None = _count(optional=True)
+    stuck: list[list[float]] | None = f(fc.list_of(fc.pair(fc.node, fc.non_negative), "stuck links"),
+                                        optional=True)
+
+
+@message
+class Report(Record):
+    """Passive link samples: [src, dst, bytes, seconds] of chunk transfers into this node."""
+
+    T = Msg.REPORT
+    node: int = _node()
+    samples: list[list[float]] = f(fc.list_of(fc.sample, "samples"))
+
+
+@message
+class Ready(Record):
+    T = Msg.READY
+    round: int = _count()
+    progress: float = f(lo=0)
+
+
+@message
+class TopoRequest(Record):
+    """Which plan version does this round use (NetStorm's per-iteration topology request)."""
+
+    T = Msg.TOPO_REQUEST
+    job: int = _count()
+    round: int = _count()
+    have: list[int] | None = f(fc.list_of(fc.count, "versions"), optional=True)
+    attempt: int | None = _count(optional=True)
+
+
+@message
+class RoundDone(Record):
+    T = Msg.ROUND_DONE
+    node: int = _node()
+    job: int = _count()
+    round: int = _count()
+    attempt: int = _count()
+    version: int = _count()
+    digest: bytes = f(fc.text(64))
+    ok: bool = f()
+    t_start: float = f()
+    t_end: float = f()
+    t_compute: float = f()
+    t_wait: float | None = f(optional=True)
+    error: str | None = f(fc.text(), optional=True)
+
+
+@message
+class Stats(Record):
+    T = Msg.STATS
+    node: int = _node()
+    job: int = _count()
+    stats: dict[str, Any] = f(fc.plain)
+
+
+@message
+class Counters(Record):
+    """Cumulative bytes sent per outgoing link (dst -> bytes) at `time` (synced clock)."""
+
+    T = Msg.COUNTERS
+    node: int = _node()
+    time: float = f(lo=0)
+    links: dict[int, int] = f(fc.counters)
+
+
+# --- control plane: both ways, or scheduler -> agent -----------------------------------------------------------
+@message
+class Clock(Record):
+    """Cristian's exchange: the agent's t0, the scheduler's t1 in the reply."""
+
+    T = Msg.CLOCK
+    t0: float = f()
+    t1: float | None = f(optional=True)
+
+
+@message
+class Peers(Record):
+    T = Msg.PEERS
+    peers: dict[int, list[Any]] = f(fc.peers)  # node -> [host, port, epoch]
+
+
+@message
+class Job(Record):
+    T = Msg.JOB
+    job: int = _count()
+    scheme: str = f()
+    rounds: int = _count()
+    params: int = _count()
+    compute_s: float = f(lo=0)
+    t0: float | None = f(optional=True)
+    warmup: int | None = _count(optional=True)
+    start: int | None = _count(optional=True)  # first round for an agent that rejoined mid-job
+    ahead: int | None = _count(optional=True)  # rounds a node may receive ahead of its own
+
+
+@message
+class TopoReply(Record):
+    T = Msg.TOPO_REPLY
+    job: int = _count()
+    round: int = _count()
+    version: int = _count()
+    plan: dict[str, Any] | None = f(optional=True)  # the plan's wire form, if the agent lacks that version
+    attempt: int | None = _count(optional=True)
+    skip: bool | None = f(optional=True)  # the agent rejoined after this round was frozen
+    avoid: list[list[int]] | None = f(fc.list_of(fc.pair(fc.node, fc.node), "links"), optional=True)
+
+
+@message
+class Fence(Record):
+    """A lost agent's incarnation: its connections are dropped and that epoch never accepted again."""
+
+    T = Msg.FENCE
+    node: int = _node()
+    epoch: int = _count()
+
+
+@message
+class AuxUpdate(Record):
+    T = Msg.AUX_UPDATE
+    job: int = _count()
+    version: int = _count()
+    groups: list[Any] = f()  # per group: its auxiliary table's wire form
+
+
+@message
+class Abort(Record):
+    T = Msg.ABORT
+    job: int = _count()
+    round: int = _count()
+    attempt: int = f()  # -1: before any attempt (a request for a job that is not running)
+
+
+@message
+class Shutdown(Record):
+    T = Msg.SHUTDOWN
+
+
+EMU_OPS = ("rate", "down", "blackhole")
+
+
+@message
+class Emu(Record):
+    """Emulation control: a link fault on the application backend (scheduler -> the link's agents)."""
+
+    T = Msg.EMU
+    op: str = f()
+    src: int = _node()
+    dst: int = _node()
+    mbps: float | None = f(optional=True)
+    on: bool | None = f(optional=True)
+
+    @staticmethod
+    def cross_check(h: dict[str, Any], peer: object) -> None:
+        if h["op"] not in EMU_OPS:
+            raise ProtocolError(f"unknown op {h['op']!r} (one of {', '.join(EMU_OPS)})", field="op", peer=peer,
+                                msg_type="EMU")
+        if h["src"] == h["dst"]:
+            raise ProtocolError("src and dst must be two different node ids", field="dst", peer=peer,
+                                msg_type="EMU")
+        if h["op"] == "rate":
+            mbps = h.get("mbps")
+            if mbps is None or not 0 <= mbps < float("inf"):
+                raise ProtocolError("rate needs a finite mbps >= 0 (0 = outage)", field="mbps", peer=peer,
+                                    msg_type="EMU")
+        elif "on" not in h:
+            raise ProtocolError(f"{h['op']} needs on=true|false", field="on", peer=peer, msg_type="EMU")
+
+
+# --- data plane: agent <-> agent -------------------------------------------------------------------------------
+# Kinds of data frame: a partial sum going up a tree, a final value coming down, a source's own
+# parameters (multicast schemes), or a probe that only measures a link.
+CHUNK_KINDS = ("agg", "bcast", "mcast", "probe")
+# The largest chunk a frame may belong to (relays reserve its size in their memory budget).
+MAX_CHUNK_BYTES = 256 * 1024 * 1024
+
+
+@message
+class Chunk(Record):
+    """One segment of a chunk transfer; `nbytes` payload bytes follow the header."""
+
+    T = Msg.CHUNK
+    job: int = _count()
+    round: int = _count()
+    attempt: int = _count()
+    version: int = _count()
+    chunk: int = _count()
+    kind: str = f()
+    origin: int = _node()
+    contributors: bytes = f(fc.text(MAX_NODE // 8))  # bitmap of the node ids summed in (overlay.messages.bitmap)
+    t_send: float = f()
+    path: list[int] = f(fc.list_of(fc.node, "hops"))  # the full source route
+    hop: int = _count()
+    off: int = _count()
+    total: int = _count()
+    nbytes: int = _count()
+
+    @staticmethod
+    def cross_check(h: dict[str, Any], peer: object) -> None:
+        if h["kind"] not in CHUNK_KINDS:
+            raise ProtocolError(f"unknown kind {h['kind']!r}", field="kind", peer=peer, msg_type="CHUNK")
+        path = h["path"]
+        if len(path) < 2:
+            raise ProtocolError("must list at least two node ids", field="path", peer=peer, msg_type="CHUNK")
+        if len(set(path)) != len(path):
+            raise ProtocolError("visits a node twice", field="path", peer=peer, msg_type="CHUNK")
+        if not 0 <= h["hop"] < len(path) - 1:
+            raise ProtocolError("outside the path", field="hop", peer=peer, msg_type="CHUNK")
+        if h["nbytes"] <= 0:
+            raise ProtocolError("a data frame carries at least one byte", field="nbytes", peer=peer,
+                                msg_type="CHUNK")
+        if h["total"] > MAX_CHUNK_BYTES:
+            raise ProtocolError(f"chunk of {h['total']} bytes exceeds {MAX_CHUNK_BYTES}", field="total", peer=peer,
+                                msg_type="CHUNK")
+        if h["off"] + h["nbytes"] > h["total"]:
+            raise ProtocolError("segment outside the chunk", field="off", peer=peer, msg_type="CHUNK")
+        if h["nbytes"] % 4 or h["off"] % 4 or h["total"] % 4:
+            raise ProtocolError("not a whole number of float32", field="nbytes", peer=peer, msg_type="CHUNK")
+
+
+@message
+class Ack(Record):
+    """A hop received a whole chunk (keyed as in `chunk_key`)."""
+
+    T = Msg.ACK
+    job: int = _count()
+    round: int = _count()
+    attempt: int = _count()
+    version: int = _count()
+    chunk: int = _count()
+    kind: str = f()
+    origin: int = _node()
+    dst: int = _node()
+
+    @staticmethod
+    def cross_check(h: dict[str, Any], peer: object) -> None:
+        if h["kind"] not in CHUNK_KINDS:
+            raise ProtocolError(f"unknown kind {h['kind']!r}", field="kind", peer=peer, msg_type="ACK")
+
 
 # Which message types may carry payload bytes after the header.
-PAYLOAD_TYPES = frozenset({"CHUNK"})
-
-# Bounds on what a message may hold beyond its field types: a node id is a bit in a contributor
-# bitmap, so it must be small; lists and maps are bounded so a handler's loop is too.
-MAX_NODE = 1 << 16
-MAX_ITEMS = 1 << 16  # entries of a list or map inside one control message
-MAX_TEXT = 4096  # characters of a free-text field (an error message, a host name)
+PAYLOAD_TYPES = frozenset({Msg.CHUNK.value})
 
 
 def validate(header: Any, peer: object = None) -> dict[str, Any]:
@@ -119,217 +451,44 @@ def validate(header: Any, peer: object = None) -> dict[str, Any]:
     schema = SCHEMAS.get(t)
     if schema is None:
         raise ProtocolError(f"unknown message type {t!r}", field="t", peer=peer, msg_type=t)
-    for name, (types, required) in schema.items():
+    for name, accepted, required, lo, hi, checks in _SPECS[t]:
         if name not in header:
             if required:
                 raise ProtocolError("missing", field=name, peer=peer, msg_type=t)
             continue
         value = header[name]
         # bool is an int subclass: keep integer fields honest
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
             raise ProtocolError(f"has type {type(value).__name__}", field=name, peer=peer, msg_type=t)
         if isinstance(value, float) and not math.isfinite(value):
             raise ProtocolError("must be a finite number", field=name, peer=peer, msg_type=t)
+        if (lo is not None and value < lo) or (hi is not None and value >= hi):
+            raise ProtocolError(f"{value!r} outside {lo}..{'' if hi is None else hi - 1}", field=name, peer=peer,
+                                msg_type=t)
+        try:
+            for check in checks:
+                check(value)
+        except fc.Bad as bad:
+            raise ProtocolError(str(bad), field=name, peer=peer, msg_type=t) from None
     nbytes = header.get("nbytes", 0)
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-        raise ProtocolError("must be a non-negative int", field="nbytes", peer=peer, msg_type=t)
     if nbytes and t not in PAYLOAD_TYPES:
         raise ProtocolError("payload on a message type that carries none", field="nbytes", peer=peer,
                             msg_type=t)
-    for name in _NODE_FIELDS & header.keys():
-        if not -1 <= header[name] < MAX_NODE:
-            raise ProtocolError(f"node id {header[name]} outside 0..{MAX_NODE - 1}", field=name, peer=peer,
-                                msg_type=t)
-    for name in _COUNT_FIELDS & header.keys():
-        if header[name] < 0:
-            raise ProtocolError("must not be negative", field=name, peer=peer, msg_type=t)
-    try:
-        for name, check in _CHECKS.get(t, {}).items():
-            if name in header:
-                check(header[name])
-    except _Bad as bad:
-        raise ProtocolError(str(bad), field=name, peer=peer, msg_type=t) from None
-    if t == "CHUNK":
-        _validate_chunk(header, peer)
-    elif t == "EMU":
-        _validate_emu(header, peer)
-    elif t == "ACK" and header["kind"] not in CHUNK_KINDS:
-        raise ProtocolError(f"unknown kind {header['kind']!r}", field="kind", peer=peer, msg_type=t)
+    RECORDS[t].cross_check(header, peer)
     return header
 
 
-# --- what field types alone cannot say ---------------------------------------------------------------
-_NODE_FIELDS = frozenset({"node", "src", "dst", "origin"})  # -1: the scheduler (HELLO)
-_COUNT_FIELDS = frozenset({"job", "round", "attempt", "version", "chunk", "rounds", "params", "warmup", "start",
-                           "epoch", "rx", "pid", "seen_job", "seen_version", "hop", "off", "total", "port", "ahead",
-                           "compute_s", "time"})
+def decode(header: Mapping[str, Any]) -> Record:
+    """A validated control header as its typed record."""
+    return RECORDS[header["t"]].of(header)
 
 
-class _Bad(ValueError):
-    """A field's content is wrong; validate() turns it into a ProtocolError naming the field."""
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _node(v: Any) -> int:
-    if not _is_int(v) or not 0 <= v < MAX_NODE:
-        raise _Bad(f"{v!r} is not a node id (0..{MAX_NODE - 1})")
-    return v
-
-
-def _node_key(k: Any) -> int:
-    """Map keys that name nodes: ints, or decimal strings (JSON-minded senders)."""
-    if isinstance(k, str) and k.isdigit() and len(k) <= 6:
-        k = int(k)
-    return _node(k)
-
-
-def _items(v: Any, what: str) -> Any:
-    if len(v) > MAX_ITEMS:
-        raise _Bad(f"{len(v)} {what}, more than {MAX_ITEMS}")
-    return v
-
-
-def _list_of(item: Callable[[Any], Any], what: str) -> Callable[[Any], None]:
-    def check(v: Any) -> None:
-        for x in _items(v, what):
-            item(x)
-    return check
-
-
-def _pair(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], None]:
-    def check(v: Any) -> None:
-        if not isinstance(v, list | tuple) or len(v) != 2:
-            raise _Bad(f"{v!r} is not a pair")
-        first(v[0])
-        second(v[1])
-    return check
-
-
-def _sample(v: Any) -> None:
-    """[src, dst, bytes, seconds] of one chunk transfer: bytes > 0, seconds finite and > 0."""
-    if not isinstance(v, list | tuple) or len(v) != 4:
-        raise _Bad(f"sample {v!r} is not [src, dst, bytes, seconds]")
-    _node(v[0])
-    _node(v[1])
-    if not _is_int(v[2]) or v[2] <= 0:
-        raise _Bad(f"sample bytes {v[2]!r} is not a positive int")
-    if not _is_num(v[3]) or v[3] <= 0:
-        raise _Bad(f"sample seconds {v[3]!r} is not a finite positive number")
-
-
-def _non_negative(v: Any) -> None:
-    if not _is_num(v) or v < 0:
-        raise _Bad(f"{v!r} is not a finite non-negative number")
-
-
-def _count(v: Any) -> None:
-    if not _is_int(v) or v < 0:
-        raise _Bad(f"{v!r} is not a non-negative int")
-
-
-def _text(limit: int = MAX_TEXT) -> Callable[[Any], None]:
-    def check(v: Any) -> None:
-        if len(v) > limit:
-            raise _Bad(f"{len(v)} characters, more than {limit}")
-    return check
-
-
-def _counters(v: Any) -> None:
-    for k, n in _items(v, "links").items():
-        _node_key(k)
-        _count(n)
-
-
-def _peers(v: Any) -> None:
-    for k, addr in _items(v, "peers").items():
-        _node_key(k)
-        if (not isinstance(addr, list | tuple) or len(addr) != 3 or not isinstance(addr[0], str)
-                or len(addr[0]) > 255 or not _is_int(addr[1]) or not 0 <= addr[1] < 65536 or not _is_int(addr[2])):
-            raise _Bad(f"peer {k}: {addr!r} is not [host, port, epoch]")
-
-
-def _plain(v: Any, depth: int = 0) -> int:
-    """Nested maps of finite numbers, booleans, None and short strings (job statistics); its size."""
-    if isinstance(v, dict):
-        if depth >= 4:
-            raise _Bad("nested too deep")
-        size = 0
-        for k, x in v.items():
-            if not isinstance(k, str | int) or isinstance(k, bool):
-                raise _Bad(f"key {k!r} is not a name")
-            size += 1 + _plain(x, depth + 1)
-            if size > MAX_ITEMS:
-                raise _Bad(f"more than {MAX_ITEMS} entries")
-        return size
-    if isinstance(v, list | tuple):
-        if depth >= 4 or len(v) > MAX_ITEMS:
-            raise _Bad("list nested too deep or too long")
-        return sum(1 + _plain(x, depth + 1) for x in v)
-    if v is None or isinstance(v, bool) or _is_num(v) or (isinstance(v, str) and len(v) <= MAX_TEXT):
-        return 0
-    raise _Bad(f"{type(v).__name__} value {v!r:.40} is not a finite number, bool, null or short text")
-
-
-_CHECKS: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "HELLO": {"cluster": _text(256), "role": _text(32)},
-    "REGISTER": {"host": _text(255), "neighbors": _list_of(_node, "neighbours")},
-    "PEERS": {"peers": _peers},
-    "HEARTBEAT": {"stuck": _list_of(_pair(_node, _non_negative), "stuck links")},
-    "REPORT": {"samples": _list_of(_sample, "samples")},
-    "READY": {"progress": _non_negative},
-    "TOPO_REQUEST": {"have": _list_of(_count, "versions")},
-    "TOPO_REPLY": {"avoid": _list_of(_pair(_node, _node), "links")},
-    "ROUND_DONE": {"digest": _text(64), "error": _text()},
-    "STATS": {"stats": _plain},
-    "COUNTERS": {"links": _counters},
-    "CHUNK": {"path": _list_of(_node, "hops"), "contributors": _text(MAX_NODE // 8)},
-}
-
-
-EMU_OPS = ("rate", "down", "blackhole")
-
-
-def _validate_emu(h: dict[str, Any], peer: object) -> None:
-    if h["op"] not in EMU_OPS:
-        raise ProtocolError(f"unknown op {h['op']!r} (one of {', '.join(EMU_OPS)})", field="op", peer=peer,
-                            msg_type="EMU")
-    if h["src"] == h["dst"] or h["src"] < 0 or h["dst"] < 0:
-        raise ProtocolError("src and dst must be two different node ids", field="dst", peer=peer, msg_type="EMU")
-    if h["op"] == "rate":
-        mbps = h.get("mbps")
-        if mbps is None or isinstance(mbps, bool) or not 0 <= mbps < float("inf"):
-            raise ProtocolError("rate needs a finite mbps >= 0 (0 = outage)", field="mbps", peer=peer,
-                                msg_type="EMU")
-    elif "on" not in h:
-        raise ProtocolError(f"{h['op']} needs on=true|false", field="on", peer=peer, msg_type="EMU")
-
-
-def _validate_chunk(h: dict[str, Any], peer: object) -> None:
-    if h["kind"] not in CHUNK_KINDS:
-        raise ProtocolError(f"unknown kind {h['kind']!r}", field="kind", peer=peer, msg_type="CHUNK")
-    path = h["path"]
-    if len(path) < 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in path):
-        raise ProtocolError("must list at least two node ids", field="path", peer=peer, msg_type="CHUNK")
-    if len(set(path)) != len(path):
-        raise ProtocolError("visits a node twice", field="path", peer=peer, msg_type="CHUNK")
-    if not 0 <= h["hop"] < len(path) - 1:
-        raise ProtocolError("outside the path", field="hop", peer=peer, msg_type="CHUNK")
-    if h["nbytes"] <= 0:
-        raise ProtocolError("a data frame carries at least one byte", field="nbytes", peer=peer, msg_type="CHUNK")
-    if h["total"] > MAX_CHUNK_BYTES:
-        raise ProtocolError(f"chunk of {h['total']} bytes exceeds {MAX_CHUNK_BYTES}", field="total", peer=peer,
-                            msg_type="CHUNK")
-    if h["off"] < 0 or h["off"] + h["nbytes"] > h["total"]:
-        raise ProtocolError("segment outside the chunk", field="off", peer=peer, msg_type="CHUNK")
-    if h["nbytes"] % 4 or h["off"] % 4 or h["total"] % 4:
-        raise ProtocolError("not a whole number of float32", field="nbytes", peer=peer, msg_type="CHUNK")
+def chunk_header(*, job: int, rnd: int, attempt: int, version: int, chunk: int, kind: str, origin: int,
+                 contributors: bytes, path: Sequence[int] = (), hop: int = 0, total: int = 0) -> dict[str, Any]:
+    """A CHUNK header without its segment fields (off, nbytes, t_send: the link sender adds them)."""
+    return {"t": Msg.CHUNK.value, "job": job, "round": rnd, "attempt": attempt, "version": version,
+            "chunk": chunk, "kind": kind, "origin": origin, "contributors": contributors, "t_send": 0.0,
+            "path": list(path), "hop": hop, "total": total}
 
 
 ChunkKey = tuple[int, int, int, int, int, str, int, int]
@@ -346,7 +505,7 @@ def chunk_key(h: Mapping[str, Any]) -> ChunkKey:
 
 def ack_for(key: ChunkKey) -> dict[str, Any]:
     job, rnd, attempt, version, chunk, kind, origin, dst = key
-    return {"t": "ACK", "job": job, "round": rnd, "attempt": attempt, "version": version,
+    return {"t": Msg.ACK.value, "job": job, "round": rnd, "attempt": attempt, "version": version,
             "chunk": chunk, "kind": kind, "origin": origin, "dst": dst}
 
 

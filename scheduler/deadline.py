@@ -16,10 +16,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from overlay.routing import Routes, adjacency
+from sim import SimNetwork, SimulationStalled, make_network, simulate
 
 from .plan import Plan
-from .simulator import SimNetwork, SimulationStalled, simulate
 from .view import NetworkView
 
 SEGMENT_BYTES = 64 * 1024
@@ -32,9 +31,7 @@ OVERRUN_FLOOR_S = 5.0
 
 def view_network(view: NetworkView) -> SimNetwork:
     """The simulator's input from measurements alone (rates as measured or nominal, no delays)."""
-    links = view.links()
-    routes = Routes(adjacency(links))
-    return SimNetwork({ln: view.rate(*ln) for ln in links}, dict.fromkeys(links, 0.0), routes.route)
+    return make_network({ln: view.rate(*ln) for ln in view.links()})
 
 
 def predict_on_view(plan: Plan, view: NetworkView) -> float | None:

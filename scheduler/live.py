@@ -28,7 +28,7 @@ FEED_KEEP = 50_000
 NODE_STALE_S = 3.0  # agents report counters every 0.25 s: silence this long means the node is not up
 # round-time histogram buckets (seconds): scaled-down runs take milliseconds, full-size WAN rounds minutes
 ROUND_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-GUARD_VERDICTS = ("valid", "invalid", "unjudged")  # the fidelity guard's words (wansync.cluster.guard_verdict)
+GUARD_VERDICTS = ("valid", "invalid", "unjudged")  # the fidelity guard's words (wansync.guard.guard_verdict)
 PLAN_GROUPS_MAX = 64  # groups sent per plan (ring: one per node; netstorm: one per root)
 
 

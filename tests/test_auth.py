@@ -434,7 +434,7 @@ async def test_tls_cluster_is_exact_and_refuses_plaintext(tmp_path):
     tls = _self_signed(tmp_path)
     sched, agents, tasks = await start_cluster(uniform(3), cluster="tls", tls=tls)
     try:
-        assert sched._server is not None
+        assert sched.server.server is not None
         js = await asyncio.wait_for(sched.run_job("ring", rounds=2, params=30_000, chunk_params=4_000), 30)
         assert all(r.ok and r.digests_agree for r in js.records)
         assert_job_exact(sched, js)

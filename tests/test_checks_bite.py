@@ -323,7 +323,7 @@ def test_netstorm_gives_each_root_the_chunks_its_quality_earns(n_roots):
     assert counts != {r: len(equal[r]) for r in roots}  # the test can tell the two rules apart
 
     state: dict = {}
-    plan = netstorm.plan(view, Job(NS_PARAMS, NS_CHUNK, (0, 1, 2, 3), {"roots": n_roots, "state": state}))
+    plan = netstorm.plan(view, Job(NS_PARAMS, NS_CHUNK, (0, 1, 2, 3), {"roots": n_roots}), state)
     plan.validate(view.links())
     got = {g.root: list(g.chunks) for g in plan.groups}
     assert {r: len(c) for r, c in got.items()} == counts, "chunks per root do not follow q_r = 1/w(T_r)"

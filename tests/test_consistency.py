@@ -127,7 +127,7 @@ async def run_fig10(relay_by_table, cluster):
     holder["sched"] = sched
     sched.on_event = push_new_route_to_y_only(holder)
     from scheduler import planners
-    planners.PLANNERS["fig10"] = lambda view, job: fig10_plan(OLD_ROUTE)
+    planners.register(planners.PlannerSpec("fig10", lambda view, job, memory: fig10_plan(OLD_ROUTE)))
     return sched, agents, tasks
 
 

@@ -18,7 +18,8 @@ from emulation.topology import uniform
 from overlay.auth import SECRET_ENV, generate_secret
 from overlay.routing import Routes, adjacency
 from scheduler.service import JobState, Scheduler
-from wansync.cluster import RunConfig, agent_command, reap
+from wansync.cluster import RunConfig, agent_command
+from wansync.procs import reap
 
 PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
 NODES = 4
@@ -254,10 +255,10 @@ async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_j
         await c.when_round_starts(1)
         # the scheduler crashes mid-round: no SHUTDOWN, every connection just ends
         old._closing = True
-        old._server.close()
+        old.server.server.close()
         for a in list(old.agents.values()):
             a.conn.proto.transport.abort()
-        for t in list(old._tasks):
+        for t in [*old.server._tasks, old._watch]:
             t.cancel()
         job.cancel()
         # every agent noticed and waits for a scheduler (its redials are refused meanwhile)

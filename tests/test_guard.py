@@ -19,18 +19,15 @@ from emulation.topology import Topology, internet2
 from overlay.auth import SECRET_ENV
 from scheduler.live import LiveState
 from scheduler.service import Scheduler
-from wansync.cluster import (
+from wansync.cluster import RunConfig, agent_command, parse_chunk, run_secret
+from wansync.guard import (
     GUARD_MAX_LAG_S,
     GUARD_MIN_BACKLOG_S,
     GUARD_MIN_LAG_TICKS,
     GUARD_MIN_RATIO,
-    RunConfig,
-    agent_command,
     fidelity_cell,
     guard_verdict,
     live_guard,
-    parse_chunk,
-    run_secret,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from overlay.budget import MemoryBudget
 from overlay.codec import PREAUTH_SCRATCH, SCRATCH, FrameProtocol, encode
 from overlay.control import INBOX_MAX, ControlConn, control_protocol
 from overlay.link import Blocks
-from overlay.messages import FramingError, ProtocolError, bitmap, validate
+from overlay.messages import FramingError, Heartbeat, ProtocolError, bitmap, validate
 from overlay.peers import MAX_HALF_OPEN, Overlay
 from scheduler import service
 
@@ -92,7 +92,7 @@ async def test_half_open_control_connections_are_capped_and_logged_once_per_burs
         conns = [await Raw.connect(port) for _ in range(MAX_HALF_OPEN + 60)]
         closed = await asyncio.gather(*(c.closed_by_peer(timeout=2) for c in conns[-60:]))
         assert all(closed)  # the excess is refused at once, not held for the handshake timeout
-        assert sched._half_open <= MAX_HALF_OPEN
+        assert sched.server.half_open <= MAX_HALF_OPEN
         assert 1 <= len(_messages(caplog, "waiting to authenticate")) <= 2  # one line per burst
     finally:
         for c in conns:
@@ -105,7 +105,7 @@ async def test_idle_strangers_cost_one_log_line_per_burst_and_agents_still_regis
     topo = uniform(3)
     sched, agents, tasks = await start_cluster(topo, cluster="c-idle")
     try:
-        port = sched._server.sockets[0].getsockname()[1]
+        port = sched.port
         conns = [await Raw.connect(port) for _ in range(40)]
         for c in conns:
             c.send_raw(b"\0\0\0\0")  # a zero length: a framing error before the handshake
@@ -159,7 +159,7 @@ async def test_a_malformed_control_message_is_refused_and_the_connection_still_a
     topo = uniform(3)
     sched, agents, tasks = await start_cluster(topo, cluster="c-bad")
     try:
-        port = sched._server.sockets[0].getsockname()[1]
+        port = sched.port
         raw = await authenticated(port, 1, "c-bad", SECRET, expect=-1, peer_role="scheduler", epoch=1)
         # registered agents' own connection: the same rules hold for it (schema first)
         raw.send({"t": "REPORT", "node": 1, "samples": [[1]]})
@@ -185,7 +185,7 @@ async def test_a_handler_bug_ends_that_connection_with_a_clear_line(caplog):
     try:
         def broken(a, msg):
             raise RuntimeError("injected bug")
-        sched._handle = broken
+        sched.server.handlers[Heartbeat] = broken
         raw = await authenticated(port, 0, "c-bug", SECRET, expect=-1, peer_role="scheduler")
         raw.send({"t": "HEARTBEAT", "node": 0, "time": 1.0})
         assert await raw.closed_by_peer(timeout=10)  # not left open and unread
@@ -240,7 +240,7 @@ async def test_reports_count_only_from_registered_agents_about_their_own_links(c
     sched, agents, tasks = await start_cluster(topo, cluster="c-view")
     try:
         before = sched.view.snapshot()
-        port = sched._server.sockets[0].getsockname()[1]
+        port = sched.port
         stranger = await authenticated(port, 2, "c-view", SECRET, expect=-1, peer_role="scheduler", epoch=1)
         stranger.send({"t": "REPORT", "node": 2, "samples": [[0, 2, 10**9, 0.001]]})  # never registered here
         assert await _answers_clock(stranger)

@@ -160,7 +160,7 @@ async def test_malformed_streams_from_strangers_and_insiders_leave_the_cluster_e
     try:
         data = ATTACKS[attack]
         # strangers: the scheduler's port and an agent's data port
-        for port in (sched._server.sockets[0].getsockname()[1], agents[1].overlay.port):
+        for port in (sched.port, agents[1].overlay.port):
             raw = await Raw.connect(port)
             raw.send_raw(data)
             if attack == "truncated frame":

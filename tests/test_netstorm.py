@@ -66,8 +66,8 @@ def test_plan_allocates_parameters_by_quality_and_freezes_roots_once_measured():
     topo = internet2()
     view = measured_view(topo)
     state: dict = {}
-    job = Job(1_000_000, 20_000, tuple(range(9)), {"roots": 3, "state": state})
-    plan = netstorm.plan(view, job).validate(topo.links)
+    job = Job(1_000_000, 20_000, tuple(range(9)), {"roots": 3})
+    plan = netstorm.plan(view, job, state).validate(topo.links)
     q = state["frozen"]["q"]
     roots = state["frozen"]["roots"]
     assert len(plan.groups) == 3 and {g.root for g in plan.groups} == set(roots)
@@ -78,7 +78,7 @@ def test_plan_allocates_parameters_by_quality_and_freezes_roots_once_measured():
     # the network changes: trees follow it, the frozen roots and shares stay
     for (a, b) in topo.links:
         view.observe(a, b, 10**6, 1.0 if (a + b) % 2 else 0.05)
-    again = netstorm.plan(view, job)
+    again = netstorm.plan(view, job, state)
     assert [g.root for g in again.groups] == [g.root for g in plan.groups]
     assert [g.chunks for g in again.groups] == [g.chunks for g in plan.groups]
     assert any(g1.parent != g2.parent for g1, g2 in zip(plan.groups, again.groups, strict=True))
@@ -86,7 +86,7 @@ def test_plan_allocates_parameters_by_quality_and_freezes_roots_once_measured():
 
 def test_unmeasured_first_plan_is_not_frozen():
     state: dict = {}
-    netstorm.plan(NetworkView(internet2().links), Job(10_000, 1000, tuple(range(9)), {"state": state}))
+    netstorm.plan(NetworkView(internet2().links), Job(10_000, 1000, tuple(range(9))), state)
     assert "frozen" not in state
 
 
@@ -107,5 +107,5 @@ def test_exploration_routes_cover_unmeasured_links_and_vanish_once_measured():
     for a, b in unmeasured:
         view.observe(a, b, 10**6, 0.1)
     assert netstorm.with_exploration(view, range(9), {}) == {}
-    plan = netstorm.plan(view, Job(100_000, 5_000, tuple(range(9)), {"aux": True, "state": {}}))
+    plan = netstorm.plan(view, Job(100_000, 5_000, tuple(range(9)), {"aux": True}))
     plan.validate(topo.links)

@@ -129,13 +129,14 @@ async def test_shaped_link_meets_its_rate_with_delay_pipelined():
         net.overlays[1].sink = sink
         sender = net.overlays[0].senders[1]
         peak = 0
-        append = sender._append
+        wire = sender.line
+        append = wire.append
 
         def spy(*args, **kw):
             nonlocal peak
             append(*args, **kw)
-            peak = max(peak, sender._line_bytes)
-        sender._append = spy
+            peak = max(peak, wire.bytes)
+        wire.append = spy
         data = memoryview(bytearray(64 * 1024))
         trs = [net.overlays[0].send_chunk(header(chunk=i, origin=0), data, (0, 1)) for i in range(40)]
         await asyncio.wait_for(asyncio.gather(*(t.done for t in trs)), 60)

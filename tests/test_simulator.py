@@ -13,14 +13,14 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order
 
 from emulation.link import LinkSpec
-from emulation.simnet import MinHopRoutes, sim_network
+from emulation.simnet import sim_network
 from emulation.topology import Topology, internet2
 from emulation.trace import RateEvent, Trace
 from emulation.waxman import crew_mesh, from_spec, waxman
-from overlay.routing import Routes
+from overlay.routing import Routes, adjacency
 from scheduler.plan import ChunkGroup, Job, Plan, make_layout, tree_group
 from scheduler.planners import netstorm
-from scheduler.simulator import MBIT, SimulationStalled, max_min_rates, simulate
+from sim import MBIT, SimulationStalled, max_min_rates, simulate
 from wansync.predict import oracle_view
 
 RATE = 80.0  # Mbit/s = 10 MB/s
@@ -182,13 +182,38 @@ def test_fluid_close_to_exact_when_trees_share_links():
     assert exact.round_s * 0.97 <= fluid.round_s <= exact.round_s * 1.08
 
 
-def test_min_hop_routes_match_overlay_routing():
-    for topo in (internet2(), waxman(60, seed=5)):
-        ours = MinHopRoutes(topo.nodes, sorted(topo.links))
-        theirs = Routes({n: set(topo.neighbors(n)) for n in range(topo.nodes)})
+def reference_min_hop_tree(adj: dict[int, set[int]], src: int) -> dict[int, int | None]:
+    """The rule written out in pure Python (the router before it used scipy): BFS by layers, each
+    layer ranked by (rank of its best predecessor, node id), which orders equal-length paths
+    lexicographically."""
+    pred: dict[int, int | None] = {src: None}
+    rank = {src: 0}
+    layer = [src]
+    while layer:
+        best: dict[int, int] = {}
+        for u in layer:
+            for v in adj.get(u, ()):
+                if v not in pred and (v not in best or rank[u] < rank[best[v]]):
+                    best[v] = u
+        nxt = sorted(best, key=lambda v: (rank[best[v]], v))
+        for i, v in enumerate(nxt):
+            pred[v] = best[v]
+            rank[v] = i
+        layer = nxt
+    return pred
+
+
+def test_min_hop_routes_match_a_reference_bfs():
+    for topo in (internet2(), waxman(60, seed=5), waxman(300, seed=9)):
+        adj = adjacency(topo.links)
+        ours = Routes(adj)
         for a in range(topo.nodes):
+            tree = reference_min_hop_tree(adj, a)
             for b in range(topo.nodes):
-                assert ours(a, b) == theirs.route(a, b), (a, b)
+                path = [b]
+                while path[-1] != a:
+                    path.append(tree[path[-1]])
+                assert ours.route(a, b) == tuple(reversed(path)), (a, b)
 
 
 def test_waxman_and_crew_generators():
@@ -322,7 +347,7 @@ def test_plans_without_aux_unchanged():
     # golden numbers from the simulator before auxiliary dispatch existed (multi-group NetStorm
     # plan on internet2); the dispatch parameters must not matter without auxiliary routes
     topo = internet2().scaled(0.05)
-    plan = netstorm.plan(oracle_view(topo), Job(1_140_600, 20_000, tuple(range(9)), {"state": {}}))
+    plan = netstorm.plan(oracle_view(topo), Job(1_140_600, 20_000, tuple(range(9))))
     net = sim_network(topo)
     exact = simulate(plan, net, mode="exact")
     assert exact.round_s == pytest.approx(0.9213374883642216, rel=1e-12)
@@ -337,7 +362,7 @@ def test_plans_without_aux_unchanged():
 
 def test_netstorm_aux_plan_dispatches_a_share():
     topo = internet2().scaled(0.05)
-    job = Job(1_140_600, 20_000, tuple(range(9)), {"aux": True, "aux_mode": "per_pair_disjoint", "state": {}})
+    job = Job(1_140_600, 20_000, tuple(range(9)), {"aux": True, "aux_mode": "per_pair_disjoint"})
     plan = netstorm.plan(oracle_view(topo), job).with_version(1).validate(topo.links)
     net = sim_network(topo)
     pred = simulate(plan, net)

@@ -1,6 +1,7 @@
 """Topologies: built-ins, files with clear errors, and the one min-hop routing rule."""
 
 import json
+import random
 
 import pytest
 
@@ -36,6 +37,49 @@ def test_min_hop_routes_break_ties_lexicographically():
     assert r.route(2, 1) == (2, 0, 1)
     with pytest.raises(NoRoute):
         Routes(adjacency([(0, 1), (2, 3)])).route(0, 3)
+
+
+def brute_force_route(adj: dict[int, set[int]], src: int, dst: int) -> tuple[int, ...] | None:
+    """Every simple path src..dst, the shortest and then lexicographically smallest: the rule, literally."""
+    best: tuple[int, ...] | None = None
+    stack = [(src,)]
+    while stack:
+        path = stack.pop()
+        if path[-1] == dst:
+            if best is None or (len(path), path) < (len(best), best):
+                best = path
+            continue
+        stack.extend(path + (v,) for v in adj.get(path[-1], ()) if v not in path)
+    return best
+
+
+def test_min_hop_routes_match_brute_force_on_small_graphs():
+    rng = random.Random(13)
+    for _ in range(150):
+        ids = rng.sample(range(40), rng.randint(2, 8))  # sparse, unordered ids: not 0..n-1
+        pairs = [(a, b) for a in ids for b in ids if a < b and rng.random() < 0.4]
+        adj = adjacency(pairs)
+        r = Routes(adj)
+        for a in ids:
+            for b in ids:
+                want = brute_force_route(adj, a, b) if a != b else (a,)
+                if want is None:
+                    with pytest.raises(NoRoute):
+                        r.route(a, b)
+                else:
+                    assert r.route(a, b) == want, (pairs, a, b)
+
+
+def test_min_hop_routes_follow_adj_as_given():
+    # a one-way entry is a one-way link; a node the overlay does not know has no route
+    r = Routes({0: {1}, 1: {2}, 2: set()})
+    assert r.route(0, 2) == (0, 1, 2)
+    assert r.is_link(0, 1) and not r.is_link(1, 0)
+    for a, b in ((2, 0), (1, 0), (0, 7), (7, 0)):
+        with pytest.raises(NoRoute):
+            r.route(a, b)
+    assert r.route(7, 7) == (7,)
+    assert Routes({}).adj == {}
 
 
 def test_star_on_internet2_crosses_the_hub_links():

@@ -16,7 +16,7 @@ from emulation.simnet import sim_network
 from emulation.topology import build as build_topology
 from emulation.topology import internet2, uniform
 from emulation.trace import RateEvent, Trace, TraceError, build, markov, read_csv, redraw, steps, walk
-from scheduler.simulator import SimulationStalled, simulate
+from sim import SimulationStalled, simulate
 from wansync.cli import _trace, main
 from wansync.predict import RoundPredictor, predict
 
@@ -159,10 +159,10 @@ async def test_agents_and_simulator_see_the_same_events(tmp_path):
 
         async def capture(t0, events):
             seen.extend(events)
-        agent._apply_trace = capture
-        agent._start_trace(time.time())
-        if agent._trace_task is not None:  # None: no event on this node's links
-            await agent._trace_task
+        agent.wan._apply_trace = capture
+        agent.wan.start_trace(time.time())
+        if agent.wan._trace_task is not None:  # None: no event on this node's links
+            await agent.wan._trace_task
     sim_events = sim_network(topo, trace).events
     assert sorted((e.t, e.src, e.dst, e.rate_mbps) for e in seen) == list(sim_events)
 

@@ -16,8 +16,8 @@ from emulation.topology import Topology
 from emulation.trace import Trace
 from scheduler import planners
 from scheduler.plan import Job, Plan
-from scheduler.simulator import RoundPrediction, SimNetwork, SimulationStalled, simulate
 from scheduler.view import NetworkView
+from sim import RoundPrediction, SimNetwork, SimulationStalled, simulate
 
 
 def oracle_view(topo: Topology) -> NetworkView:
@@ -45,8 +45,8 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
     out = []
     for scheme in schemes:
         t = time.perf_counter()
-        planner, fixed = planners.resolve(scheme)
-        plan = planner(view, Job(params, chunk_params, tuple(range(topo.nodes)), {**(options or {}), **fixed}))
+        spec = planners.resolve(scheme)
+        plan = spec.plan(view, Job(params, chunk_params, tuple(range(topo.nodes)), {**(options or {}), **spec.options}))
         plan = plan.with_version(1).validate(topo.links)
         t1 = time.perf_counter()
         pred = simulate(plan, net)

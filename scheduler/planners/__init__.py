@@ -1,60 +1,69 @@
-"""One planner per scheme: `plan(view, job) -> Plan`. Later schemes register here too.
+"""One planner per scheme: `plan(view, job, memory) -> Plan`. Later schemes register here too.
 
-A scheme name may also be a variant: a planner plus fixed options (NetStorm's ablation ladder).
+A scheme is a `PlannerSpec`: the planner, the options it always gets, and what it can do between
+versions, declared rather than called by name: `adaptive` (re-planned within a job when the view
+moved) and `refresh_aux` (new auxiliary tables pushed without a new version). `memory` is what a
+planner keeps between the plans of one job (NetStorm's roots, chosen once measurements arrived):
+explicit, owned by the job, empty at its start and after a change of members.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..plan import Job, Plan
 from ..view import NetworkView
 from . import ktree, mst, netstorm, ring, star
 
-Planner = Callable[[NetworkView, Job], Plan]
-
-PLANNERS: dict[str, Planner] = {
-    "star": star.plan,
-    "ring": ring.plan,
-    "mst": mst.plan,
-    "ktree": ktree.plan,
-    "netstorm": netstorm.plan,
-}
-# variant -> (planner, options it always gets). NetStorm's ladder: lite = multi-root FAPT planned
-# once; std = + awareness (re-planned as measurements change); pro (plain "netstorm") = + auxiliary paths
-VARIANTS: dict[str, tuple[str, Mapping[str, Any]]] = {
-    "netstorm-lite": ("netstorm", {"awareness": False, "aux": False}),
-    "netstorm-std": ("netstorm", {"awareness": True, "aux": False}),
-    "netstorm": ("netstorm", {"awareness": True, "aux": True}),
-}
-# schemes re-planned as the view changes within a job (star and ktree keep the hub they started with)
-ADAPTIVE = frozenset({"mst", "netstorm"})
+Memory = dict[str, Any]
+Planner = Callable[[NetworkView, Job, Memory], Plan]
 
 
-def resolve(scheme: str) -> tuple[Planner, dict[str, Any]]:
-    """The planner of a scheme or variant, and the options the variant fixes."""
-    name, fixed = VARIANTS.get(scheme, (scheme, {}))
+@dataclass(frozen=True)
+class PlannerSpec:
+    name: str
+    planner: Planner
+    options: Mapping[str, Any] = field(default_factory=dict)  # fixed by the scheme (a variant's ablation)
+    adaptive: bool = False  # re-planned as the view changes within a job
+    refresh_aux: Callable[[NetworkView, Job, Plan], Plan] | None = None  # auxiliary tables between versions
+
+    def plan(self, view: NetworkView, job: Job, memory: Memory | None = None) -> Plan:
+        return self.planner(view, job, {} if memory is None else memory)
+
+
+def _stateless(fn: Callable[[NetworkView, Job], Plan]) -> Planner:
+    return lambda view, job, memory: fn(view, job)
+
+
+SCHEMES: dict[str, PlannerSpec] = {}
+
+
+def register(spec: PlannerSpec) -> PlannerSpec:
+    SCHEMES[spec.name] = spec
+    return spec
+
+
+register(PlannerSpec("star", _stateless(star.plan)))  # star and ktree keep the hub they started with
+register(PlannerSpec("ring", _stateless(ring.plan)))
+register(PlannerSpec("mst", _stateless(mst.plan), adaptive=True))
+register(PlannerSpec("ktree", _stateless(ktree.plan)))
+# NetStorm's ablation ladder: lite = multi-root FAPT planned once; std = + awareness (re-planned as
+# measurements change); pro (plain "netstorm") = + auxiliary paths, refreshed between versions
+register(PlannerSpec("netstorm-lite", netstorm.plan, {"awareness": False, "aux": False}))
+register(PlannerSpec("netstorm-std", netstorm.plan, {"awareness": True, "aux": False}, adaptive=True))
+register(PlannerSpec("netstorm", netstorm.plan, {"awareness": True, "aux": True}, adaptive=True,
+                     refresh_aux=netstorm.refresh_aux))
+
+# the plain planners by scheme name (tests and tools that plan once)
+PLANNERS: dict[str, Callable[..., Plan]] = {"star": star.plan, "ring": ring.plan, "mst": mst.plan,
+                                            "ktree": ktree.plan, "netstorm": netstorm.plan}
+
+
+def resolve(scheme: str) -> PlannerSpec:
+    """The scheme's spec; ValueError naming the known ones."""
     try:
-        return PLANNERS[name], dict(fixed)
+        return SCHEMES[scheme]
     except KeyError:
-        known = sorted(set(PLANNERS) | set(VARIANTS))
-        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(known)}") from None
-
-
-def get(scheme: str) -> Planner:
-    return resolve(scheme)[0]
-
-
-def refreshes_aux(scheme: str, options: Mapping[str, Any]) -> bool:
-    """Whether the scheme's auxiliary tables are recomputed between versions (NetStorm with aux)."""
-    return VARIANTS.get(scheme, (scheme, {}))[0] == "netstorm" and bool(options.get("aux"))
-
-
-def refresh_aux(view: NetworkView, job: Job, plan: Plan) -> Plan:
-    return netstorm.refresh_aux(view, job, plan)
-
-
-def adaptive(scheme: str, options: Mapping[str, Any]) -> bool:
-    name = VARIANTS.get(scheme, (scheme, {}))[0]
-    return name in ADAPTIVE and options.get("awareness", True) is not False
+        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(sorted(SCHEMES))}") from None

@@ -10,14 +10,15 @@ shares are computed once more and then kept (moving a root moves parameters), un
 Options (Job.options): `roots` (N, default all nodes), `both_directions` (weigh push and pull),
 `reroot` (recompute roots and shares on every plan), `aux` (attach Algorithm 3's auxiliary
 routes to every tree edge), `aux_mode` (global_prune | per_pair_disjoint), `explore` (with aux:
-also one-relay routes over links never measured; default on), `state` (the scheduler's per-job
-dict where the frozen choice is kept).
+also one-relay routes over links never measured; default on). The frozen choice is kept in the
+job's planner memory (scheduler.planners.PlannerSpec).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import networkx as nx
 
@@ -111,10 +112,12 @@ def allocate(layout: Sequence[tuple[int, int]], roots: Sequence[int], q: dict[in
     return owned
 
 
-def plan(view: NetworkView, job: Job) -> Plan:
+def plan(view: NetworkView, job: Job, memory: dict[str, Any] | None = None) -> Plan:
+    """memory: what this job's earlier plans chose (its roots once measured, kept under "frozen"; the
+    latest choice under "last"); updated here."""
     view.require_connected(job.participants)
     opts = job.options
-    state = opts.get("state", {})
+    state = {} if memory is None else memory
     trees = fastest_trees(view, job.participants, both_directions=bool(opts.get("both_directions", False)))
     layout = make_layout(job.params, job.chunk_params)
     frozen = state.get("frozen")

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from emulation.topology import build  # noqa: E402
 from scheduler.service import JobState  # noqa: E402
-from wansync.cluster import RunConfig, live_guard, run  # noqa: E402
+from wansync.cluster import RunConfig, run  # noqa: E402
+from wansync.guard import live_guard  # noqa: E402
 from wansync.predict import predict  # noqa: E402
 
 SCHEMES = ["star", "ring", "mst", "ktree"]

@@ -53,7 +53,7 @@ Measured (the last stdout line is one JSON object):
  view_poisoned       any link rate in the scheduler's view non-finite or negative after the attacks
  log_lines_per_burst scheduler-process log records (WARNING and up) while 200 idle connections
                      were open until the last one closed (+0.5 s)
- live_guard_valid    the fidelity guard (wansync.cluster.job_guard, or guard_verdict) on every job that finished;
+ live_guard_valid    the fidelity guard (wansync.guard.job_guard) on every job that finished;
                      false if any is not "valid" (invalid, unjudged, or the guard failed)
 
     python scripts/bench/hostile.py [--quick] [--seconds 300] [--seed 1]
@@ -100,8 +100,9 @@ from overlay import codec  # noqa: E402
 from overlay.auth import HANDSHAKE_TIMEOUT_S, SECRET_ENV, AuthError, Handshake, generate_secret  # noqa: E402
 from overlay.messages import ProtocolError, bitmap  # noqa: E402
 from scheduler.service import JobState, Scheduler  # noqa: E402
-from wansync import cluster as wcluster  # noqa: E402
-from wansync.cluster import RunConfig, agent_command, reap  # noqa: E402
+from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.guard import job_guard  # noqa: E402
+from wansync.procs import reap  # noqa: E402
 
 CTX = mp.get_context("fork")  # forked before the parent starts any loop or thread
 LEN = struct.Struct("!I")
@@ -963,25 +964,21 @@ class Hostile:
         return out
 
     def guard(self) -> tuple[bool, list[str]]:
-        """The fidelity guard on every job that finished; its signature is changing, so read it loosely."""
+        """The fidelity guard on every job that finished (wansync.guard.job_guard)."""
         notes, valid = [], True
         finished = [js for js in self.jobs if js.finished.is_set()]
         if not finished:
             return False, ["no job finished"]
         for js in finished:
             try:
-                judge = getattr(wcluster, "job_guard", None)  # newer: a GuardVerdict from the job's STATS
-                v = judge(js) if judge is not None else wcluster.guard_verdict(js)  # type: ignore[arg-type]
+                v = job_guard(js)
             except Exception as exc:  # e.g. junk STATS the scheduler stored
                 valid = False
                 notes.append(f"job {js.job}: the guard failed ({type(exc).__name__}: {exc})")
                 continue
-            verdict = v[0] if isinstance(v, tuple) else getattr(v, "verdict", getattr(v, "valid", v))
-            ok = verdict == "valid" if isinstance(verdict, str) else verdict is True
-            if not ok:
+            if v.verdict != "valid":
                 valid = False
-                why = v[2][:3] if isinstance(v, tuple) and len(v) > 2 else getattr(v, "reasons", "")
-                notes.append(f"job {js.job}: {verdict} {why}")
+                notes.append(f"job {js.job}: {v.verdict} {v.reasons[:3]}")
         return valid, notes
 
     def print_tables(self, out: dict[str, Any], res: dict[str, Any], deaths: list[dict[str, Any]],

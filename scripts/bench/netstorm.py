@@ -27,7 +27,8 @@ from emulation.topology import internet2  # noqa: E402
 from emulation.trace import redraw  # noqa: E402
 from scheduler.service import JobState  # noqa: E402
 from wansync.cli import TRACE_HORIZON_S  # noqa: E402
-from wansync.cluster import RunConfig, live_guard, run  # noqa: E402
+from wansync.cluster import RunConfig, run  # noqa: E402
+from wansync.guard import live_guard  # noqa: E402
 from wansync.predict import predict  # noqa: E402
 
 HUB = 5  # the paper's node 6, the degree-4 hub (MXNet's PS placement)

@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
 def _live_guard() -> dict[str, Any]:
     """Every round-time run judged valid? The tc backend's runs cannot be: the kernel shapes their
     rates, so the agents keep no books (their verdict is unjudged, and this is false)."""
-    from wansync.cluster import live_guard
+    from wansync.guard import live_guard
 
     jobs = [js for runs in LIVE_JOBS.values() for js in runs]
     out = live_guard(jobs)

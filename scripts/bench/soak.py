@@ -46,7 +46,9 @@ from emulation.faults import AppLinkControl, Fault, FaultInjector  # noqa: E402
 from emulation.topology import internet2  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
-from wansync.cluster import RunConfig, agent_command, live_guard, reap  # noqa: E402
+from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.guard import live_guard  # noqa: E402
+from wansync.procs import reap  # noqa: E402
 
 SCHEMES = ["mst", "netstorm", "ring", "star"]
 KINDS = ["kill", "freeze", "cut", "blackhole", "collapse"]

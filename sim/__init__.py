@@ -1,0 +1,47 @@
+"""Flow-level simulator: replays a Plan on plain network data and predicts its round time.
+
+Its own package so that the scheduler (deadlines, on its view), the emulator (on a configured
+topology) and the CLI can all use it; it knows only the Plan types and the one min-hop router.
+model.py says what is simulated, exact.py and fluid.py are the two engines, network.py builds the
+input from plain data. `simulate(mode="auto")` runs the exact engine whenever its estimated cost is
+small, and always for plans with auxiliary routes (fluid refuses them); RoundPrediction.mode says
+which engine ran.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from scheduler.plan import Plan
+
+from .exact import Exact, exact_cost_s
+from .fluid import run_fluid
+from .model import FLOAT32, MBIT, Model, RoundPrediction, SimNetwork, SimulationStalled, max_min_rates
+from .network import make_network
+
+__all__ = ["EXACT_BUDGET_S", "FLOAT32", "MBIT", "Mode", "RoundPrediction", "SimNetwork", "SimulationStalled",
+           "make_network", "max_min_rates", "simulate"]
+
+EXACT_BUDGET_S = 2.0  # auto mode: the exact engine's estimated run time it may spend
+
+Mode = Literal["auto", "exact", "fluid"]
+
+
+def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes: int = 65536,
+             mode: Mode = "auto", primary_busy_bound: int = 2, aux_queue_length: int = 5) -> RoundPrediction:
+    """Predict one synchronization round of `plan` on `net`, starting at `start_s` on the trace's clock.
+
+    mode: `exact` (event driven), `fluid` (static shares, for 1,000-node scale), or `auto`, which
+    runs `exact` unless its estimated cost exceeds EXACT_BUDGET_S, and always for plans with
+    auxiliary routes (fluid cannot model their dispatch and refuses them).
+    primary_busy_bound, aux_queue_length: NetStorm's PRIMARY_BUSY_BOUND and AUXILIARY_QUEUE_LENGTH,
+    as the agents run them (agents.engine.ChunkEngine); they only matter for auxiliary routes.
+    """
+    m = Model(plan, net, start_s, segment_bytes)
+    if mode == "auto":
+        mode = "exact" if m.has_aux or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
+    if mode == "exact":
+        return Exact(m, primary_busy_bound, aux_queue_length).run()
+    if mode == "fluid":
+        return run_fluid(m)
+    raise ValueError(f"mode must be auto, exact or fluid, got {mode!r}")

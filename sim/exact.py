@@ -1,0 +1,306 @@
+"""The exact engine: event driven, rates re-solved at every event that changes the set of backlogged
+keys or a capacity (trace).
+
+Its cost grows with transfers times the number of keys that share links with each other; at
+1,000 nodes that is millions of events, each re-solving a max-min over thousands of flows, far
+beyond seconds: `exact_cost_s` estimates it so `simulate(mode="auto")` can pick the fluid engine.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from scipy.sparse import coo_array
+from scipy.sparse.csgraph import connected_components
+
+from .model import MBIT, Model, RoundPrediction, SimulationStalled, max_min_rates
+
+_INF = float("inf")
+# event kinds, in the order they are handled when times tie
+_RATE, _DONE, _ACK, _SEND, _WAKE = 0, 1, 2, 3, 4
+# transfer kinds (also the FIFO tie-break after chunk index)
+_AGG, _BCAST = 0, 1
+
+
+class Exact:
+    """Arrivals are resolved as soon as the transfer that causes them finishes (they only take a max
+    of times), so there is one event per transfer plus one per FIFO that wakes up; rates are only
+    re-solved for keys sharing a resource, transitively, with a change, and a key alone on its
+    resources needs no water-filling.
+
+    NetStorm's auxiliary dispatch is decided when the chunk is ready, from the sender's counts at
+    that moment, as agents.engine.ChunkEngine._send does: a send on a tree edge with auxiliary
+    routes takes the first route whose in-transit count is below `queue_length` once the primary
+    path's count reaches `busy_bound`, else the primary. A transfer is in transit from the moment it
+    is handed to its FIFO (queued ones count) until its hop ack is back: its last byte left, crossed
+    the first link, and the ack crossed the link back (overlay.peers.Overlay.in_transit). Sends
+    whose key such a decision reads become _SEND events at their ready time, so they are decided
+    (and counted) in time order; ties go in chunk order, as a node's ready chunks leave live."""
+
+    def __init__(self, m: Model, busy_bound: int = 2, queue_length: int = 5) -> None:
+        self.m = m
+        self.busy_bound, self.queue_length = busy_bound, queue_length
+        nk = len(m.key_path)
+        nf = len(m.fifo_of)
+        n = len(m.nodes)
+        self.cap = list(m.cap)
+        self.busy = [False] * nk
+        self.rate = [0.0] * nk
+        self.left = [0.0] * nk  # bytes of the head transfer still to send, as of since[k]
+        self.since = [0.0] * nk
+        self.head: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)] * nk
+        self.version = [0] * nk
+        # per FIFO (origin, destination, first hop): (ready, chunk, kind, key); one key active at a time
+        self.queue: list[list[tuple[float, int, int, int]]] = [[] for _ in range(nf)]
+        self.fifo_busy = [False] * nf
+        self.wake_at = [_INF] * nf
+        self.key_bytes = [0] * nk
+        self.in_transit = [0] * nk  # of counted keys only
+        self.sends: dict[int, tuple[int, int, int]] = {}  # pending _SEND: seq -> (primary key, kind, group)
+        self.seq = 0
+        self.aux_bytes = 0
+        self.res_active: list[set[int]] = [set() for _ in self.cap]
+        self.res_since = [0.0] * m.nlinks
+        self.res_busy = [0.0] * m.nlinks
+        self.events: list[tuple[float, int, int, int]] = []
+        self.changed: set[int] = set()
+        self.changed_res: set[int] = set()
+        self.done = [m.start] * n
+        self.finals = [0] * n
+        self.pending: list[list[int]] = [[] for _ in m.chunk_bytes]
+        self.arrived: list[list[float]] = [[] for _ in m.chunk_bytes]
+
+    def run(self) -> RoundPrediction:
+        m = self.m
+        n = len(m.nodes)
+        t = m.start
+        for g in m.plan.groups:
+            for c in g.chunks:
+                self.pending[c] = list(m.nkids[m.group_of[c]])
+                self.arrived[c] = [t] * n
+        for c in range(len(m.chunk_bytes)):  # leaves hand out their chunks in chunk order
+            g_idx = m.group_of[c]
+            kids = m.nkids[g_idx]
+            for v in range(n):
+                if kids[v] == 0:
+                    self._ready(v, c, g_idx, t)
+        for i, ev in enumerate(m.later_events):
+            heapq.heappush(self.events, (ev[0], _RATE, i, 0))
+        self._loop()
+        stuck = [m.nodes[v] for v in range(n) if self.finals[v] < len(m.chunk_bytes)]
+        if stuck:
+            raise SimulationStalled(f"nodes {stuck[:8]} never received every chunk (a rate stayed at 0)")
+        link_of_res = {r: link for link, r in m.res_of_link.items()}
+        busy = {link_of_res[r]: s for r, s in enumerate(self.res_busy) if s > 0}
+        done = {m.nodes[v]: d for v, d in enumerate(self.done)}
+        return RoundPrediction(max(self.done) - m.start, done, m.link_bytes(self.key_bytes), busy, "exact",
+                               self.aux_bytes)
+
+    def _loop(self) -> None:
+        events, version, wake_at = self.events, self.version, self.wake_at
+        while events:
+            t = events[0][0]
+            while events and events[0][0] <= t:
+                _, kind, k, ver = heapq.heappop(events)
+                if kind == _DONE:
+                    if ver == version[k]:
+                        self._finish(k, t)
+                elif kind == _WAKE:
+                    if wake_at[k] == t:
+                        self._wake(k, t)
+                elif kind == _ACK:
+                    self.in_transit[k] -= 1
+                elif kind == _SEND:
+                    self._dispatch(k, ver, t)
+                else:
+                    _, a, b, mbps = self.m.later_events[k]
+                    r = self.m.res_of_link[(a, b)]
+                    self.cap[r] = mbps * MBIT
+                    self.changed_res.add(r)
+            if self.changed or self.changed_res:
+                self._reallocate(t)
+
+    # chunk logic
+    def _ready(self, v: int, c: int, g: int, t: float) -> None:
+        """Node v holds every aggregation child's copy of chunk c at time t."""
+        if v == self.m.root[g]:
+            self._final(v, c, g, t)
+        else:
+            self._send(self.m.agg_key[g][v], t, c, _AGG, g)
+
+    def _final(self, v: int, c: int, g: int, t: float) -> None:
+        if t > self.done[v]:
+            self.done[v] = t
+        self.finals[v] += 1
+        for k in self.m.bcast_keys[g][v]:
+            self._send(k, t, c, _BCAST, g)
+
+    def _arrive(self, v: int, c: int, kind: int, t: float) -> None:
+        g = self.m.group_of[c]
+        if kind == _BCAST:
+            self._final(v, c, g, t)
+            return
+        pend = self.pending[c]
+        arr = self.arrived[c]
+        if t > arr[v]:
+            arr[v] = t
+        pend[v] -= 1
+        if pend[v] == 0:
+            self._ready(v, c, g, arr[v])
+
+    def _send(self, k: int, t: float, c: int, kind: int, g: int) -> None:
+        """Chunk c is ready at t for the tree edge whose static route is key k."""
+        if self.m.counted[k]:  # decided, and counted, when the clock gets there
+            self.seq += 1
+            self.sends[self.seq] = (k, kind, g)
+            heapq.heappush(self.events, (t, _SEND, c, self.seq))
+        else:
+            self._enqueue(k, t, c, kind)
+
+    def _dispatch(self, c: int, seq: int, t: float) -> None:
+        k, kind, g = self.sends.pop(seq)
+        routes = self.m.aux_keys[g].get(k)
+        if routes and self.in_transit[k] >= self.busy_bound:
+            for a in routes:
+                if self.in_transit[a] < self.queue_length:
+                    k = a
+                    self.aux_bytes += self.m.chunk_bytes[c]
+                    break
+        self.in_transit[k] += 1
+        self._enqueue(k, t, c, kind)
+
+    # FIFOs and flow keys
+    def _enqueue(self, k: int, t: float, c: int, kind: int) -> None:
+        f = self.m.key_fifo[k]
+        heapq.heappush(self.queue[f], (t, c, kind, k))
+        if not self.fifo_busy[f] and t < self.wake_at[f]:
+            self.wake_at[f] = t
+            heapq.heappush(self.events, (t, _WAKE, f, 0))
+
+    def _wake(self, f: int, t: float) -> None:
+        self.wake_at[f] = _INF
+        self.fifo_busy[f] = True
+        self._activate(heapq.heappop(self.queue[f]), t)
+
+    def _activate(self, item: tuple[float, int, int, int], t: float) -> None:
+        k = item[3]
+        self.head[k] = item
+        self.left[k] = self.m.chunk_bytes[item[1]]
+        self.since[k] = t
+        self.busy[k] = True
+        self.changed.add(k)
+        for r in self.m.key_res[k]:
+            act = self.res_active[r]
+            if not act and r < self.m.nlinks:
+                self.res_since[r] = t
+            act.add(k)
+
+    def _deactivate(self, k: int, t: float) -> None:
+        m = self.m
+        self.busy[k] = False
+        self.rate[k] = 0.0
+        self.version[k] += 1
+        self.changed.add(k)
+        for r in m.key_res[k]:
+            act = self.res_active[r]
+            act.discard(k)
+            if not act and r < m.nlinks:
+                self.res_busy[r] += t - self.res_since[r]
+
+    def _finish(self, k: int, t: float) -> None:
+        m = self.m
+        _, c, kind, _ = self.head[k]
+        size = m.chunk_bytes[c]
+        self.key_bytes[k] += size
+        hops = len(m.key_path[k]) - 1
+        arrive = t + m.key_delay[k]
+        if hops > 1:  # cut-through: each relay waits for one segment before passing it on
+            arrive += (hops - 1) * min(m.segment, size) / self.rate[k]
+        if m.counted[k]:
+            heapq.heappush(self.events, (t + m.key_ack[k], _ACK, k, 0))
+        f = m.key_fifo[k]
+        q = self.queue[f]
+        if q and q[0][0] <= t and q[0][3] == k:  # same key goes on: resources and rate stay
+            item = heapq.heappop(q)
+            self.head[k] = item
+            self.left[k] = m.chunk_bytes[item[1]]
+            self.since[k] = t
+            self.version[k] += 1
+            heapq.heappush(self.events, (t + self.left[k] / self.rate[k], _DONE, k, self.version[k]))
+        else:
+            self._deactivate(k, t)
+            if q and q[0][0] <= t:  # the FIFO goes on with a transfer on another route
+                self._activate(heapq.heappop(q), t)
+            else:
+                self.fifo_busy[f] = False
+                if q:
+                    self.wake_at[f] = q[0][0]
+                    heapq.heappush(self.events, (q[0][0], _WAKE, f, 0))
+        self._arrive(m.key_dst[k], c, kind, arrive)
+
+    def _reallocate(self, t: float) -> None:
+        """Max-min rates for every busy key that shares a resource, transitively, with a change."""
+        res_active, key_res, cap, busy = self.res_active, self.m.key_res, self.cap, self.busy
+        seeds: list[int] = []
+        for r in self.changed_res:
+            seeds.extend(res_active[r])
+        for k in self.changed:
+            if busy[k]:
+                seeds.append(k)
+            else:
+                for r in key_res[k]:
+                    seeds.extend(res_active[r])
+        self.changed.clear()
+        self.changed_res.clear()
+        seen: set[int] = set()
+        single: list[int] = []
+        shared: list[int] = []
+        for s in seeds:
+            if s in seen:
+                continue
+            seen.add(s)
+            comp = [s]
+            stack = [s]
+            while stack:
+                for r in key_res[stack.pop()]:
+                    for k in res_active[r]:
+                        if k not in seen:
+                            seen.add(k)
+                            comp.append(k)
+                            stack.append(k)
+            if len(comp) == 1:
+                single.append(s)
+            else:
+                shared.extend(comp)
+        keys = single
+        new = [min([cap[r] for r in key_res[k]]) for k in single]
+        if shared:  # one water-filling for all shared components: max-min decomposes over them
+            keys = keys + shared
+            pair_flow, res_ids = self.m.pairs(shared)
+            uniq, pair_res = np.unique(res_ids, return_inverse=True)
+            new.extend(max_min_rates(pair_flow, pair_res, np.asarray(cap)[uniq], len(shared)).tolist())
+        rate, left, since, version, events = self.rate, self.left, self.since, self.version, self.events
+        for k, r in zip(keys, new, strict=True):
+            old = rate[k]
+            if r == old:
+                continue
+            left[k] = max(0.0, left[k] - old * (t - since[k]))
+            since[k] = t
+            rate[k] = r
+            version[k] += 1
+            if r > 0:
+                heapq.heappush(events, (t + left[k] / r, _DONE, k, version[k]))
+
+
+def exact_cost_s(m: Model) -> float:
+    """Rough run time of the exact engine: per transfer, a fixed part plus a part per key it may
+    have to re-solve rates with (keys sharing resources with it, transitively)."""
+    nk = len(m.key_path)
+    if nk == 0:
+        return 0.0
+    flow, res = m.pairs(range(nk))
+    graph = coo_array((np.ones(len(flow)), (flow, nk + res)), shape=(nk + len(m.cap),) * 2)
+    _, label = connected_components(graph, directed=False)
+    size = np.bincount(label[:nk], minlength=label.max() + 1)[label[:nk]]
+    return float((m.transfers_per_key() * (7e-6 + 1.5e-6 * (size - 1))).sum())

@@ -1,0 +1,152 @@
+"""The fidelity guard: was a live run limited by its emulated links, or by this machine's CPU?
+
+Every live figure is meaningful only if the run was limited by the links it emulates. The agents
+keep books (emulation/link.py: links and node caps) and event-loop figures (agents' STATS); this
+module judges them: *valid* only if something was judged and all of it held, *invalid* if anything
+failed, *unjudged* if nothing could be judged (too short, or the kernel shapes the rates). Never
+valid by default. README: Fidelity guard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.rounds import JobState
+
+# The fidelity guard (README: Fidelity guard). Books: a link or node cap backlogged >= GUARD_MIN_BACKLOG_S
+# must have carried >= GUARD_MIN_RATIO of what its rate allowed
+GUARD_MIN_RATIO = 0.97
+GUARD_MIN_BACKLOG_S = 0.5  # shorter backlogs are dominated by the bucket's initial burst
+# The loop, per agent, whatever the books say. Senders schedule LOOKAHEAD_S (20 ms) of wire time ahead:
+# a loop that wakes them 20 ms late has certainly let the wire run dry while data waited (the books
+# judge anything shorter directly). On an idle 2-core machine with 9 agents the busy p99 is 1.5-3 ms;
+# CPU-starved ones show 12-42 ms. So: lag p99 while the node had traffic <= 20 ms
+GUARD_MAX_LAG_S = 0.020
+# judged over >= 200 busy ticks (2 s): over fewer a p99 is one or two samples, i.e. the worst hiccup
+GUARD_MIN_LAG_TICKS = 200
+# A loop thread busy >= 90 % of the job has no slack left to wake timers on time (it queues behind itself)
+GUARD_MAX_LOOP_CPU = 0.90
+# The loop thread waited for a CPU (runnable, not running: the machine's run queue) longer than it ran:
+# whatever it did, it did late on average; and >= 2 ms per wake-up on average is a tenth of the lag limit
+GUARD_MAX_RUNQ_PER_CPU = 1.0
+GUARD_MAX_RUNQ_PER_RUN_S = 0.002
+VERDICTS = ("valid", "invalid", "unjudged")
+
+
+@dataclass
+class GuardVerdict:
+    """The fidelity guard's word on one job: `valid` only if something was judged and all of it held."""
+
+    verdict: str  # "valid", "invalid" or "unjudged"
+    worst_ratio: float | None  # worst achieved/configured ratio among judged links and caps
+    bad: list[str]  # judged links and caps below GUARD_MIN_RATIO, e.g. "0->1 93.5%", "uplink of 3 90.0%"
+    reasons: list[str]  # why invalid or unjudged (empty when valid)
+    judged: int  # links and caps judged (backlogged long enough)
+
+    @property
+    def valid(self) -> bool | None:
+        """True if valid, False if invalid, None if unjudged (never valid by default)."""
+        return {"valid": True, "invalid": False}.get(self.verdict)
+
+
+def guard_verdict(stats: Mapping[Any, Mapping[str, Any]], participants: Iterable[Any] | None = None
+                  ) -> GuardVerdict:
+    """Judge a job from its agents' STATS: the books of every link and node cap backlogged at least
+    GUARD_MIN_BACKLOG_S (>= GUARD_MIN_RATIO of their rate), and every agent's event loop (lag while
+    busy, CPU share of its thread, time waiting for a CPU). Any failure: invalid. Otherwise valid
+    only if at least one book was judged and every participant reported; else unjudged."""
+    bad: list[str] = []
+    starved: list[str] = []
+    worst: float | None = None
+    judged = 0
+    longest = 0.0
+    unshaped: list[str] = []
+
+    def book(label: str, entry: Mapping[str, Any]) -> None:
+        nonlocal worst, judged, longest
+        if "achieved_ratio" not in entry:
+            return
+        backlog = float(entry.get("backlog_s", 0.0))
+        longest = max(longest, backlog)
+        if backlog < GUARD_MIN_BACKLOG_S:
+            return
+        judged += 1
+        ratio = float(entry["achieved_ratio"])
+        worst = ratio if worst is None else min(worst, ratio)
+        if ratio < GUARD_MIN_RATIO:
+            bad.append(f"{label} {ratio:.1%}")
+
+    for node, st in sorted(stats.items(), key=lambda kv: str(kv[0])):
+        if st.get("app_rate_shaping") is False:
+            unshaped.append(str(node))
+        for dst, link in st.get("links", {}).items():
+            book(f"{node}->{dst}", link)
+        for name, cap in st.get("caps", {}).items():
+            book(f"{name} of {node}", cap)
+        lag, ticks = st.get("loop_lag_busy_p99_s"), int(st.get("loop_busy_ticks", 0))
+        if lag is not None and ticks >= GUARD_MIN_LAG_TICKS and lag > GUARD_MAX_LAG_S:
+            starved.append(f"node {node}: event-loop lag p99 {lag * 1e3:.1f} ms while busy "
+                           f"(> {GUARD_MAX_LAG_S * 1e3:g} ms)")
+        if float(st.get("wall_s", 0.0)) >= GUARD_MIN_BACKLOG_S:
+            cpu = float(st.get("loop_cpu_share", 0.0))
+            if cpu >= GUARD_MAX_LOOP_CPU:
+                starved.append(f"node {node}: event loop busy {cpu:.0%} of the job (>= {GUARD_MAX_LOOP_CPU:.0%})")
+            wait = float(st.get("runq_wait_share", 0.0))
+            per_run = float(st.get("runq_wait_per_run_s", 0.0))
+            if cpu > 0 and wait / cpu > GUARD_MAX_RUNQ_PER_CPU and per_run > GUARD_MAX_RUNQ_PER_RUN_S:
+                starved.append(f"node {node}: event loop waited for a CPU {wait / cpu:.1f}x as long as it ran, "
+                               f"{per_run * 1e3:.1f} ms per wake-up (machine overloaded)")
+    reasons: list[str] = []
+    if bad:
+        reasons.append(f"{len(bad)} backlogged link(s)/cap(s) below {GUARD_MIN_RATIO:.0%} of their rate: "
+                       + ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
+    reasons += starved
+    if reasons:
+        return GuardVerdict("invalid", worst, bad, reasons, judged)
+    missing = sorted(set(participants or ()) - set(stats), key=str)
+    if missing:
+        reasons.append(f"no STATS from node(s) {', '.join(map(str, missing))}")
+    if not stats:
+        reasons.append("no agent reported STATS")
+    elif judged == 0:
+        if unshaped and len(unshaped) == len(stats):
+            reasons.append("rates shaped by the kernel (tc backend): no application-level books to judge")
+        else:
+            reasons.append(f"too short to judge: no link or cap was backlogged >= {GUARD_MIN_BACKLOG_S:g} s "
+                           f"(longest {longest:.2f} s); run more rounds or a larger --scale")
+    if reasons:
+        return GuardVerdict("unjudged", worst, bad, reasons, judged)
+    return GuardVerdict("valid", worst, bad, [], judged)
+
+
+def job_guard(js: JobState) -> GuardVerdict:
+    return guard_verdict(js.stats, js.plan.participants)
+
+
+def live_guard(jobs: Iterable[JobState], *, reason: str | None = None) -> dict[str, Any]:
+    """The benchmarks' figures for the live runs they used: `live_guard_valid` is true only if every
+    one was judged valid (none at all: false); counts per verdict, and the first reasons otherwise."""
+    verdicts = {v: 0 for v in VERDICTS}
+    reasons: list[str] = []
+    for js in jobs:
+        g = job_guard(js)
+        verdicts[g.verdict] += 1
+        reasons += [f"{js.scheme}: {r}" for r in g.reasons[:1]]
+    ok = sum(verdicts.values()) > 0 and verdicts["valid"] == sum(verdicts.values()) and reason is None
+    out: dict[str, Any] = {"live_guard_valid": ok, "live_guard_verdicts": verdicts}
+    if not ok:
+        out["live_guard_reason"] = reason or ("; ".join(reasons[:3]) if reasons else "no live run to judge")
+    return out
+
+
+def fidelity_cell(s: Mapping[str, Any]) -> str:
+    """The table's fidelity column: ok, INVALID (why) or UNJUDGED (why), never ok by default."""
+    worst = "" if s.get("guard_worst_ratio") is None else f"worst {s['guard_worst_ratio']:.1%}, "
+    if s["guard_verdict"] == "valid":
+        return f"ok ({worst}{s['guard_judged']} judged)"
+    why = "; ".join(s["guard_reasons"][:2])
+    if s["guard_verdict"] == "invalid":
+        return f"[bold red]INVALID: {why}[/]"
+    return f"[yellow]UNJUDGED: {why}[/]"

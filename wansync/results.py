@@ -1,0 +1,63 @@
+"""The results file of a run: one JSON object per line (README: Results file).
+
+`Recorder` turns the scheduler's events and the live throughput into records as they happen, so a
+run killed halfway still leaves everything up to that point on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from scheduler.live import LiveState
+from scheduler.service import Scheduler
+
+SCHEMA_VERSION = 2  # 2: adds `throughput` and `event` records (README: Results file)
+
+
+class Results:
+    """The JSON-lines file (None: records are dropped)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.fh: TextIO | None = path.open("w") if path else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.fh is not None:
+            self.fh.write(json.dumps({"schema": SCHEMA_VERSION, "t": time.time(), **record}, default=str) + "\n")
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
+
+class Recorder:
+    """Writes what the scheduler reports (rounds with their prediction error, passive samples, plans,
+    timeline events) and the live throughput points."""
+
+    def __init__(self, results: Results, sched: Scheduler, live: LiveState) -> None:
+        self.results = results
+        sched.subscribe(self._on_event)
+        live.listeners.append(self._on_live)
+
+    def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+        write = self.results.write
+        if kind == "round":
+            if data["prediction_s"]:
+                data["prediction_err_pct"] = 100.0 * (data["round_s"] - data["prediction_s"]) / data["prediction_s"]
+            write(data)
+        elif kind == "samples":
+            for src, dst, nbytes, seconds in data["samples"]:
+                write({"type": "link_sample", "src": src, "dst": dst, "bytes": nbytes, "seconds": seconds})
+        elif kind == "plan":
+            write({"type": "plan", "version": data["version"], "scheme": data["scheme"],
+                   "plan": data["plan"].to_wire()})
+        elif kind == "timeline":
+            write({"type": "event", "kind": data["kind"], "at": data["t"],
+                   "data": {k: v for k, v in data.items() if k not in ("t", "kind")}})
+
+    def _on_live(self, kind: str, item: dict[str, Any]) -> None:
+        if kind == "point":
+            self.results.write({"type": "throughput", "src": item["src"], "dst": item["dst"], "at": item["t"],
+                                "mbps": item["mbps"], "bytes": item["bytes"]})
