@@ -171,7 +171,6 @@ class Agent:
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
                 continue
-            self.ctl = ctl
             try:  # HELLO both ways, then HMAC proofs both ways (overlay/auth.py)
                 await ctl.handshake(Handshake(self.cluster, self.node, "agent", dialer=True, secret=self.secret,
                                               expect=-1, peer_role="scheduler", hello_extra={"epoch": self.epoch}))
@@ -185,6 +184,10 @@ class Agent:
             ctl.send(Register(node=self.node, host=self.host, port=port, neighbors=self.topo.neighbors(self.node),
                               pid=os.getpid(), seen_job=self._seen[0],
                               seen_version=max(self.plans, default=self._seen[1])).wire())
+            # only now do heartbeats, counters and samples go out on it: before REGISTER each of them is
+            # a protocol error at the scheduler, and a clock exchange that a loaded machine makes slow
+            # (seconds) used to reach the limit of 16 and lose the agent before it ever registered
+            self.ctl = ctl
             return ctl
 
     async def _sync_clock(self, ctl: ControlConn, exchanges: int = CLOCK_EXCHANGES) -> None:

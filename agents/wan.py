@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from emulation.link import MBIT, Downlink, LinkShaper, LinkSpec, Uplink
+from emulation.link import MBIT, Backlogs, Downlink, LinkShaper, LinkSpec, Uplink
 from emulation.topology import Topology
 from emulation.trace import RateEvent, Trace
 from overlay.messages import Emu
@@ -39,9 +39,10 @@ class NodeWan:
         self.uplink = (Uplink(topo.uplink_mbps[node] * MBIT)
                        if shaped and rate_shaping and node in topo.uplink_mbps else None)
         self.shapers: dict[int, LinkShaper] = {}
+        self.backlogs = Backlogs()  # how many of the shapers are backlogged (busy() every loop tick)
         if shaped:
             self.shapers = {b: LinkShaper(s if rate_shaping else LinkSpec(math.inf, s.delay_s, s.jitter_s),
-                                          uplink=self.uplink, seed=node * 1000 + b)
+                                          uplink=self.uplink, seed=node * 1000 + b, backlogs=self.backlogs)
                             for (a, b), s in topo.links.items() if a == node}
         self.downlink = (Downlink(topo.downlink_mbps[node] * MBIT)
                          if shaped and rate_shaping and node in topo.downlink_mbps else None)
@@ -59,8 +60,7 @@ class NodeWan:
 
     def busy(self) -> bool:
         """This node sends (a link backlogged) or receives against its cap."""
-        return any(sh.backlogged for sh in self.shapers.values()) or (self.downlink is not None
-                                                                       and self.downlink.in_debt)
+        return self.backlogs.n > 0 or (self.downlink is not None and self.downlink.in_debt)
 
     @property
     def app_rate_shaping(self) -> bool:
@@ -130,9 +130,12 @@ class NodeWan:
         return {b: sh.guard() for b, sh in self.shapers.items()}
 
     def link_books(self, dst: int, marks: dict[int, dict[str, float]]) -> dict[str, Any]:
-        """Link dst's books since `marks`, if this node shapes its rate: configured rate, backlog,
-        time the uplink held it or it had nothing to send, and achieved vs configured bytes."""
-        if dst not in self.shapers or not self.rate_shaping:
+        """Link dst's books since `marks`: configured rate, backlog, time the uplink held it or it had
+        nothing to send, and achieved vs configured bytes. On the tc backend (the kernel shapes the
+        rate) the books are the kernel books: what this node handed the kernel while it had data."""
+        if dst not in self.shapers:
+            return {}
+        if not self.rate_shaping and self.shapers[dst].kernel_rate is None:
             return {}
         g, g0 = self.shapers[dst].guard(), marks[dst]
         exp = g["expected_bytes"] - g0["expected_bytes"]
@@ -142,7 +145,8 @@ class NodeWan:
         # backlog_s: the time the link's own rate was the limit (not the uplink's holds, which
         # are the cap's, nor waits for data to send)
         return dict(configured_mbps=g["rate_mbps"], backlog_s=g["busy_s"] - g0["busy_s"] - held - idle,
-                    uplink_held_s=held, idle_s=idle, achieved_ratio=min(1.0, sent / exp) if exp > 0 else 1.0)
+                    uplink_held_s=held, idle_s=idle, achieved_ratio=min(1.0, sent / exp) if exp > 0 else 1.0,
+                    books="app" if self.rate_shaping else "kernel")
 
     def cap_books(self) -> dict[str, Any]:
         """The node caps' books since the previous call (the previous job's STATS)."""

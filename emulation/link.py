@@ -53,6 +53,16 @@ class LinkSpec:
             raise ValueError("delay_s and jitter_s must be non-negative")
 
 
+class Backlogs:
+    """How many of a node's link shapers are backlogged now: the event-loop meter asks every tick
+    whether the node has traffic, and a count answers without looking at every link."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class LinkShaper:
     """Egress shaping of one directed link: its bucket, the node's shared uplink bucket, its delay.
 
@@ -62,9 +72,11 @@ class LinkShaper:
     """
 
     def __init__(self, spec: LinkSpec, *, uplink: TokenBucket | None = None, seed: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """clock: the event loop's clock (asyncio's is time.monotonic); tests pass a fake one."""
+                 clock: Callable[[], float] = time.monotonic, backlogs: Backlogs | None = None) -> None:
+        """clock: the event loop's clock (asyncio's is time.monotonic); tests pass a fake one.
+        backlogs: a count shared by a node's shapers of how many are backlogged (an O(1) "busy")."""
         self.spec = spec
+        self.backlogs = backlogs
         self._clock = clock
         self.bucket = TokenBucket(spec.rate_mbps * MBIT, reserve_s=EARLY_S, clock=clock)
         # outage (trace rate 0) and blackhole (fault): the link holds every byte until both end;
@@ -91,10 +103,42 @@ class LinkShaper:
         # uplink's books (kept only when the node has an Uplink with books)
         self._inflight: deque[tuple[int, float, float, _CapBacklog | None]] = deque()
         self._books_uplink = isinstance(uplink, Uplink)
+        # kernel books (tc backend: this shaper keeps only delay; the kernel shapes the rate): the
+        # wire as the configured rate would drain it, to tell time the link waited for data
+        self.kernel_rate: float | None = None
+        self._vfree: float | None = None  # when the kernel's link would have sent what was released
+        self._was_idle = True  # the sender had nothing to send since the previous release
 
     @property
     def rate_mbps(self) -> float:
         return 0.0 if self._outage else self.bucket.rate / MBIT
+
+    def set_kernel_rate(self, rate_Bps: float) -> None:
+        """tc backend: the kernel shapes this link to rate_Bps (this shaper keeps only the delay).
+        The books then judge what the sender handed the kernel while it had data against that rate:
+        a starved agent leaves the kernel's queue empty. An outage (0) keeps the last rate."""
+        if rate_Bps > 0:
+            self.kernel_rate = rate_Bps
+
+    def sender_idle(self, idle: bool) -> None:
+        """The link's sender has nothing to send (True) or has again (False): kernel books count
+        the wire's idle time only after the sender ran out of data, never while it was held back."""
+        if idle:
+            self._was_idle = True
+
+    def kernel_busy(self) -> None:
+        """The sender has data again, and the kernel still holds some of ours: the wire never idled."""
+        self._was_idle = False
+
+    def _kernel_release(self, now: float, nbytes: int) -> None:
+        """Kernel books: pieces released at `now` keep the configured rate's wire busy until _vfree;
+        if the sender had run dry and the wire went free before this release, the link waited for data."""
+        assert self.kernel_rate is not None
+        vfree = self._vfree
+        if vfree is not None and self._was_idle and now > vfree:
+            self._idle += now - vfree
+        self._vfree = max(now if vfree is None else vfree, now) + nbytes / self.kernel_rate
+        self._was_idle = False
 
     @property
     def rate_Bps(self) -> float:
@@ -145,10 +189,18 @@ class LinkShaper:
         judges the loop while the node had traffic)."""
         return self._backlog
 
+    def _set_backlog(self, on: bool) -> None:
+        if on != self._backlog:
+            self._backlog = on
+            if self.backlogs is not None:
+                self.backlogs.n += 1 if on else -1
+
     def release_in(self, nbytes: int) -> float:
-        self._backlog = True
+        self._set_backlog(True)
         wait = self.bucket.delay_for(nbytes)
         now = self._clock()
+        if self.kernel_rate is not None and self.bucket.unlimited:
+            self._kernel_release(now, nbytes)
         if self._last_release is not None and now > self._last_release and not self.bucket.unlimited:
             # the wire went free (the previous piece was through) before this piece was asked for: the
             # link waited for data (an upstream slower than it, a receiver pushing back), not for CPU.
@@ -176,10 +228,36 @@ class LinkShaper:
             return wait + self.delay_s + self._rng.uniform(0, self.jitter_s)
         return wait + self.delay_s
 
-    def wrote(self, nbytes: int) -> None:
+    def release_run(self, sizes: list[int]) -> list[float]:
+        """release_in for the consecutive pieces of one segment, with one clock reading and one pass
+        over the bucket (what the delay line asks per segment). Same tokens, books and offsets as one
+        release_in per piece; the node's uplink keeps its per-piece books, so with one it is exactly that."""
+        if self.uplink is not None or not sizes:
+            return [self.release_in(n) for n in sizes]
+        self._set_backlog(True)
+        bucket = self.bucket
+        waits = bucket.delays_for(sizes)
+        if not bucket.unlimited:
+            now = bucket._last  # the clock reading of this refill
+            if self._last_release is not None and now > self._last_release:
+                self._idle += now - self._last_release  # as in release_in: the wire waited for data
+            self._last_release = now + waits[-1]
+        else:
+            now = self._last_release = self._clock()
+            if self.kernel_rate is not None:
+                self._kernel_release(now, sum(sizes))
+        delay = self.delay_s
+        if self.jitter_s:
+            uniform, jitter = self._rng.uniform, self.jitter_s
+            return [w + delay + uniform(0, jitter) for w in waits]
+        return [w + delay for w in waits]
+
+    def wrote(self, nbytes: int, at: float | None = None) -> None:
+        """A released piece was written; `at`: when, as far as the books are concerned (the writer
+        may say a write its own timer grain delayed was on time; default now)."""
         self._pending += nbytes
         if self._inflight:  # the uplink's books: this piece crossed the uplink `late` after its tokens
-            now = self._clock()
+            now = self._clock() if at is None else at
             self._forget_stale(now)
             if self._inflight:
                 _, due, up_due, cap = self._inflight.popleft()
@@ -197,14 +275,21 @@ class LinkShaper:
                 self.uplink.written(cap, 0, None)
 
     def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
-        self._backlog = False
+        self._set_backlog(False)
         self._last_release = None
         held, self._held = self._held, 0.0
         idle, self._idle = self._idle, 0.0
-        if self.bucket.unlimited:  # delay-only: no rate to keep books against
-            self._pending = 0
-            return
-        span = max(0.0, until - since) + last_nbytes / self.bucket.rate
+        vfree = self._vfree if self.bucket.unlimited else None
+        self._vfree, self._was_idle = None, True
+        rate = self.bucket.rate
+        if self.bucket.unlimited:
+            if self.kernel_rate is None:  # delay-only and no kernel rate known: no rate to keep books against
+                self._pending = 0
+                return
+            rate = self.kernel_rate
+        span = max(0.0, until - since) + last_nbytes / rate
+        if vfree is not None:  # kernel books: what was written is through at the configured rate by then
+            span = max(span, vfree + self.delay_s - since)
         held = min(held, span)
         idle = min(idle, span - held)
         self.busy_s += span
@@ -212,7 +297,7 @@ class LinkShaper:
         self.idle_s += idle
         # time the uplink held the pieces is judged by the uplink's books, and time the link waited for
         # data is nobody's shortfall: neither is held against the link
-        self.expected_bytes += (span - held - idle) * self.bucket.rate
+        self.expected_bytes += (span - held - idle) * rate
         self.sent_bytes += self._pending
         self._pending = 0
 
@@ -220,10 +305,11 @@ class LinkShaper:
         """Achieved vs configured while backlogged (1.0 = the link got all its rate)."""
         # the bucket's initial burst is free: never report more than the rate allowed
         ratio = min(1.0, self.sent_bytes / self.expected_bytes) if self.expected_bytes > 0 else 1.0
+        rate_mbps = self.kernel_rate / MBIT if self.bucket.unlimited and self.kernel_rate else self.rate_mbps
         return {"busy_s": self.busy_s, "held_s": self.held_s, "idle_s": self.idle_s,
                 "sent_bytes": float(self.sent_bytes),
                 "expected_bytes": self.expected_bytes, "achieved_ratio": ratio,
-                "rate_mbps": self.rate_mbps}
+                "rate_mbps": rate_mbps}
 
 
 @dataclass(eq=False)

@@ -151,9 +151,32 @@ def preset(spec: str) -> Topology:
     return topo if factor == 1.0 else topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
 
 
+def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
+    """`hetero[:lo-hi][:x=F]`: the range part and the rate multiplier (default 1)."""
+    parts = [p for p in arg.split(":") if p] if arg else []
+    factor = 1.0
+    rest = []
+    for part in parts:
+        key, eq, val = part.partition("=")
+        if not eq:
+            rest.append(part)
+            continue
+        try:
+            if key != "x":
+                raise ValueError
+            factor = float(val)
+        except ValueError:
+            raise TopologyError(f"topology: {spec!r}: option {part!r} is not x=FACTOR") from None
+        if not (factor > 0 and factor < float("inf")):
+            raise TopologyError(f"topology: {spec!r}: x must be positive, got {factor}")
+    if len(rest) > 1:
+        raise TopologyError(f"topology: cannot parse {spec!r}; use hetero[:lo-hi][:x=F]")
+    return (rest[0] if rest else ""), factor
+
+
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
-    """`internet2`, `uniform[:Mbps]`, `hetero[:lo-hi]`, `waxman:N[:seed=S]`, `crew:N[:seed=S]`,
-    or a path to a .toml/.json file."""
+    """`internet2`, `uniform[:Mbps]`, `hetero[:lo-hi][:x=F]`, `waxman:N[:seed=S][:x=F]`,
+    `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), or a .toml/.json file."""
     name, _, arg = spec.partition(":")
     if name in ("waxman", "crew"):
         from .waxman import from_spec  # waxman builds on this module
@@ -170,8 +193,11 @@ def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
         if name == "uniform":
             topo = uniform(n, float(arg) if arg else 100.0)
         else:
-            lo, hi = (float(x) for x in arg.split("-")) if arg else PAPER_RATE_RANGE
+            rng, factor = _rate_factor(spec, arg)
+            lo, hi = (float(x) for x in rng.split("-")) if rng else PAPER_RATE_RANGE
             topo = hetero(n, lo, hi, seed=seed)
+            if factor != 1.0:  # the seeded draws stay the same; only their scale changes
+                topo = topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
         return topo
     elif Path(spec).suffix in (".toml", ".json"):
         topo = load(spec)

@@ -1,11 +1,19 @@
-"""The emulated wire of one link: pieces released by the pacer, written by one timer on schedule.
+"""The emulated wire of one link: pieces released by the pacer, written on schedule by one timer.
 
 When a pacer (the emulated WAN) is attached, every segment is cut into pieces no larger than its
 burst, and the pacer says when each piece may arrive (token-bucket release plus one-way delay).
-Pieces wait in this line, which one timer callback writes out on schedule: the sender never sleeps
-per piece, delay is pipelined, and a process that is descheduled for a moment does not leave the
-emulated wire idle (the schedule, not the wake-up, decides the rate). What the line writes goes
+Pieces wait in this line, which the process's wire clock writes out on schedule: the sender never
+sleeps per piece, delay is pipelined, and a process that is descheduled for a moment does not leave
+the emulated wire idle (the schedule, not the wake-up, decides the rate). What the line writes goes
 into the pacer's fidelity books (`wrote`, `wire_busy`).
+
+Every delay line of a process shares one timer (`WireClock`): a wake-up writes every line's due
+pieces, and when pieces of many links come due at different moments, wake-ups are at least
+FLUSH_GRAIN_S apart (pieces that came due meanwhile are written in that wake-up, at most
+FLUSH_GRAIN_S late; never earlier than the pacer's `early_s`). A node sending on fifteen links then
+wakes up about as often as one sending on two, and a piece costs a few Python operations, not a
+wake-up. A late write never gives a link more than its rate (the schedule decides it); the
+fidelity books count the lateness at the end of a backlog.
 
 On a kernel-shaped link (tc backend: the pacer keeps only delay, `set_kernel_rate` gives the rate
 the kernel shapes to) nothing is paced here, but the queues below the sender's round-robin are
@@ -19,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import math
 import socket
+import weakref
 from collections import deque
 from typing import Protocol
 
@@ -29,6 +39,9 @@ from .codec import FrameProtocol
 LINE_SLACK = 4 << 20  # bytes the delay line may hold beyond (delay + lookahead) x rate
 LOOKAHEAD_S = 0.020  # how far ahead of the wire the sender may schedule pieces (bounds the line)
 KERNEL_AHEAD_MIN = 64 << 10  # kernel-shaped links: the least each queue below the round-robin may hold
+# A process's delay lines wake up together at most every FLUSH_GRAIN_S: a piece that comes due in
+# between waits at most that long. 2 ms: a tenth of the guard's 20 ms lag limit and of LOOKAHEAD_S
+FLUSH_GRAIN_S = 0.002
 
 
 class Pacer(Protocol):
@@ -43,11 +56,79 @@ class Pacer(Protocol):
     def release_in(self, nbytes: int) -> float:
         """Take nbytes of tokens; seconds from now until they have crossed the link (rate + delay)."""
 
+    def release_run(self, sizes: list[int]) -> list[float]:
+        """release_in for consecutive pieces (one segment), in one call."""
+
     def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
         """Fidelity books: the wire had a backlog from `since` until the last piece (written at
         `until`, loop time) was through."""
 
-    def wrote(self, nbytes: int) -> None: ...
+    def wrote(self, nbytes: int, at: float | None = None) -> None: ...
+
+
+class WireClock:
+    """The one timer of every delay line on an event loop. A line asks to be flushed at a time; the
+    clock wakes at the earliest such time, but never sooner than `grain` after its previous wake-up,
+    and flushes every line whose time has come."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grain: float = FLUSH_GRAIN_S) -> None:
+        self.loop = loop
+        self.grain = grain
+        self.wakeups = 0
+        self._heap: list[tuple[float, int, DelayLine]] = []
+        self._seq = 0
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+        self._last = -math.inf
+
+    def want(self, line: DelayLine, t: float) -> None:
+        """Flush `line` at loop time t (or at the clock's first wake-up after it)."""
+        line._want_t = t
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, line))
+        if t < self._armed_at:
+            self._arm()
+
+    def _arm(self) -> None:
+        heap = self._heap
+        while heap and heap[0][2]._want_t != heap[0][0]:  # stale: flushed, dropped or asked again
+            heapq.heappop(heap)
+        if not heap:
+            return
+        t = max(heap[0][0], self._last + self.grain)
+        if self._handle is not None:
+            if self._armed_at <= t:
+                return
+            self._handle.cancel()
+        self._armed_at = t
+        self._handle = self.loop.call_at(t, self._fire)
+
+    def _fire(self) -> None:
+        self._handle, self._armed_at = None, math.inf
+        self.wakeups += 1
+        now = self._last = self.loop.time()
+        heap = self._heap
+        lines = []
+        while heap and heap[0][0] <= now:
+            t, _, line = heapq.heappop(heap)
+            if line._want_t == t:
+                line._want_t = None
+                lines.append(line)
+        for line in lines:
+            line._flush(now)
+        self._arm()
+
+
+_CLOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WireClock] = weakref.WeakKeyDictionary()
+
+
+def wire_clock(loop: asyncio.AbstractEventLoop | None = None) -> WireClock:
+    """The loop's WireClock (one per event loop, shared by every delay line on it)."""
+    loop = loop or asyncio.get_running_loop()
+    clock = _CLOCKS.get(loop)
+    if clock is None:
+        clock = _CLOCKS[loop] = WireClock(loop)
+    return clock
 
 
 class DelayLine:
@@ -56,21 +137,43 @@ class DelayLine:
     def __init__(self, pacer: Pacer) -> None:
         self.pacer = pacer
         self.conn: FrameProtocol | None = None  # the sender's socket: pieces queued for another are dropped
-        self.idle = True  # the sender has nothing to schedule: with the line empty, the wire's backlog ended
+        self._idle = True  # the sender has nothing to schedule: with the line empty, the wire's backlog ended
         self.kernel_rate_Bps: float | None = None  # rate the kernel shapes this link to (tc backend)
         self.bytes = 0  # bytes in the line
         self.space = asyncio.Event()  # set while the line holds no more than cap()
         self.space.set()
-        self._line: deque[tuple[float, bytes | memoryview, FrameProtocol, bool]] = deque()
-        self._flush_handle: asyncio.TimerHandle | None = None
+        # (due, bytes, socket, booked): booked = bytes of the released piece this item completes
+        # (0: a control frame, or a segment's header, which is booked with the piece it rides with)
+        self._line: deque[tuple[float, bytes | memoryview, FrameProtocol, int]] = deque()
+        self._want_t: float | None = None  # when the wire clock is to flush this line (None: not asked)
         self._last_due = 0.0
         self._wire_since: float | None = None  # start of the current backlog on the emulated wire
         self._last_write = 0.0
         self._last_piece = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock: WireClock | None = None
+        self._grain = FLUSH_GRAIN_S
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._clock = wire_clock(self._loop)
+        self._grain = self._clock.grain
+
+    @property
+    def idle(self) -> bool:
+        """The sender has nothing to schedule (set by the sender; its pacer hears it too)."""
+        return self._idle
+
+    @idle.setter
+    def idle(self, idle: bool) -> None:
+        self._idle = idle
+        tell = getattr(self.pacer, "sender_idle", None)
+        if tell is not None:
+            tell(idle)
+        if not idle and self._line and self.kernel_shaped():
+            busy = getattr(self.pacer, "kernel_busy", None)  # pieces still on their way: the wire was busy
+            if busy is not None:
+                busy()
 
     def __len__(self) -> int:
         return len(self._line)
@@ -78,19 +181,30 @@ class DelayLine:
     # --- what the sender puts on the wire ------------------------------------------------------------
     async def send(self, conn: FrameProtocol, prefix: bytes, seg: memoryview) -> None:
         """Put a segment's pieces on the line at the times the pacer releases them; return once the
-        line has room again (bounded even when the rate is not)."""
+        line has room again (bounded even when the rate is not). The header rides with the first
+        piece: one release and one write for both."""
         pacer = self.pacer
         step = pacer.max_write
-        pieces: list[bytes | memoryview] = [prefix] + [seg[i:i + step] for i in range(0, len(seg), step)]
-        ahead = 0.0
-        for piece in pieces:
-            offset = pacer.release_in(len(piece))
-            now = self._now()
-            if offset <= self.early and not self._line:  # due now, nothing ahead of it: write it now
-                self._write(conn, now + offset, piece, now)
-            else:
-                self.append(now + offset, piece, conn, paced=True)
-            ahead = offset - pacer.delay_s
+        n = len(seg)
+        first = min(n, max(0, step - len(prefix)))
+        sizes = [len(prefix) + first]
+        sizes += [min(step, n - i) for i in range(first, n, step)]
+        offsets = pacer.release_run(sizes)
+        now = self._now()
+        if offsets[0] <= pacer.early_s and not self._line:  # due now, nothing ahead of it: write it now
+            conn.write_raw(prefix)
+            if first:
+                conn.write_raw(seg[:first])
+            self._book(now + offsets[0], sizes[0], now)
+        else:
+            due = now + offsets[0]
+            self.append(due, prefix, conn, booked=0 if first else sizes[0])
+            if first:
+                self.append(due, seg[:first], conn, booked=sizes[0])
+        append = self.append
+        for i, size, offset in zip(range(first, n, step), sizes[1:], offsets[1:], strict=True):
+            append(now + offset, seg[i:i + size], conn, booked=size)
+        ahead = offsets[-1] - pacer.delay_s
         if ahead > LOOKAHEAD_S:  # one wake-up per ~LOOKAHEAD_S/2 of wire time, not one per piece
             await asyncio.sleep(ahead - LOOKAHEAD_S / 2)
         if self.bytes > self.cap():
@@ -102,71 +216,72 @@ class DelayLine:
         if not self._line and self.pacer.delay_s <= 0:
             conn.write_raw(data)
         else:
-            self.append(self._now() + self.pacer.delay_s, data, conn, paced=False)
+            self.append(self._now() + self.pacer.delay_s, data, conn, booked=0)
 
-    def append(self, due: float, data: bytes | memoryview, conn: FrameProtocol, *, paced: bool) -> None:
+    def append(self, due: float, data: bytes | memoryview, conn: FrameProtocol, *, booked: int) -> None:
+        """Queue `data` for the wire at `due` (loop time); `booked`: bytes of a released piece it completes."""
         due = max(self._last_due, due)  # FIFO even with jitter
         self._last_due = due
-        self._line.append((due, data, conn, paced))
+        line = self._line
+        line.append((due, data, conn, booked))
         self.bytes += len(data)
-        if self._flush_handle is None:
-            assert self._loop is not None
-            self._flush_handle = self._loop.call_at(due - self.early, self._flush)
+        if len(line) == 1:
+            assert self._clock is not None
+            self._clock.want(self, due - self.pacer.early_s)
 
     def drop(self) -> None:
         """Forget every queued piece (the socket they were for is gone, or the sender closes)."""
         self._line.clear()
         self.bytes = 0
         self.space.set()
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
+        self._want_t = None  # the clock forgets this line's wake-up
         self.maybe_wire_idle()
 
     def maybe_wire_idle(self) -> None:
         """The sender is idle and the line empty: the wire's backlog ended, book it."""
-        if self.idle and not self._line and self._wire_since is not None:
+        if self._idle and not self._line and self._wire_since is not None:
             self.pacer.wire_busy(self._wire_since, self._last_write, self._last_piece)
             self._wire_since = None
 
     # --- the timer -----------------------------------------------------------------------------------
-    def _flush(self) -> None:
-        """Write every piece that is due; a late callback catches up instead of idling the wire."""
-        self._flush_handle = None
-        assert self._loop is not None
-        now = self._loop.time()
+    def _flush(self, now: float) -> None:
+        """Write every piece that is due (a wake-up of the wire clock); a late wake-up catches up
+        instead of idling the wire."""
         conn = self.conn
         line = self._line
-        early = self.early
+        limit = now + self.pacer.early_s
         parts: list[bytes | memoryview] = []
-        while line and line[0][0] <= now + early:
-            due, data, owner, paced = line.popleft()
-            self.bytes -= len(data)
+        gone = 0
+        book = self._book
+        while line and line[0][0] <= limit:
+            due, data, owner, booked = line.popleft()
+            gone += len(data)
             if owner is not conn or conn is None:  # never bytes of a dead socket on a new one
                 continue
             parts.append(data)
-            if paced:
-                self._book(due, len(data), now)
+            if booked:
+                book(due, booked, now)
+        self.bytes -= gone
         if parts:
             assert conn is not None
             conn.write_many(parts)  # everything due in one writev, not one send per piece
         if self.bytes <= self.cap():
             self.space.set()
         if line:
-            self._flush_handle = self._loop.call_at(line[0][0] - early, self._flush)
+            assert self._clock is not None
+            self._clock.want(self, line[0][0] - self.pacer.early_s)
         else:
             self.maybe_wire_idle()
 
-    def _write(self, conn: FrameProtocol, due: float, data: bytes | memoryview, now: float) -> None:
-        conn.write_raw(data)
-        self._book(due, len(data), now)
-
     def _book(self, due: float, nbytes: int, now: float) -> None:
+        """The fidelity books: a piece written late crossed late, unless the wire clock's own grain
+        (FLUSH_GRAIN_S, this emulator's choice) is all that delayed it; acks do not extend a backlog."""
         if self._wire_since is None:
             self._wire_since = due
-        self.pacer.wrote(nbytes)
+        at = max(due, now - self._grain)
+        self.pacer.wrote(nbytes, at)
         self._last_piece = nbytes
-        self._last_write = max(now, due)  # only lateness counts; acks do not extend the backlog
+        self._last_write = at
 
     # --- sizes ---------------------------------------------------------------------------------------
     def cap(self) -> float:
@@ -196,9 +311,12 @@ class DelayLine:
 
     def set_kernel_rate(self, rate_Bps: float) -> None:
         """The kernel shapes this link to rate_Bps; an outage (0) keeps the last rate, as the
-        application shaper does."""
+        application shaper does. The pacer hears it too: it keeps the kernel books."""
         if rate_Bps > 0:
             self.kernel_rate_Bps = rate_Bps
+        tell = getattr(self.pacer, "set_kernel_rate", None)
+        if tell is not None and math.isinf(self.pacer.rate_Bps):
+            tell(rate_Bps)
         if self.conn is not None:
             self.bound_kernel_queue(self.conn)
 

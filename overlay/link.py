@@ -1,7 +1,7 @@
 """Everything one node sends to one neighbour over one TCP connection.
 
 Transfers (chunks, own or relayed) are cut into segments: relayed ones into at most
-`segment_bytes` (cut-through at every relay), single-hop ones into about 10 ms of link time
+`segment_bytes` (cut-through at every relay), single-hop ones into about 25 ms of link time
 (fewer headers where the rate is high). A `LinkSender` composes two parts:
 - the flow scheduler (`overlay.drr`): per-flow queues served by deficit round-robin, so flows that
   share the link share it fairly in bytes; it decides which segment goes next;
@@ -31,7 +31,10 @@ from .drr import DeficitRoundRobin
 
 SEGMENT_BYTES = 64 * 1024
 WRITE_PIECE = 256 * 1024  # largest single write on an unshaped link
-DIRECT_SEGMENT_S = 0.010  # a single-hop segment may take this much link time (no relay waits for it)
+# a single-hop segment may take this much link time (no relay waits for it). 25 ms: a CREW link's
+# 200 KB chunk at --scale 0.05 goes in one frame (a header, a validation, an ack's worth of Python
+# per chunk instead of two), and round-robin turns stay short next to any round
+DIRECT_SEGMENT_S = 0.025
 DIRECT_SEGMENT_MAX = 4 << 20
 
 
@@ -240,7 +243,7 @@ class LinkSender:
 
     def _direct_segment(self) -> int:
         """Single-hop transfers need no cut-through: segments of ~DIRECT_SEGMENT_S of link time
-        (64 KiB up to 52 Mbit/s, up to 4 MiB unshaped) save a header, a validation and a syscall
+        (64 KiB up to 21 Mbit/s, up to 4 MiB unshaped) save a header, a validation and a syscall
         per 64 KiB where the rate makes them costly, and keep round-robin turns short in time."""
         rate = math.inf if self.line is None else self.line.rate_Bps()
         if math.isinf(rate):

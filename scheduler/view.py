@@ -1,7 +1,12 @@
 """What the scheduler knows of the network: only what agents measured, with its age.
 
-It starts uniform (every overlay link at a nominal rate, marked unmeasured) and learns from
-passive samples (bytes, seconds of each chunk transfer). It never looks at the emulator.
+It starts uniform (every overlay link at a nominal rate, marked unknown) and learns from passive
+samples: bytes a link delivered over seconds it was continuously busy (agents/probes.py). It never
+looks at the emulator. A link is *known* (`measured`) once at least KNOWN_SAMPLES samples covering
+KNOWN_S of busy time arrived; until then its rate is the nominal guess and the view says so (`known`,
+`coverage`, `coverage_of`): one short sample is no knowledge. The estimate is the duration-weighted
+median of the link's latest KEEP samples: a sample whose ends a late event loop moved by a few ms (too
+fast or too slow) does not move it, and after a change of rate the newer samples take over.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ from collections.abc import Iterable
 import networkx as nx
 
 NOMINAL_MBPS = 100.0
-EWMA_ALPHA = 0.3
+EWMA_ALPHA = 0.3  # kept for callers that pass alpha; the estimate is duration-weighted (TAU_S)
+KNOWN_S = 0.05  # busy time a link's samples must cover before its estimate is trusted
+KNOWN_SAMPLES = 2  # ... in at least this many samples (or one of twice KNOWN_S)
+KEEP = 7  # latest samples per link the estimate is the (duration-weighted) median of
 
 
 class DisconnectedView(ValueError):
@@ -41,7 +49,7 @@ class NetworkView:
             return  # known, and out of planning while suspected dead or while an end is lost
         for u, v in ((a, b), (b, a)):
             if not self.g.has_edge(u, v):
-                self.g.add_edge(u, v, rate=self.nominal, measured=False, t=0.0, n=0)
+                self.g.add_edge(u, v, rate=self.nominal, measured=False, t=0.0, n=0, busy_s=0.0, recent=())
 
     @property
     def nodes(self) -> list[int]:
@@ -53,17 +61,29 @@ class NetworkView:
     def rate(self, a: int, b: int) -> float:
         return self.g.edges[a, b]["rate"]
 
+
     def observe(self, src: int, dst: int, nbytes: int, seconds: float, now: float | None = None) -> None:
-        """One passive sample: a chunk of nbytes took `seconds` from send-start to receive-complete."""
+        """One passive sample: the link delivered nbytes over `seconds` of continuous busy time."""
         if not (math.isfinite(seconds) and seconds > 0 and nbytes > 0) or not self.g.has_edge(src, dst):
             return  # the wire refuses such samples; nothing else may poison a rate either
-        mbps = nbytes * 8 / seconds / 1e6
         e = self.g.edges[src, dst]
-        e["rate"] = mbps if not e["measured"] else (1 - self.alpha) * e["rate"] + self.alpha * mbps
-        e["measured"] = True
+        recent = e["recent"] = (*e["recent"][-(KEEP - 1):], (nbytes * 8 / seconds / 1e6, seconds))
+        e["busy_s"] += seconds
+        if e["busy_s"] >= KNOWN_S - 1e-12 and (e["n"] + 1 >= KNOWN_SAMPLES or seconds >= 2 * KNOWN_S):
+            e["rate"] = _weighted_median(recent)
+            e["measured"] = True
         e["t"] = time.time() if now is None else now
         e["n"] += 1
         self.samples += 1
+
+    def known(self, a: int, b: int) -> bool:
+        """Is link a->b measured well enough to be trusted (KNOWN_S of busy time), not the nominal guess?"""
+        return self.g.has_edge(a, b) and bool(self.g.edges[a, b]["measured"])
+
+    def coverage_of(self, links: Iterable[tuple[int, int]]) -> float:
+        """Share of these directed links the view knows (1.0 for none): what a plan over them rests on."""
+        links = list(links)
+        return sum(1 for a, b in links if self.known(a, b)) / len(links) if links else 1.0
 
     def suspend(self, a: int, b: int) -> bool:
         """Take link a-b (both directions) out of planning while it is suspected dead (a blackhole
@@ -126,7 +146,7 @@ class NetworkView:
         return [list(k) for k in sorted(out)]
 
     def coverage(self) -> float:
-        """Share of directed links measured at least once."""
+        """Share of directed links the view knows (measured for KNOWN_S of busy time)."""
         edges = self.g.number_of_edges()
         return sum(1 for *_, m in self.g.edges(data="measured") if m) / edges if edges else 0.0
 
@@ -148,3 +168,15 @@ class NetworkView:
         now = self.snapshot()
         return any(abs(now[k] - old.get(k, self.nominal)) > threshold * max(old.get(k, self.nominal), 1e-9)
                    for k in now)
+
+
+def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:
+    """The rate below and above which half of the samples' busy time lies."""
+    ordered = sorted(samples)
+    half = sum(w for _, w in ordered) / 2
+    acc = 0.0
+    for rate, w in ordered:
+        acc += w
+        if acc >= half:
+            return rate
+    return ordered[-1][0]
