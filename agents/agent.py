@@ -83,7 +83,8 @@ class Agent:
                                   aux_queue_length=aux_queue_length)
         if hold_budget is not None:
             self.engine.hold_budget = hold_budget
-        self.probes = LinkProbes(self.clock.now, probe_bytes, probe_num)
+        self.probes = LinkProbes(self.clock.now, probe_bytes, probe_num,
+                                 rx_bytes=lambda src: self.overlay.meters_in[src].bytes)
         self.wan = NodeWan(node, topo, trace or Trace(), shaped=shaped, rate_shaping=rate_shaping,
                            now=self.clock.now)
         self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.wan.shapers,

@@ -6,21 +6,26 @@ busy, timed on the receiver's clock alone:
 - a *busy period* is a run of chunks over the link, each sent (its sender's `t_send`) before the
   previous one had fully arrived here: the link never went idle in between (several flows, trees or
   relays sharing the link count together: they share its rate);
-- its first chunk is not counted: a link that was idle starts with a full token bucket (a real
-  shaper's burst), its one-way delay and its sender's scheduling lead, none of which is rate;
-- the sample is the bytes of the other chunks over the time from the first chunk's arrival to the
-  last one's, both on this node's clock: no clock offset between two hosts enters it (the sender's
-  clock only decides whether the link stayed busy, with CONTIGUOUS_S of slack);
-- periods shorter than MIN_SAMPLE_S say nothing reliable (a delay line flushes pieces at ms grain,
-  an event loop wakes ms late) and make no sample; long ones are cut into samples of SAMPLE_S.
+- what arrived up to its first chunk's arrival is not counted: a link that was idle starts with a
+  full token bucket (a real shaper's burst), its one-way delay and its sender's scheduling lead,
+  none of which is rate;
+- the sample is the bytes the link delivered (the overlay's receive meter: every flow's segments,
+  relayed ones too, so chunks that shared the link round-robin and completed together count for
+  the time they took together) from the first chunk's arrival to the last one's, both on this
+  node's clock: no clock offset between two hosts enters it (the sender's clock only decides
+  whether the link stayed busy, with CONTIGUOUS_S of slack);
+- periods shorter than MIN_PERIOD_S say nothing reliable (a delay line flushes pieces at ms grain,
+  an event loop wakes ms late; two chunks read in one go look infinitely fast) and are dropped;
+  the others add up (bytes, seconds) until they hold `probe_num` probes and MIN_SAMPLE_S, which
+  makes one sample; a long period is cut into samples of SAMPLE_S.
 
 Why: with a sample per chunk from its sender's `t_send` to its arrival, chunks that fit the token
 bucket's burst (20 KB at --scale 0.005 against a 2 ms burst of 37 KB at 150 Mbit/s) arrived one
 delay after they were sent and read 400-900 Mbit/s on 20-155 Mbit/s links, while chunks queued
 behind others included up to 20 ms of the sender's lookahead and read a quarter of the rate.
-Only chunks above `probe_bytes` count toward `probe_num` (NetStorm's PROBE_CHUNK_SIZE and _NUM: a
-period needs that many besides its first before it makes a sample); smaller ones still occupy the
-link and count in bytes. The agent sends the samples in REPORT messages; the scheduler's view
+Only chunks above `probe_bytes` count toward `probe_num` (NetStorm's PROBE_CHUNK_SIZE and _NUM: an
+estimate needs that many, besides each period's first); smaller ones still occupy the link and count
+in bytes. The agent sends the samples in REPORT messages; the scheduler's view
 (scheduler/view.py) weighs them by their duration.
 """
 
@@ -35,11 +40,15 @@ from overlay.messages import Report
 # them (besides a busy period's first chunk) make one estimate
 PROBE_CHUNK_BYTES = 2_000_000
 PROBE_CHUNK_NUM = 4
-MIN_SAMPLE_S = 0.040  # shorter busy periods make no sample (ms-grain flushes and wake-ups)
+MIN_PERIOD_S = 0.010  # shorter busy periods are dropped (ms-grain flushes and wake-ups)
+MIN_SAMPLE_S = 0.040  # a sample covers at least this much busy time (its periods added up)
 SAMPLE_S = 0.25  # a long busy period is cut into samples this long, so the view follows rate changes
-# the sender's t_send may lie this much after the previous chunk's arrival and still continue the
-# busy period (the two clocks agree within Cristian's error bound; a longer gap was an idle link)
-CONTIGUOUS_S = 0.001
+# A chunk continues the busy period if its sender stamped it (t_send: when it picked the chunk's first
+# segment) no later than the previous chunk arrived here: one that waited behind the previous chunk
+# was picked while that one still had pieces and the link's delay to go; one picked after the link
+# went idle can pass only if the gap was within the delay and a late read (a small underestimate).
+# Stricter (-0.5 ms) cut short, lumpy periods at --scale 0.005 and read worse (measured)
+CONTIGUOUS_S = 0.0
 
 
 @dataclass
@@ -48,16 +57,21 @@ class _Period:
 
     start: float  # arrival of the first chunk (not counted)
     last: float  # arrival of the latest chunk
-    nbytes: int = 0  # bytes of the chunks after the first
+    nbytes: int = 0  # bytes the link delivered since the first chunk's arrival
     probes: int = 0  # chunks above probe_bytes after the first
+    base: int = 0  # the receive meter at the first chunk's arrival
 
 
 class LinkProbes:
     def __init__(self, now: Callable[[], float], probe_bytes: int = PROBE_CHUNK_BYTES,
                  probe_num: int = PROBE_CHUNK_NUM, *, min_sample_s: float = MIN_SAMPLE_S,
-                 sample_s: float = SAMPLE_S, contiguous_s: float = CONTIGUOUS_S) -> None:
-        """now: the synced clock (a chunk's t_send was stamped by its sender on the same clock)."""
+                 sample_s: float = SAMPLE_S, contiguous_s: float = CONTIGUOUS_S,
+                 rx_bytes: Callable[[int], int] | None = None) -> None:
+        """now: the synced clock (a chunk's t_send was stamped by its sender on the same clock).
+        rx_bytes(src): bytes received so far over src->this node (the overlay's meter; without one,
+        the bytes of the chunks after a period's first, which undercounts chunks that interleaved)."""
         self.now = now
+        self.rx_bytes = rx_bytes
         self.probe_bytes = probe_bytes
         self.probe_num = probe_num
         self.min_sample_s = min_sample_s
@@ -65,6 +79,7 @@ class LinkProbes:
         self.contiguous_s = contiguous_s
         self.samples: list[list[float]] = []  # not yet reported
         self._periods: dict[tuple[int, int], _Period] = {}
+        self._acc: dict[tuple[int, int], list[float]] = {}  # per link: bytes, seconds, probes not yet a sample
 
     def sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
         """One chunk fully arrived over src->dst `seconds` after its sender's t_send (the overlay's
@@ -73,23 +88,32 @@ class LinkProbes:
             return
         now = self.now()
         key = (src, dst)
+        meter = self.rx_bytes(src) if self.rx_bytes is not None else 0
         p = self._periods.get(key)
         if p is not None and now - seconds <= p.last + self.contiguous_s and now >= p.last:
             p.last = now
-            p.nbytes += nbytes
+            p.nbytes = meter - p.base if self.rx_bytes is not None else p.nbytes + nbytes
             p.probes += nbytes > self.probe_bytes
             if p.last - p.start >= self.sample_s:  # long: report this much, go on from here
                 self._emit(key, p)
-                self._periods[key] = _Period(now, now)
+                self._periods[key] = _Period(now, now, base=meter)
             return
         if p is not None:
             self._emit(key, p)
-        self._periods[key] = _Period(now, now)
+        self._periods[key] = _Period(now, now, base=meter)
 
     def _emit(self, key: tuple[int, int], p: _Period) -> None:
+        """A busy period ended (or was cut): add it to the link's evidence; enough makes a sample."""
         seconds = p.last - p.start
-        if seconds >= self.min_sample_s and p.probes >= self.probe_num and p.nbytes > 0:
-            self.samples.append([key[0], key[1], p.nbytes, seconds])
+        if seconds < MIN_PERIOD_S or p.nbytes <= 0:
+            return
+        acc = self._acc.setdefault(key, [0.0, 0.0, 0.0])
+        acc[0] += p.nbytes
+        acc[1] += seconds
+        acc[2] += p.probes
+        if acc[1] >= self.min_sample_s and acc[2] >= self.probe_num:
+            self.samples.append([key[0], key[1], int(acc[0]), acc[1]])
+            del self._acc[key]
 
     def flush(self) -> None:
         """End every busy period that has been quiet for a while (the next chunk would start anew):

@@ -41,7 +41,7 @@ LOOKAHEAD_S = 0.020  # how far ahead of the wire the sender may schedule pieces 
 KERNEL_AHEAD_MIN = 64 << 10  # kernel-shaped links: the least each queue below the round-robin may hold
 # A process's delay lines wake up together at most every FLUSH_GRAIN_S: a piece that comes due in
 # between waits at most that long. 2 ms: a tenth of the guard's 20 ms lag limit and of LOOKAHEAD_S
-FLUSH_GRAIN_S = 0.002
+FLUSH_GRAIN_S = 0.001
 
 
 class Pacer(Protocol):
@@ -75,6 +75,8 @@ class WireClock:
         self.loop = loop
         self.grain = grain
         self.wakeups = 0
+        self.late_s = 0.0  # summed over wake-ups: how long after the earliest line's time it came
+        self.late_max_s = 0.0
         self._heap: list[tuple[float, int, DelayLine]] = []
         self._seq = 0
         self._handle: asyncio.TimerHandle | None = None
@@ -108,6 +110,10 @@ class WireClock:
         self.wakeups += 1
         now = self._last = self.loop.time()
         heap = self._heap
+        if heap:
+            late = now - heap[0][0]
+            self.late_s += late
+            self.late_max_s = max(self.late_max_s, late)
         lines = []
         while heap and heap[0][0] <= now:
             t, _, line = heapq.heappop(heap)

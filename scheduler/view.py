@@ -171,8 +171,11 @@ class NetworkView:
 
 
 def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:
-    """The rate below and above which half of the samples' busy time lies."""
+    """The rate below and above which half of the samples' busy time lies (of two samples, their
+    duration-weighted mean: neither is an outlier of the other)."""
     ordered = sorted(samples)
+    if len(ordered) <= 2:
+        return sum(r * w for r, w in ordered) / sum(w for _, w in ordered)
     half = sum(w for _, w in ordered) / 2
     acc = 0.0
     for rate, w in ordered:

@@ -14,13 +14,14 @@ from typing import Literal
 
 from scheduler.plan import Plan
 
+from .costs import MEASURED, NONE, WanCosts
 from .exact import Exact, exact_cost_s
 from .fluid import run_fluid
 from .model import FLOAT32, MBIT, Model, RoundPrediction, SimNetwork, SimulationStalled, max_min_rates
 from .network import make_network
 
-__all__ = ["EXACT_BUDGET_S", "FLOAT32", "MBIT", "Mode", "RoundPrediction", "SimNetwork", "SimulationStalled",
-           "make_network", "max_min_rates", "simulate"]
+__all__ = ["EXACT_BUDGET_S", "FLOAT32", "MBIT", "MEASURED", "NONE", "Mode", "RoundPrediction", "SimNetwork",
+           "SimulationStalled", "WanCosts", "make_network", "max_min_rates", "simulate"]
 
 EXACT_BUDGET_S = 2.0  # auto mode: the exact engine's estimated run time it may spend
 
@@ -28,7 +29,8 @@ Mode = Literal["auto", "exact", "fluid"]
 
 
 def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes: int = 65536,
-             mode: Mode = "auto", primary_busy_bound: int = 2, aux_queue_length: int = 5) -> RoundPrediction:
+             mode: Mode = "auto", primary_busy_bound: int = 2, aux_queue_length: int = 5,
+             costs: WanCosts = NONE) -> RoundPrediction:
     """Predict one synchronization round of `plan` on `net`, starting at `start_s` on the trace's clock.
 
     mode: `exact` (event driven), `fluid` (static shares, for 1,000-node scale), or `auto`, which
@@ -36,8 +38,10 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
     auxiliary routes (fluid cannot model their dispatch and refuses them).
     primary_busy_bound, aux_queue_length: NetStorm's PRIMARY_BUSY_BOUND and AUXILIARY_QUEUE_LENGTH,
     as the agents run them (agents.engine.ChunkEngine); they only matter for auxiliary routes.
+    costs: what live rounds pay outside link transfer (sim/costs.py; MEASURED for this data plane,
+    NONE for links alone).
     """
-    m = Model(plan, net, start_s, segment_bytes)
+    m = Model(plan, net, start_s, segment_bytes, costs)
     if mode == "auto":
         mode = "exact" if m.has_aux or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":

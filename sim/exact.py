@@ -74,17 +74,17 @@ class Exact:
     def run(self) -> RoundPrediction:
         m = self.m
         n = len(m.nodes)
-        t = m.start
+        start_at = m.start_at  # every node's own contribution is there once it began
         for g in m.plan.groups:
             for c in g.chunks:
                 self.pending[c] = list(m.nkids[m.group_of[c]])
-                self.arrived[c] = [t] * n
+                self.arrived[c] = list(start_at)
         for c in range(len(m.chunk_bytes)):  # leaves hand out their chunks in chunk order
             g_idx = m.group_of[c]
             kids = m.nkids[g_idx]
             for v in range(n):
                 if kids[v] == 0:
-                    self._ready(v, c, g_idx, t)
+                    self._ready(v, c, g_idx, start_at[v])
         for i, ev in enumerate(m.later_events):
             heapq.heappush(self.events, (ev[0], _RATE, i, 0))
         self._loop()

@@ -131,9 +131,9 @@ class Fluid:
             order = [m.root[g_idx]]  # top-down; aggregation runs it backwards
             for v in order:
                 order.extend(kids.get(v, ()))
-            start = np.full(len(chunks), m.start)
             for v in reversed(order):
-                r = ready.get(v, start)
+                own = np.full(len(chunks), m.start_at[v])  # its own contribution, once it began
+                r = np.maximum(ready[v], own) if v in ready else own
                 k = m.agg_key[g_idx][v]
                 if k >= 0:
                     arr = self._serve(k, r, size, csum)

@@ -11,6 +11,9 @@ The simulator models what the live data plane does, and nothing fitted to live r
   live LinkSender does per link: transfers with the same key run one after the other, different
   keys share links round-robin, which at flow level is max-min fairness over links and node
   uplink/downlink caps;
+- what live rounds pay outside link transfer (sim/costs.py): the barrier's replies reaching the
+  participants one by one and their round setup (each starts at its own time), a chunk's handling
+  at every node it crosses (added to its route's delay), an ack's handling;
 - NetStorm's auxiliary routes (ChunkGroup.aux) are dispatched as agents.engine.ChunkEngine._send
   does, when the chunk is ready: once `primary_busy_bound` transfers on the primary path are in
   transit (queued, sending, or waiting for the first hop's ack), the first auxiliary route with
@@ -25,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.plan import Plan
+
+from .costs import NONE, WanCosts
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
 FLOAT32 = 4
@@ -86,12 +91,14 @@ def max_min_rates(pair_flow: np.ndarray, pair_res: np.ndarray, capacity: np.ndar
 class Model:
     """What both engines share: resources (links, then node caps) and flow keys, as dense ints."""
 
-    def __init__(self, plan: Plan, net: SimNetwork, start: float, segment: int) -> None:
+    def __init__(self, plan: Plan, net: SimNetwork, start: float, segment: int, costs: WanCosts = NONE) -> None:
         if plan.multicast is not None:
             raise NotImplementedError("multicast (SelMcast) plans are not simulated yet")
-        self.plan, self.net, self.start, self.segment = plan, net, start, segment
+        self.plan, self.net, self.start, self.segment, self.costs = plan, net, start, segment, costs
         self.nodes = list(plan.participants)
         self.ix = {n: i for i, n in enumerate(self.nodes)}
+        # when each participant begins (the barrier's replies reach them one by one, then its setup)
+        self.start_at = [start + off for off in costs.start_offsets(len(self.nodes))]
         self.chunk_bytes = [n * FLOAT32 for _, n in plan.layout]
         self._build_resources()
         self._build_keys()
@@ -143,7 +150,7 @@ class Model:
             if r is None:
                 raise ValueError(f"route {path} uses {a}->{b}, which is not a link")
             res.append(r)
-            delay += self.net.delays_s.get((a, b), 0.0)
+            delay += self.net.delays_s.get((a, b), 0.0) + self.costs.hop_s  # each node on the way handles it
             if a in self.up_res:
                 res.append(self.up_res[a])
             if b in self.down_res:
@@ -157,7 +164,7 @@ class Model:
         # the hop ack: the first hop has the whole chunk one link delay after its last byte left,
         # and its ACK needs the reverse link's delay to come back
         self.key_ack.append(self.net.delays_s.get((path[0], path[1]), 0.0)
-                            + self.net.delays_s.get((path[1], path[0]), 0.0))
+                            + self.net.delays_s.get((path[1], path[0]), 0.0) + self.costs.ack_s)
         self.key_fifo.append(self.fifo_of.setdefault((path[0], path[-1], path[1]), len(self.fifo_of)))
         return k
 

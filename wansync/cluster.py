@@ -33,7 +33,7 @@ from scheduler.live import LiveState
 from scheduler.service import JobState, Scheduler
 
 from .backend import AppBackend, TcBackend
-from .guard import fidelity_cell, job_guard
+from .guard import cpu_forecast, cpu_warning, fidelity_cell, job_guard
 from .predict import RoundPredictor
 from .procs import reap, wait_or_die
 from .progress import RunProgress
@@ -188,6 +188,8 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
     Recorder(results, sched, live)
     progress = RunProgress(console, sched, live)
     backend = TcBackend(cfg.topo, cfg.trace, console) if cfg.backend == "tc" else AppBackend()
+    if cfg.backend == "app" and (forecast := cpu_forecast(cfg.topo, cfg.trace, cfg.schemes, cfg.params, cfg.chunk)):
+        console.print(f"[yellow]{cpu_warning(forecast, root=os.geteuid() == 0)}[/]", soft_wrap=True, highlight=False)
     sched.subscribe(lambda kind, data: kind == "job" and backend.on_job(data["t0"]))
     procs: list[subprocess.Popen] = []
     jobs: list[JobState] = []

@@ -15,6 +15,18 @@ from typing import Any
 
 from scheduler.rounds import JobState
 
+# The forecast at a run's start (cpu_forecast): what the application backend's agents cost, from
+# scripts/bench/capacity.py on the project's 2-core machine (CREW meshes, app backend): 0.5 ms of CPU
+# per chunk crossing one link on a quiet machine (both its ends: headers, pieces, acks, wake-ups;
+# 1-2 ms on a loaded one) and 2 s per GB (copies, sums). The forecast uses the plan the scheme makes
+# on the configured rates, whose rounds are the fastest it can run: a run whose busiest scheme needs
+# more than CPU_BUDGET of the machine's cores queues its agents behind each other (lag, run-queue
+# waits, books) and is judged invalid. CREW at --scale 0.05: crew:16 mst 1.6 cores, netstorm 4.4 (it
+# warns); internet2, the default: 0.2-0.4 (it does not)
+CPU_S_PER_CHUNK_HOP = 0.0005
+CPU_S_PER_GB = 2.0
+CPU_BUDGET = 0.75
+
 # The fidelity guard (README: Fidelity guard). Books: a link or node cap backlogged >= GUARD_MIN_BACKLOG_S
 # must have carried >= GUARD_MIN_RATIO of what its rate allowed
 GUARD_MIN_RATIO = 0.97
@@ -150,3 +162,44 @@ def fidelity_cell(s: Mapping[str, Any]) -> str:
     if s["guard_verdict"] == "invalid":
         return f"[bold red]INVALID: {why}[/]"
     return f"[yellow]UNJUDGED: {why}[/]"
+
+
+def cpu_forecast(topo: Any, trace: Any, schemes: Iterable[str], params: int, chunk_params: int,
+                 cores: int | None = None) -> tuple[str, float, float] | None:
+    """Before a run on the application backend: would its agents need more CPU than this machine has
+    to spare? Plans every scheme on the configured rates and simulates a round (as `wansync
+    simulate` does); a chunk crossing a link costs CPU_S_PER_CHUNK_HOP, a GB CPU_S_PER_GB. Returns
+    (busiest scheme, cores it needs, cores available x CPU_BUDGET) if that exceeds the budget, else
+    None (also when no prediction can be made: the run goes on and the guard judges it)."""
+    import os
+
+    from .predict import predict
+
+    cores = cores or os.cpu_count() or 1
+    worst: tuple[str, float] | None = None
+    for scheme in schemes:
+        try:
+            [p] = predict(topo, trace, [scheme], params, chunk_params)
+        except Exception:  # an unknown or multicast scheme, a stalled trace: nothing to forecast
+            continue
+        round_s = p.prediction.round_s
+        if not round_s or round_s <= 0:
+            continue
+        moved = sum(p.prediction.link_bytes.values())
+        need = (moved / (4 * chunk_params) * CPU_S_PER_CHUNK_HOP + moved / 1e9 * CPU_S_PER_GB) / round_s
+        if worst is None or need > worst[1]:
+            worst = (scheme, need)
+    if worst is None or worst[1] <= CPU_BUDGET * cores:
+        return None
+    return worst[0], worst[1], CPU_BUDGET * cores
+
+
+def cpu_warning(forecast: tuple[str, float, float], *, root: bool) -> str:
+    """The line a run prints at its start when its forecast exceeds the machine."""
+    scheme, need, budget = forecast
+    fix = ("--backend tc (the kernel shapes the links; you are root)" if root else
+           "--backend tc as root (the kernel shapes the links)")
+    return (f"warning: at these rates {scheme} would keep the agents busy for ~{need:.1f} CPU cores, more than "
+            f"the ~{budget:.1f} this machine can give them: the run will likely be CPU-bound and the fidelity "
+            f"guard will judge it INVALID. Use {fix}, fewer nodes, bigger chunks, or lower rates (crew:N:x=F, "
+            "hetero:x=F, geo:NAME:x=F)")

@@ -17,7 +17,7 @@ from emulation.trace import Trace
 from scheduler import planners
 from scheduler.plan import Job, Plan
 from scheduler.view import NetworkView
-from sim import RoundPrediction, SimNetwork, SimulationStalled, simulate
+from sim import MEASURED, RoundPrediction, SimNetwork, SimulationStalled, simulate
 
 
 def oracle_view(topo: Topology) -> NetworkView:
@@ -49,7 +49,7 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
         plan = spec.plan(view, Job(params, chunk_params, tuple(range(topo.nodes)), {**(options or {}), **spec.options}))
         plan = plan.with_version(1).validate(topo.links)
         t1 = time.perf_counter()
-        pred = simulate(plan, net)
+        pred = simulate(plan, net, costs=MEASURED)  # with the data plane's own costs (sim/costs.py)
         out.append(SchemePrediction(scheme, plan, pred, t1 - t, time.perf_counter() - t1))
     return out
 
@@ -60,7 +60,8 @@ class RoundPredictor:
     def __init__(self, topo: Topology, trace: Trace | None, *, primary_busy_bound: int = 2,
                  aux_queue_length: int = 5) -> None:
         self.net: SimNetwork = sim_network(topo, trace)
-        self.dispatch = {"primary_busy_bound": primary_busy_bound, "aux_queue_length": aux_queue_length}
+        self.dispatch = {"primary_busy_bound": primary_busy_bound, "aux_queue_length": aux_queue_length,
+                         "costs": MEASURED}  # the data plane's own costs too (sim/costs.py), as a live round pays them
         self._cache: dict[tuple[int, float], float | None] = {}
 
     def round_s(self, plan: Plan, start_s: float = 0.0) -> float | None:
