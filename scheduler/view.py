@@ -3,8 +3,9 @@
 It starts uniform (every overlay link at a nominal rate, marked unknown) and learns from passive
 samples: bytes a link delivered over seconds it was continuously busy (agents/probes.py). It never
 looks at the emulator. A link is *known* (`measured`) once at least KNOWN_SAMPLES samples covering
-KNOWN_S of busy time arrived; until then its rate is the nominal guess and the view says so (`known`,
-`coverage`, `coverage_of`): one short sample is no knowledge. The estimate is the duration-weighted
+KNOWN_S of busy time arrived and most of that time agrees within AGREE; until then its rate is the
+nominal guess and the view says so (`known`, `coverage`, `coverage_of`): one short sample, or samples
+that disagree, are no knowledge. The estimate is the duration-weighted
 median of the link's latest KEEP samples: a sample whose ends a late event loop moved by a few ms (too
 fast or too slow) does not move it, and after a change of rate the newer samples take over.
 """
@@ -21,6 +22,7 @@ NOMINAL_MBPS = 100.0
 EWMA_ALPHA = 0.3  # kept for callers that pass alpha; the estimate is duration-weighted (TAU_S)
 KNOWN_S = 0.05  # busy time a link's samples must cover before its estimate is trusted
 KNOWN_SAMPLES = 2  # ... in at least this many samples (or one of twice KNOWN_S)
+AGREE = 0.10  # ... at least half of whose busy time lies within this of their median (else: unknown yet)
 KEEP = 7  # latest samples per link the estimate is the (duration-weighted) median of
 
 
@@ -69,8 +71,12 @@ class NetworkView:
         e = self.g.edges[src, dst]
         recent = e["recent"] = (*e["recent"][-(KEEP - 1):], (nbytes * 8 / seconds / 1e6, seconds))
         e["busy_s"] += seconds
-        if e["busy_s"] >= KNOWN_S - 1e-12 and (e["n"] + 1 >= KNOWN_SAMPLES or seconds >= 2 * KNOWN_S):
-            e["rate"] = _weighted_median(recent)
+        rate = _weighted_median(recent)
+        if e["measured"]:
+            e["rate"] = rate
+        elif e["busy_s"] >= KNOWN_S - 1e-12 and (seconds >= 2 * KNOWN_S or (
+                e["n"] + 1 >= KNOWN_SAMPLES and _agreeing(recent, rate) >= 0.5)):
+            e["rate"] = rate  # from now on the link is known (its estimate follows its samples)
             e["measured"] = True
         e["t"] = time.time() if now is None else now
         e["n"] += 1
@@ -183,3 +189,11 @@ def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:
         if acc >= half:
             return rate
     return ordered[-1][0]
+
+
+def _agreeing(samples: Iterable[tuple[float, float]], rate: float) -> float:
+    """Share of the samples' busy time whose rate is within AGREE of `rate`: samples that a starved
+    receiver timed badly disagree, and a link with no agreeing majority is not known yet."""
+    samples = list(samples)
+    total = sum(w for _, w in samples)
+    return sum(w for r, w in samples if abs(r - rate) <= AGREE * rate) / total if total > 0 else 0.0

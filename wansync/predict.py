@@ -62,13 +62,15 @@ class RoundPredictor:
         self.net: SimNetwork = sim_network(topo, trace)
         self.dispatch = {"primary_busy_bound": primary_busy_bound, "aux_queue_length": aux_queue_length,
                          "costs": MEASURED}  # the data plane's own costs too (sim/costs.py), as a live round pays them
-        self._cache: dict[tuple[int, float], float | None] = {}
+        self._cache: dict[tuple[int, int, float], float | None] = {}
 
     def round_s(self, plan: Plan, start_s: float = 0.0) -> float | None:
         """None where the trace leaves a needed link at rate 0 for good (a CSV trace may): no
         prediction is better than a crashed scheduler."""
         static = not self.net.events
-        key = (plan.version, 0.0 if static else round(start_s, 3))
+        # auxiliary tables change between versions (AUX_UPDATE): a version's prediction is per table
+        aux = hash(tuple(tuple(sorted(g.aux.items())) for g in plan.groups))
+        key = (plan.version, aux, 0.0 if static else round(start_s, 3))
         if key not in self._cache:
             try:
                 self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s), **self.dispatch).round_s
