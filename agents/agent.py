@@ -34,11 +34,12 @@ from overlay.messages import (
     Fence,
     Heartbeat,
     Job,
+    JobEnd,
     Peers,
     Record,
     Register,
     Shutdown,
-    TopoReply,
+    Task,
     decode,
 )
 from overlay.peers import Overlay
@@ -48,6 +49,7 @@ from .engine import ChunkEngine
 from .looplag import LoopLag
 from .probes import PROBE_CHUNK_BYTES, PROBE_CHUNK_NUM, LinkProbes
 from .rounds import RoundLoop
+from .tasks import TaskRunner
 from .wan import NodeWan
 
 log = logging.getLogger("wansync.agent")
@@ -102,15 +104,16 @@ class Agent:
         self.live_peers: set[int] = set()
         self.scheduler_wait_s = scheduler_wait_s
         self._seen = (0, 0)  # highest job id and plan version seen (a restarted scheduler starts above)
+        self.runner = TaskRunner(node, self.engine, self.overlay, self.clock, self.plans, send=self._send,
+                                 flush_samples=self._flush_samples)
         self.rounds = RoundLoop(node, self.engine, self.overlay, self.wan, self.lag, self.clock, self.plans,
-                                send=self._send, flush_samples=self._flush_samples,
-                                live_peers=lambda: self.live_peers)
+                                self.runner, send=self._send, live_peers=lambda: self.live_peers)
         # what the scheduler may say, and who handles it; a handler's "shutdown", "fenced" or "lost"
         # ends this connection; other types are ignored
         self._handlers: dict[type[Record], Callable[[Any], str | None]] = {
             Shutdown: lambda _msg: "shutdown", Peers: self._on_peers, Fence: self._on_fence, Job: self._on_job,
-            TopoReply: self._on_topo_reply, AuxUpdate: self._on_aux_update, Emu: self._on_emu,
-            Abort: self._on_abort}
+            JobEnd: lambda msg: self.runner.end_job(msg.job), Task: self._on_task, AuxUpdate: self._on_aux_update,
+            Emu: self._on_emu, Abort: self._on_abort}
 
     @property
     def shapers(self) -> dict[int, LinkShaper]:
@@ -242,10 +245,12 @@ class Agent:
         self.engine.open_job(msg.job, msg.start or 0, 1 if msg.ahead is None else msg.ahead)
         self.rounds.start(msg)
 
-    def _on_topo_reply(self, msg: TopoReply) -> None:
-        # the plan is checked here, where a bad one ends the connection, not the job
+    def _on_task(self, msg: Task) -> None:
+        # the plan is checked here, where a bad one ends the connection, not the task
         plan = Plan.from_wire(msg.plan).validate() if msg.plan is not None else None
-        self.rounds.on_reply(msg, plan)
+        if plan is None and not msg.skip and msg.version not in self.plans:
+            raise ValueError(f"task {msg.task} uses plan v{msg.version}, which this node does not hold")
+        self.runner.on_task(msg, plan)
 
     def _on_aux_update(self, msg: AuxUpdate) -> None:
         self.engine.set_aux(msg.version, tuple(aux_from_wire(g) for g in msg.groups))
@@ -254,7 +259,7 @@ class Agent:
         self.wan.emu(msg)
 
     def _on_abort(self, msg: Abort) -> None:
-        self.rounds.on_abort(msg.job, msg.round, msg.attempt)
+        self.runner.on_abort(msg.job, msg.task, msg.attempt)
 
     # --- what this node reports ----------------------------------------------------------------------
     async def _report_loop(self) -> None:

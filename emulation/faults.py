@@ -278,7 +278,7 @@ class FaultInjector:
     """Fires faults at their time or round, heals them after `for`, reports every step.
 
     The launcher calls `start()` once all agents registered (time zero of `t=`), feeds it the
-    scheduler's events (`on_event`: "job" when a job starts, "round" after each round), and awaits
+    scheduler's events (`on_event`: "job" when a job starts, "task" after each task), and awaits
     `stop()` on the way out, which heals whatever is still active (a frozen agent gets SIGCONT)."""
 
     def __init__(self, faults: Iterable[Fault], *, links: LinkControl | None,
@@ -311,7 +311,7 @@ class FaultInjector:
                     self._spawn(self._at(i, f.at_s, data))
                 elif f.at_round == 0:
                     self._fire(i, {"job": data.get("job"), "scheme": data.get("scheme"), "round": 0})
-        elif kind == "round":
+        elif kind == "task":  # a round (BSP) ended: its task record carries the round
             for i, f in enumerate(self.faults):
                 if (i not in self.fired and f.at_round is not None and f.at_round == data.get("round", -2) + 1
                         and self._matches(f, data)):

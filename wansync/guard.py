@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.rounds import JobState
+from scheduler.tasks import JobState
 
 # The fidelity guard (README: Fidelity guard). Books: a link or node cap backlogged >= GUARD_MIN_BACKLOG_S
 # must have carried >= GUARD_MIN_RATIO of what its rate allowed

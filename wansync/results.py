@@ -14,7 +14,9 @@ from typing import Any, TextIO
 from scheduler.live import LiveState
 from scheduler.service import Scheduler
 
-SCHEMA_VERSION = 2  # 2: adds `throughput` and `event` records (README: Results file)
+# 2: adds `throughput` and `event` records; 3: `task` records replace `round` records (a BSP round is
+# the task of that round; README: Results file)
+SCHEMA_VERSION = 3
 
 
 class Results:
@@ -43,7 +45,7 @@ class Recorder:
 
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
         write = self.results.write
-        if kind == "round":
+        if kind == "task":
             if data["prediction_s"]:
                 data["prediction_err_pct"] = 100.0 * (data["round_s"] - data["prediction_s"]) / data["prediction_s"]
             write(data)
