@@ -30,8 +30,10 @@ from overlay.messages import (
     AuxUpdate,
     Clock,
     Counters,
+    Drop,
     Emu,
     Fence,
+    Go,
     Heartbeat,
     Job,
     JobEnd,
@@ -113,7 +115,9 @@ class Agent:
         self._handlers: dict[type[Record], Callable[[Any], str | None]] = {
             Shutdown: lambda _msg: "shutdown", Peers: self._on_peers, Fence: self._on_fence, Job: self._on_job,
             JobEnd: lambda msg: self.runner.end_job(msg.job), Task: self._on_task, AuxUpdate: self._on_aux_update,
-            Emu: self._on_emu, Abort: self._on_abort}
+            Emu: self._on_emu, Abort: self._on_abort, Go: lambda msg: self.runner.on_go(msg.job, msg.upto),
+            Drop: lambda msg: self.runner.on_drop(msg.job, msg.task, msg.attempt, msg.node,
+                                                   bool(msg.replicates))}
 
     @property
     def shapers(self) -> dict[int, LinkShaper]:

@@ -15,6 +15,7 @@ stale or missing contribution is caught, not summed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -120,7 +121,8 @@ class ChunkEngine:
         # not begun, and chunks relayed through here (the overlay shares it)
         self.budget = MemoryBudget(HOLD_BUDGET)
         self.jobs: dict[int, int] = {}  # job -> tasks beyond the newest begun here that may already send
-        self.top: dict[int, int] = {}  # job -> the newest task begun here (or the first expected)
+        self.top: dict[int, int] = {}  # job -> the newest task begun or announced here (or the first expected)
+        self.settled: dict[int, int] = {}  # job -> every task below it is over everywhere (the scheduler says)
         self.held_peak = 0  # most bytes ever held for tasks not begun (<= the budget + a frame per peer)
         self.hold_refused = 0  # segments refused for the budget (resent by their senders later)
         self.refused_frames = 0  # segments refused as unexpected (unknown job, task outside the window)
@@ -236,6 +238,21 @@ class ChunkEngine:
         for k in [k for k in self._stash if k[:2] == (job, task) and k[2] <= attempt]:
             self._unstash(k)
 
+    def drop_receiver(self, st: TaskState, node: int) -> None:
+        """`node` left the task's receivers (a multicast shrinks). This node, if it is the one, applies
+        nothing: it keeps passing the value on where it has broadcast children, else its part ends
+        here (its frames are dropped from now on); if this node broadcasts to it and it replicates
+        for nobody in that tree, it stops."""
+        if node == self.node:
+            st.receiver = False
+            if not any(r.bcast_children for r in st.roles.values()):
+                self.abort(st.job, st.task, st.attempt)
+            return
+        for gi, role in st.roles.items():
+            if node in role.bcast_children and not st.plan.groups[gi].children.get(node):
+                st.roles[gi] = dataclasses.replace(role, bcast_children=tuple(k for k in role.bcast_children
+                                                                             if k != node))
+
     def drop_stale(self, job: int, task: int) -> None:
         """Forget held frames of tasks before `task` (they can no longer start); `task` is expected next."""
         self.top[job] = task
@@ -293,7 +310,18 @@ class ChunkEngine:
         model's window: BSP runs one round ahead at most). Every other job's traffic is refused."""
         if job not in self.jobs:
             self.top = {job: first_task}
+            self.settled = {}
         self.jobs = {job: ahead}
+
+    def note_task(self, job: int, task: int, settled: int | None) -> None:
+        """A TASK of `job` arrived (this node may only relay for it): frames up to it and the window
+        beyond are expected; tasks from `settled` on may still run somewhere, so their frames are too,
+        though this node runs none of them."""
+        if job not in self.jobs:
+            return
+        self.top[job] = max(self.top.get(job, task), task)
+        if settled is not None:
+            self.settled[job] = max(self.settled.get(job, settled), settled)
 
     def _outside(self, h: dict[str, Any]) -> str | None:
         """Why this node expects no frame like `h` now, or None. The task before the oldest running here
@@ -304,6 +332,8 @@ class ChunkEngine:
             return f"job {job} is not running here"
         top = self.top.get(job, 0)
         low = min((k[1] for k in self.tasks if k[0] == job), default=top)
+        if job in self.settled:  # concurrent tasks: others still run tasks this node relays for
+            low = min(low, self.settled[job])
         if task > top + ahead:
             return f"task {task} is more than {ahead} ahead of task {top}"
         if task < low - 1:

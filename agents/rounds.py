@@ -24,6 +24,7 @@ from overlay.clock import SyncedClock
 from overlay.messages import Job, Ready, Record, Stats
 from overlay.peers import Overlay
 from scheduler.plan import Plan
+from sim.compute import ComputeModel
 
 from .engine import ChunkEngine, TaskAborted
 from .looplag import LoopLag
@@ -90,13 +91,20 @@ class RoundLoop:
         self.send(Stats(node=self.node, job=job, stats=self._stats(cpu0, wall0, guard0, meter0, aux0)))
 
     async def _rounds(self, msg: Job) -> None:
+        """Iterations: compute (the job's compute model), READY, then wait as the job's rule says — for
+        the result of the task holding this iteration's contribution (BSP, a ready queue), or for a GO
+        that allows the next iteration (SSP: the slowest worker plus the staleness bound)."""
         job, rounds, nparams = msg.job, msg.rounds, msg.params
         runner = self.runner
+        bound = msg.rule == "bound"
+        model = (ComputeModel(msg.compute, msg.seed or 1, msg.compute_scale or 1.0) if msg.compute
+                 else ComputeModel(f"constant:{msg.compute_s}"))
         rnd = msg.start or 0
         computed: dict[int, float] = {}
         while rnd < rounds:
             prev = (job, rnd - 1)
-            if prev in runner.done_attempt and runner.next_attempt.get(prev, 0) > runner.done_attempt[prev]:
+            if (not bound and prev in runner.done_attempt
+                    and runner.next_attempt.get(prev, 0) > runner.done_attempt[prev]):
                 rnd -= 1  # the round we finished was aborted meanwhile (others had not): redo it
                 self._undo_update()
                 continue
@@ -105,14 +113,21 @@ class RoundLoop:
             contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
             if rnd not in computed:  # a retried attempt reuses the round's gradient
                 tc = time.time()
-                if msg.compute_s > 0:
-                    await asyncio.sleep(msg.compute_s)
+                if (s := model.draw(self.node, rnd)) > 0:
+                    await asyncio.sleep(s)
                 computed[rnd] = time.time() - tc
-            self.overlay.forget_before(job, rnd - 1)
-            self.engine.drop_stale(job, rnd)
+            if msg.mode != "tasks" and not bound:  # tasks are the rounds: older ones are over everywhere
+                self.overlay.forget_before(job, rnd - 1)
+                self.engine.drop_stale(job, rnd)
             runner.prepared[(job, rnd)] = Prepared(contrib, time.time(), computed[rnd])
-            fut = runner.outcome(job, rnd)
+            fut = None if bound else runner.outcome(job, rnd)
             self.send(Ready(job=job, round=rnd, attempt=attempt, have=sorted(self.plans)))
+            if bound:
+                if rnd + 1 < rounds:  # blocks while this worker is `s` ahead of the slowest
+                    await runner.allowed(job, rnd + 1)
+                rnd += 1
+                continue
+            assert fut is not None
             try:
                 out: Outcome = await fut
             except TaskAborted:
@@ -126,6 +141,8 @@ class RoundLoop:
                 self.params -= np.float32(LEARNING_RATE / len(out.plan.participants)) * out.result
             self._applied = (job, rnd, out.result.copy() if out.ok else None, len(out.plan.participants))
             rnd += 1
+        if bound:  # the last iterations' contributions still travel: wait until their tasks are done here
+            await runner.idle(job)
 
     def _undo_update(self) -> None:
         """Undo this round's model update: its result is about to be computed again."""
@@ -148,6 +165,7 @@ class RoundLoop:
         caps = self.wan.cap_books()
         return {"links": links, "caps": caps, **self.lag.take(),
                 "cpu_s": _cpu_s() - cpu0, "wall_s": wall, "stashed_frames": self.engine.stashed_frames,
+                "go_wait_s": self.runner.go_wait_s,
                 "aux_bytes": self.engine.aux_bytes - aux0[0], "sent_bytes": self.engine.sent_bytes - aux0[1],
                 "protocol_errors": self.overlay.error_count,
                 "app_rate_shaping": self.wan.app_rate_shaping}

@@ -76,6 +76,43 @@ class TaskRunner:
         self.done_attempt: dict[tuple[int, int], int] = {}  # (job, task) -> attempt this node finished
         self.next_attempt: dict[tuple[int, int], int] = {}  # (job, task) -> attempt to run next
         self._ended: dict[int, asyncio.Future] = {}  # job -> set by JOB_END
+        self.go: dict[int, int] = {}  # job -> highest iteration a GO allows (SSP)
+        self._go_event: dict[int, asyncio.Event] = {}
+        self.go_wait_s = 0.0  # time this worker waited for a GO (SSP's bound holding it back)
+        self.dropped: dict[tuple[int, int], set[int]] = {}  # (job, task) -> receivers dropped from it
+
+    async def allowed(self, job: int, rnd: int) -> None:
+        """Until a GO allows iteration `rnd` (SSP); counts the time this worker waited."""
+        if self.go.get(job, -1) >= rnd:
+            return
+        t = time.time()
+        ev = self._go_event.setdefault(job, asyncio.Event())
+        while self.go.get(job, -1) < rnd:
+            ev.clear()
+            await ev.wait()
+        self.go_wait_s += time.time() - t
+
+    def on_go(self, job: int, upto: int) -> None:
+        self.go[job] = max(self.go.get(job, -1), upto)
+        ev = self._go_event.get(job)
+        if ev is not None:
+            ev.set()
+
+    async def idle(self, job: int) -> None:
+        """Until no task of `job` runs here (this worker's last contributions have left)."""
+        while running := [t for (j, _), t in self._running.items() if j == job]:
+            await asyncio.wait(running)
+
+    def on_drop(self, job: int, task: int, attempt: int, node: int, replicates: bool) -> None:
+        """DROP: `node` leaves the receivers of a running task. Here: if this is that node, nothing of
+        the task is applied (it keeps replicating for others if it must); if this node sends or
+        relays to it, it stops — unless it replicates for others."""
+        self.dropped.setdefault((job, task), set()).add(node)
+        for st in self.engine.tasks.values():
+            if st.key[:3] == (job, task, attempt):
+                self.engine.drop_receiver(st, node)
+        if node != self.node and not replicates:
+            self.overlay.abort_to(job, task, node)
 
     async def job_over(self, job: int) -> None:
         """Until the scheduler ends a job whose tasks it formed (JOB_END)."""
@@ -105,6 +142,9 @@ class TaskRunner:
         if msg.settled is not None:  # tasks below it are over everywhere: their duplicate keys are of no use
             self.overlay.forget_before(msg.job, msg.settled - 1)
         self.engine.avoid_links(msg.avoid or ())
+        self.engine.note_task(msg.job, msg.task, msg.settled)
+        if self.node not in self.plans[msg.version].nodes:
+            return  # only a relay on a route the plan's edges take: the overlay passes its frames on
         key = (msg.job, msg.task)
         self._round_of[key] = msg.round
         old = self._running.pop(key, None)
@@ -144,19 +184,22 @@ class TaskRunner:
     async def _run(self, msg: Task, plan: Plan) -> None:
         job, key = msg.job, (msg.job, msg.task)
         member = self.node in plan.participants
-        prep = self.prepared.get((job, msg.round)) if member else None
+        mine = (msg.iters or {}).get(self.node, msg.round)  # the iteration this node's contribution comes from
+        prep = self.prepared.get((job, mine)) if member else None
         t_wait = time.time() - prep.t_ready if prep is not None else None  # READY -> TASK: the barrier
         t_compute = prep.t_compute if prep is not None else 0.0
         contrib = None
         if member:
             contrib = prep.contribution if prep is not None else await asyncio.to_thread(
-                contribution, msg.round, 0, self.node, plan.params)
+                contribution, mine, 0, self.node, plan.params)
         t_start = self.clock.now()
         try:
             st = self.engine.begin_task(job, msg.task, msg.attempt, plan, contrib)
         except ValueError as exc:  # the plan gives this node no part: the scheduler's bug, said plainly
             log.error("node %d: task %d of job %d: %s", self.node, msg.task, job, exc)
             return
+        for gone in self.dropped.get(key, ()):  # dropped before this node began its part
+            self.engine.drop_receiver(st, gone)
         error = ""
         try:
             result = await st.done
@@ -171,22 +214,27 @@ class TaskRunner:
         digest = None
         if st.receiver and result is not None:
             if ok:  # numpy and blake2b release the GIL: verify off the loop, which still forwards chunks
-                ok, error = await asyncio.to_thread(self._verify, result, msg.round, plan)
+                ok, error = await asyncio.to_thread(self._verify, result, msg, plan)
             digest = await asyncio.to_thread(_digest, result)
+        if member and ok:
+            self.prepared.pop((job, mine), None)  # its contribution is in (a retry would draw it again)
         self.flush_samples()
         self.send(TaskDone(node=self.node, job=job, task=msg.task, attempt=msg.attempt, version=plan.version,
                            ok=ok, t_start=t_start, t_end=t_end, t_compute=t_compute, digest=digest, t_wait=t_wait,
                            error=error or None))
         self.done_attempt[key] = msg.attempt
         if st.receiver and result is not None:
-            self._wake(job, msg.round, Outcome(msg.task, msg.attempt, plan, result, ok, error))
+            self._wake(job, mine if member else msg.round, Outcome(msg.task, msg.attempt, plan, result, ok, error))
 
-    def _verify(self, result: np.ndarray, rnd: int, plan: Plan) -> tuple[bool, str]:
-        """Exact check against the closed-form (weighted) sum of the members' contributions."""
-        want = expected(rnd, 0, plan.participants, plan.params, plan.weights)
+    def _verify(self, result: np.ndarray, msg: Task, plan: Plan) -> tuple[bool, str]:
+        """Exact check against the closed-form (weighted) sum of the members' contributions, each from
+        its own iteration."""
+        iters = msg.iters or {}
+        want = expected(msg.round, 0, plan.participants, plan.params, plan.weights,
+                        iters={m: iters.get(m, msg.round) for m in plan.participants})
         if not np.array_equal(result, want):
             error = f"{int(np.count_nonzero(result != want))} elements differ from the exact sum"
-            log.error("node %d round %d: %s", self.node, rnd, error)
+            log.error("node %d task %d: %s", self.node, msg.task, error)
             return False, error
         return True, ""
 

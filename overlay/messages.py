@@ -68,7 +68,9 @@ class Msg(enum.StrEnum):
     READY = "READY"
     JOB = "JOB"
     JOB_END = "JOB_END"
+    GO = "GO"
     TASK = "TASK"
+    DROP = "DROP"
     FENCE = "FENCE"
     AUX_UPDATE = "AUX_UPDATE"
     TASK_DONE = "TASK_DONE"
@@ -291,6 +293,22 @@ class Job(Record):
     start: int | None = _count(optional=True)  # first round for an agent that rejoined mid-job
     ahead: int | None = _count(optional=True)  # tasks a node may receive ahead of the newest it began
     mode: str | None = f(fc.text(16), optional=True)  # "bsp" (default: rounds of its own) or "tasks" (served)
+    # what a worker waits for before its next iteration: "result" (of the task holding its contribution:
+    # BSP, a ready queue) or "bound" (a GO allowing it: SSP's staleness bound)
+    rule: str | None = f(fc.text(16), optional=True)
+    compute: str | None = f(fc.text(), optional=True)  # the compute model (sim.compute spec); seeded by `seed`
+    compute_scale: float | None = f(lo=0, optional=True)  # its times shrink by this (the run's --scale)
+    seed: int | None = _count(optional=True)
+
+
+@message
+class Go(Record):
+    """This worker may compute every iteration up to `upto` (SSP: its own multicasts over, and the
+    slowest worker's plus the bound)."""
+
+    T = Msg.GO
+    job: int = _count()
+    upto: int = _count()
 
 
 @message
@@ -318,6 +336,23 @@ class Task(Record):
     avoid: list[list[int]] | None = f(fc.list_of(fc.pair(fc.node, fc.node), "links"), optional=True)
     skip: bool | None = f(optional=True)  # this node's READY came after the task formed without it
     settled: int | None = _count(optional=True)  # every task below this one is over everywhere
+    # member -> the iteration its contribution comes from, where it is not `round` (a ready queue groups
+    # workers at different iterations)
+    iters: dict[int, int] | None = f(fc.counters, optional=True)
+
+
+@message
+class Drop(Record):
+    """A receiver leaves a running task (SelMcast's shrink-only receiver sets): it applies nothing of
+    it, the nodes that send to it stop unless it replicates for others (`replicates`), and the
+    others go on."""
+
+    T = Msg.DROP
+    job: int = _count()
+    task: int = _count()
+    attempt: int = _count()
+    node: int = _node()
+    replicates: bool | None = f(optional=True)
 
 
 @message

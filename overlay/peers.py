@@ -251,6 +251,14 @@ class Overlay:
             del self._rx[key]
         return sum(s.cancel(drop) for s in self.senders.values())
 
+    def abort_to(self, job: int, task: int, dst: int) -> int:
+        """Drop every transfer of this task addressed to `dst` (a receiver left it), sent or relayed."""
+        def drop(k: tuple) -> bool:
+            return k[0] == job and k[1] == task and k[7] == dst
+        for key in [k for k in self._rx if drop(k)]:
+            del self._rx[key]
+        return sum(s.cancel(drop) for s in self.senders.values())
+
     def forget_before(self, job: int, task: int) -> None:
         """Duplicate detection only needs keys of tasks still in flight: those of tasks before `task`
         (over everywhere), and their transfers never acknowledged, are of no use to anyone now."""

@@ -42,7 +42,9 @@ from overlay.messages import (
     Abort,
     AuxUpdate,
     Counters,
+    Drop,
     Fence,
+    Go,
     Heartbeat,
     JobEnd,
     ProtocolError,
@@ -59,6 +61,7 @@ from overlay.messages import Task as TaskMsg
 from overlay.routing import NoRoute, Routes, adjacency
 
 from . import planners
+from . import progress as progress_models
 from .liveness import Liveness
 from .plan import Job, Plan, PlanError, aux_to_wire
 from .registry import AgentInfo, Registry
@@ -192,21 +195,25 @@ class Scheduler:
 
     # --- jobs -------------------------------------------------------------------------------------
     def _open(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float,
-              options: dict[str, Any] | None, warmup: int, t0: float | None, mode: str, ahead: int) -> JobState:
+              options: dict[str, Any] | None, warmup: int, t0: float | None, mode: str, ahead: int,
+              progress: Any = None, compute: str | None = None, seed: int = 1,
+              compute_scale: float = 1.0) -> JobState:
         """A new job on every agent: its first plan published, JOB sent."""
         spec = planners.resolve(scheme)
         self.job_id += 1
         job = Job(params, chunk_params, tuple(sorted(self.agents)), {**(options or {}), **spec.options})
         memory: dict[str, Any] = {}  # what the planner keeps between its plans for this job
         t = time.perf_counter()
-        plan = self._publish(spec.plan(self.view, job, memory))
+        plan = self._publish(spec.plan(self.view, spec.opening(job), memory))
         js = JobState(self.job_id, scheme, rounds + warmup, job, plan, warmup, planner=spec, memory=memory,
                       view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
                       t0=time.time() if t0 is None else t0, last_plan_t=time.time(), avoid=self.view.unusable(),
-                      mode=mode)
+                      mode=mode, progress=progress)
         self.current = js
         js.job_msg = JobMsg(job=js.job, scheme=scheme, rounds=js.rounds, params=params, compute_s=compute_s,
-                            t0=js.t0, warmup=warmup, ahead=ahead, mode=mode).wire()
+                            t0=js.t0, warmup=warmup, ahead=ahead, mode=mode,
+                            rule=None if progress is None else progress.rule, compute=compute,
+                            compute_scale=compute_scale if compute else None, seed=seed if compute else None).wire()
         for a in list(self.agents.values()):
             self.registry.send(a, js.job_msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": js.plan.version,
@@ -215,13 +222,71 @@ class Scheduler:
         return js
 
     async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
-                      options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None) -> JobState:
-        """Run `warmup + rounds` synchronized rounds (BSP: a task per round, everyone contributes and
-        receives) of one scheme on every agent; return its records."""
+                      options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None,
+                      progress: str = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
+                      seed: int = 1, compute_scale: float = 1.0) -> JobState:
+        """Every agent iterates `warmup + rounds` times; `progress` decides how they synchronize (bsp: a
+        task per round, everyone contributes and receives; ssp: a multicast per worker per iteration,
+        at most `staleness` iterations ahead of the slowest; queue: partial reduces of the first
+        `group` ready). `compute`: a compute model spec (sim.compute), else `compute_s` seconds each.
+        Returns the job with its records."""
+        model = progress_models.resolve(progress, staleness=staleness, group=group)
+        if planners.resolve(scheme).one_source and model.name != "ssp":
+            raise ValueError(f"{scheme} plans one worker's multicast: it fits progress ssp (a multicast per "
+                             f"worker and iteration), not {model.name} (reduces of several workers)")
+        ahead = BSP_AHEAD if model.name == "bsp" else max(8, 4 * self.expected)
         js = self._open(scheme, rounds=rounds, params=params, chunk_params=chunk_params, compute_s=compute_s,
-                        options=options, warmup=warmup, t0=t0, mode="bsp", ahead=BSP_AHEAD)
+                        options=options, warmup=warmup, t0=t0, mode="rounds", ahead=ahead, progress=model,
+                        compute=compute, seed=seed, compute_scale=compute_scale)
+        model.start(self, js)
         await js.finished.wait()
         return js
+
+    # --- what progress models may ask (scheduler.progress.Control) --------------------------------
+    def alive(self) -> list[int]:
+        return sorted(self.agents)
+
+    def form(self, js: JobState, members: Iterable[int], receivers: Iterable[int] | None, rnd: int | None,
+             iters: dict[int, int] | None = None, options: dict[str, Any] | None = None) -> Task:
+        """A task the scheduler forms (not behind a barrier): started at once, retried on its own.
+        `rnd`: the iteration members contribute from (None: the task's own id, a synthetic seed)."""
+        tid = max(js.tasks, default=-1) + 1
+        t = js.tasks[tid] = Task(tid, tid if rnd is None else rnd, barrier=False, members=tuple(sorted(set(members))),
+                                 receivers=None if receivers is None else tuple(sorted(set(receivers))),
+                                 options={**js.spec.options, **(options or {})}, iters=dict(iters or {}))
+        t.finished = asyncio.get_running_loop().create_future()
+        self.try_start(js, tid)
+        return t
+
+    def go(self, js: JobState, upto: int, node: int) -> None:
+        """Worker `node` may compute iterations up to `upto` (a bounded progress model)."""
+        self.note_event("go", job=js.job, node=node, upto=upto)
+        if node in self.agents:
+            self.registry.send(self.agents[node], Go(job=js.job, upto=upto))
+
+    def barrier_ready(self, js: JobState, rnd: int, node: int, have: set[int]) -> None:
+        """BSP: `node` is READY for round `rnd`; the round's task starts once every member is."""
+        js.bsp_task(rnd).ask(node, have, time.time())
+        self.try_start(js, rnd, node)
+
+    def drop_receiver(self, js: JobState, tid: int, node: int) -> None:
+        """`node` leaves a running task's receivers (a multicast shrinks, SelMcast SSP): it applies
+        nothing of it, whoever sends to it stops, the others go on; the task is over once the
+        remaining receivers hold the result."""
+        t = js.tasks[tid]
+        if t.version is None or t.recorded_t is not None:
+            raise RuntimeError(f"task {tid} is not running")
+        plan = self.plans[t.version]
+        if node not in plan.receiver_set or node in t.dropped:
+            raise ValueError(f"receivers: node {node} is not a receiver of task {tid}")
+        t.dropped.add(node)
+        replicates = any(g.children.get(node) for g in plan.groups)  # it passes the value on: keep feeding it
+        self.note_event("receiver_dropped", job=js.job, task=tid, node=node, replicates=replicates)
+        for n in sorted(t.involved):
+            if n in self.agents:
+                self.registry.send(self.agents[n], Drop(job=js.job, task=tid, attempt=t.attempt, node=node,
+                                                        replicates=replicates or None))
+        self._record(js, t)
 
     def open_tasks(self, scheme: str, *, params: int, chunk_params: int, options: dict[str, Any] | None = None,
                    in_flight: int = 16, t0: float | None = None) -> JobState:
@@ -241,13 +306,9 @@ class Scheduler:
             raise RuntimeError(f"job {js.job} runs rounds of its own (BSP); tasks are formed in a tasks job")
         members, receivers = tuple(sorted(set(members))), None if receivers is None else tuple(sorted(set(receivers)))
         self._check_task(members, receivers, options or {}, weights)
-        tid = max(js.tasks, default=-1) + 1
-        t = js.tasks[tid] = Task(tid, tid, barrier=False, members=members, receivers=receivers,
-                                 options={**js.spec.options, **(options or {}), **({"weights": weights} if weights
-                                                                                    else {})})
-        t.finished = asyncio.get_running_loop().create_future()
-        t.options["max_attempts"] = max_attempts
-        self.try_start(js, tid)
+        t = self.form(js, members, receivers, None,
+                      options={**(options or {}), **({"weights": weights} if weights else {}),
+                               "max_attempts": max_attempts})
         return await t.finished
 
     def _check_task(self, members: tuple[int, ...], receivers: tuple[int, ...] | None, options: dict[str, Any],
@@ -310,7 +371,7 @@ class Scheduler:
     def _maybe_refresh_aux(self, js: JobState) -> None:
         """Between versions, recompute auxiliary routes (Algorithm 3) every UPDATE_TIME if the view moved."""
         refresh = js.planner.refresh_aux if js.planner is not None else None
-        if (refresh is None or js.mode != "bsp" or time.time() - js.last_aux_t < self.update_time
+        if (refresh is None or js.mode != "rounds" or time.time() - js.last_aux_t < self.update_time
                 or not self.view.changed_since(js.view_at_aux or js.view_at_plan, self.update_rate)):
             return
         js.last_aux_t = time.time()
@@ -367,6 +428,8 @@ class Scheduler:
         if not members or receivers == ():
             raise Unplannable(f"task {t.id}: no live member or receiver left")
         options = {k: v for k, v in t.options.items() if k not in ("weights", "max_attempts")}
+        if receivers is not None:
+            options["receivers"] = list(receivers)  # planners that build to the receivers (multicast) see them
         if "aggregators" in options:
             options["aggregators"] = [n for n in options["aggregators"] if n in self.agents and n not in members]
         if options.get("hub") is not None and options["hub"] not in self.agents:
@@ -444,7 +507,7 @@ class Scheduler:
             have = asked.get(node, a.versions)
             msg = TaskMsg(job=js.job, task=tid, attempt=t.attempt, version=v, round=t.round,
                           members=list(plan.participants), receivers=list(plan.receiver_set), avoid=js.avoid,
-                          plan=None if v in have else plan.to_wire(), settled=settled)
+                          plan=None if v in have else plan.to_wire(), settled=settled, iters=t.iters or None)
             if self.registry.send(a, msg):
                 a.versions.add(v)
         t.start(time.time())
@@ -472,7 +535,7 @@ class Scheduler:
     def _record(self, js: JobState, t: Task) -> None:
         """Every receiver of the task reported: its record (with the simulator's prediction)."""
         plan = self.plans[t.version] if t.version is not None else js.plan
-        if not set(plan.receiver_set) <= set(t.done):
+        if not set(t.receivers_of(plan)) <= set(t.done):
             return
         t.started_t = None
         rec = t.record(js, plan, self.view.coverage())
@@ -486,6 +549,8 @@ class Scheduler:
         self.on_event("task", rec.to_json())
         if t.finished is not None and not t.finished.done():
             t.finished.set_result(rec)
+        if js.progress is not None:
+            js.progress.task_done(self, js, rec)
         self._maybe_finish(js)
 
     def _give_up(self, js: JobState, t: Task, why: str) -> None:
@@ -501,8 +566,9 @@ class Scheduler:
 
     def _maybe_finish(self, js: JobState) -> None:
         """Done when every task is recorded and every agent still here sent its job stats."""
-        if len(js.records) >= js.rounds and all(n in js.stats for n in self.agents) and (
-                js.mode == "bsp" or all(t.recorded_t is not None for t in js.tasks.values())):
+        bsp = js.progress is not None and js.progress.name == "bsp"
+        if all(n in js.stats for n in self.agents) and (len(js.records) >= js.rounds if bsp else
+                                                        all(t.recorded_t is not None for t in js.tasks.values())):
             js.finished.set()
 
     # --- failures ---------------------------------------------------------------------------------
@@ -531,6 +597,8 @@ class Scheduler:
                 continue
             if node in t.involved or node in self.plans[t.version].nodes:
                 self.abort(js, t.id, f"agent {node} lost: {why}")
+        if js.progress is not None:
+            js.progress.lost(self, js, node)
 
     def abort(self, js: JobState, tid: int, why: str) -> None:
         """The task's current attempt cannot end exact: everyone drops it; a BSP round is asked for
@@ -605,12 +673,16 @@ class Scheduler:
 
     def _on_ready(self, a: AgentInfo, msg: Ready) -> None:
         js = self.current
-        if js is None or msg.job != js.job or js.mode != "bsp":
+        if js is None or msg.job != js.job or js.mode != "rounds":
             self.registry.send(a, Abort(job=msg.job, task=msg.round, attempt=-1 if js is None else 0))
             return
         rnd, attempt = msg.round, msg.attempt or 0
         if rnd >= js.rounds:
             raise ProtocolError(f"round {rnd} of job {js.job}, which has {js.rounds}", field="round", msg_type=msg.T)
+        if js.progress.name != "bsp":  # the model forms the tasks (and answers with GO where it bounds)
+            self.note_event("ready", job=js.job, node=a.node, round=rnd)
+            js.progress.ready(self, js, a.node, rnd, set(msg.have or ()))
+            return
         t = js.bsp_task(rnd)
         if attempt != t.attempt:
             # an aborted attempt: say so again (an agent that rejoined never got that ABORT)
@@ -625,8 +697,7 @@ class Scheduler:
                                           plan=None if v in have else plan.to_wire()))
             self.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
             return
-        t.ask(a.node, set(msg.have or ()), time.time())
-        self.try_start(js, rnd, a.node)
+        self.barrier_ready(js, rnd, a.node, set(msg.have or ()))
 
     def _on_report(self, a: AgentInfo, msg: Report) -> None:
         for src, dst, _, _ in msg.samples:  # the schema checked shapes and values
@@ -643,7 +714,7 @@ class Scheduler:
         js = self.current
         if js is None or msg.job != js.job:
             return
-        if not self.consistency and js.mode == "bsp" and msg.task < js.rounds:
+        if not self.consistency and js.mode == "rounds" and js.progress.name == "bsp" and msg.task < js.rounds:
             t: Task | None = js.bsp_task(msg.task)
         else:
             t = js.tasks.get(msg.task)

@@ -54,6 +54,8 @@ class TaskRecord:
     aborted: bool = False  # no attempt could end exact (no plan left for its members): recorded, not retried
     # node -> [start, end] of its part (agents' synced clocks): which tasks overlapped where
     spans: dict[int, list[float]] = field(default_factory=dict)
+    iters: dict[int, int] = field(default_factory=dict)  # member -> the iteration its contribution came from
+    dropped: list[int] = field(default_factory=list)  # receivers that left while it ran (a multicast shrinks)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "task", **{k: v for k, v in self.__dict__.items()}}
@@ -84,6 +86,8 @@ class Task:
     recorded_t: float | None = None  # when its last receiver's TASK_DONE came (the task is over)
     aborted: int = 0  # attempts aborted so far
     finished: asyncio.Future | None = None  # formed tasks: resolved with the record
+    iters: dict[int, int] = field(default_factory=dict)  # member -> its iteration, where not `round`
+    dropped: set[int] = field(default_factory=set)  # receivers that left while it ran
 
     @property
     def number(self) -> int:
@@ -115,10 +119,14 @@ class Task:
         self.involved = frozenset()
         return att
 
+    def receivers_of(self, plan: Plan) -> tuple[int, ...]:
+        """Who must hold the result for the task to be over: the plan's receivers still in it."""
+        return tuple(n for n in plan.receiver_set if n not in self.dropped)
+
     def record(self, js: JobState, plan: Plan, coverage: float) -> TaskRecord:
         """Every receiver reported: the task's record (times from the agents' synced clocks)."""
         got = self.done
-        receivers = plan.receiver_set
+        receivers = self.receivers_of(plan)
         tell = [got[n] for n in receivers if n in got]
         starts = [m.t_start for m in got.values()]
         ends = [m.t_end for m in tell]
@@ -136,7 +144,8 @@ class Task:
             digests={n: m.digest.hex() for n, m in sorted(got.items()) if m.digest is not None},
             members=sorted(members), receivers=sorted(recv),
             aggregators=sorted(set(plan.nodes) - members - recv), bytes=plan.params * 4,
-            spans={n: [m.t_start, m.t_end] for n, m in sorted(got.items())})
+            spans={n: [m.t_start, m.t_end] for n, m in sorted(got.items())},
+            iters={m: self.iters.get(m, self.round) for m in plan.participants}, dropped=sorted(self.dropped))
 
 
 @dataclass
@@ -168,7 +177,8 @@ class JobState:
     job_msg: dict[str, Any] = field(default_factory=dict)  # the JOB message, for agents that rejoin
     avoid: list[list[int]] = field(default_factory=list)  # links the current plan routes around (view.unusable)
     joins: dict[int, int] = field(default_factory=dict)  # node -> first round it runs after rejoining
-    mode: str = "bsp"  # "bsp": a task per round, formed at its barrier; "tasks": the scheduler forms them
+    mode: str = "rounds"  # "rounds": workers iterate (progress model below); "tasks": the scheduler forms them
+    progress: Any = None  # the job's progress model (scheduler.progress): bsp, ssp, queue
     tasks: dict[int, Task] = field(default_factory=dict)  # by id (BSP: id = round)
 
     def bsp_task(self, rnd: int) -> Task:

@@ -103,14 +103,15 @@ def closed_form(rnd: int, node: int, params: int, attempt: int = 0) -> np.ndarra
 
 
 def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0,
-              weights: Mapping[int, float] | None = None) -> np.ndarray:
+              weights: Mapping[int, float] | None = None, iters: Mapping[int, int] | None = None) -> np.ndarray:
     """The members' exact (weighted) sum as float32, summed in int64 where nothing rounds: weights must
-    be integers (the README's rule for exact checks: integer weights, or divide once at the receivers)."""
+    be integers (the README's rule for exact checks: integer weights, or divide once at the receivers).
+    iters: member -> the iteration its contribution comes from (default `rnd`)."""
     total = np.zeros(params, dtype=np.int64)
     for n in nodes:
         w = 1.0 if weights is None else weights[n]
         assert w == int(w), f"node {n}: weight {w} is not an integer; no exact sum to compare with"
-        total += int(w) * closed_form(rnd, n, params, attempt)
+        total += int(w) * closed_form(rnd if iters is None else iters.get(n, rnd), n, params, attempt)
     assert np.abs(total).max(initial=0) < 2**24  # every value is an integer float32 holds exactly
     return total.astype(np.float32)
 
@@ -120,9 +121,11 @@ def digest_of(result: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(result, dtype=np.float32).tobytes(), digest_size=16).hexdigest()
 
 
-@lru_cache(maxsize=64)
-def _exact_digest(rnd: int, nodes: tuple[int, ...], params: int, weights: tuple[tuple[int, float], ...] = ()) -> str:
-    return digest_of(exact_sum(rnd, nodes, params, weights=dict(weights) if weights else None))
+@lru_cache(maxsize=256)
+def _exact_digest(rnd: int, nodes: tuple[int, ...], params: int, weights: tuple[tuple[int, float], ...] = (),
+                  iters: tuple[tuple[int, int], ...] = ()) -> str:
+    return digest_of(exact_sum(rnd, nodes, params, weights=dict(weights) if weights else None,
+                               iters=dict(iters) if iters else None))
 
 
 def assert_round_exact(rec: Any, plan: Plan) -> None:
@@ -133,10 +136,11 @@ def assert_round_exact(rec: Any, plan: Plan) -> None:
     where = f"job {r['job']} task {r['task']} round {r['round']} attempt {r['attempt']} (plan v{r['version']})"
     assert plan.version == r["version"], f"{where}: judged against plan v{plan.version}"
     want = _exact_digest(r["round"], tuple(sorted(plan.participants)), plan.params,
-                         tuple(sorted(plan.weights.items())) if any(w != 1.0 for w in plan.weights.values()) else ())
+                         tuple(sorted(plan.weights.items())) if any(w != 1.0 for w in plan.weights.values()) else (),
+                         tuple(sorted((int(n), int(k)) for n, k in r.get("iters", {}).items())))
     digests = {int(n): d for n, d in r["digests"].items()}
-    assert sorted(digests) == sorted(plan.receiver_set), \
-        f"{where}: digests from nodes {sorted(digests)}, receivers {sorted(plan.receiver_set)}"
+    receivers = sorted(set(plan.receiver_set) - {int(n) for n in r.get("dropped", ())})
+    assert sorted(digests) == receivers, f"{where}: digests from nodes {sorted(digests)}, receivers {receivers}"
     wrong = sorted(n for n, d in digests.items() if d != want)
     assert not wrong, f"{where}: nodes {wrong} hold a result that is not the exact sum"
 

@@ -16,7 +16,8 @@ from test_failures import Cluster
 from waiting import until
 
 from agents.engine import TaskError
-from emulation.topology import uniform
+from emulation.link import LinkSpec
+from emulation.topology import Topology, uniform
 from scheduler.plan import ChunkGroup, Job, Plan, PlanError
 from scheduler.planners import mst, star
 from scheduler.view import NetworkView
@@ -126,6 +127,27 @@ async def test_three_concurrent_tasks_on_overlapping_subsets_are_each_exact():
         assert max(s[0] for s in spans) < min(s[1] for s in spans)
         await asyncio.wait_for(sched.close_job(js), 30)
         assert set(js.stats) == set(range(6))
+    finally:
+        await stop_cluster(sched, tasks)
+
+
+async def test_a_relay_keeps_passing_on_an_older_task_while_it_runs_newer_ones_of_its_own():
+    """Node 1 only relays for tasks 0 and 1 (0 and 2 talk through it) while it runs task 2 itself: a
+    relay's window must follow what is still running anywhere, not the tasks it runs."""
+    spec = LinkSpec(20.0)
+    topo = Topology("hub-line", 4, {k: spec for a, b in ((0, 1), (1, 2), (1, 3)) for k in ((a, b), (b, a))})
+    sched, agents, tasks = await start_cluster(topo, cluster="relay", shaped=True)
+    try:
+        js = sched.open_tasks("star", params=400_000, chunk_params=20_000)  # 1.6 MB a way: ~0.7 s at 20 Mbit/s
+        recs = await asyncio.wait_for(asyncio.gather(
+            sched.run_task(js, (0, 2), options={"hub": 0}), sched.run_task(js, (0, 2), options={"hub": 2}),
+            sched.run_task(js, (1, 3))), 120)
+        for rec in recs:
+            assert rec.ok and not rec.aborted and rec.attempt == 0, rec  # nothing refused, nothing retried
+            assert_round_exact(rec, sched.plans[rec.version])
+        assert 1 not in recs[0].spans and 1 not in recs[1].spans  # a relay only: no part of its own
+        assert agents[1].engine.refused_frames == 0
+        await asyncio.wait_for(sched.close_job(js), 30)
     finally:
         await stop_cluster(sched, tasks)
 

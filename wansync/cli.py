@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from overlay.auth import TlsFiles
 
 DEFAULT_SCHEMES = "star,ring,mst,ktree,netstorm"  # the four baselines and the system this project is about
+SSP_SCHEMES = "mcast,mcast-l3"  # SSP multicasts each worker's parameters: one unicast per receiver, or replicated
 CHUNK_HELP = ("chunk size, overriding the scaled default (1 M parameters x --scale): bytes with a unit "
               "(200KB, 4MiB, 200000B; KB = 1000, KiB = 1024 bytes) or a plain integer = a parameter count "
               "(float32, 4 bytes each); a whole number of parameters")
@@ -102,17 +103,52 @@ def _security(args: argparse.Namespace) -> tuple[bytes | None, TlsFiles | None]:
     return secret, tls
 
 
+def _compute_model(args: argparse.Namespace, schemes: list[str]) -> str | None:
+    """--compute-model checked here (a csv trace made absolute for the agent processes), and the
+    progress model's fit with the schemes: ssp multicasts one worker's tensor, the others reduce."""
+    from scheduler.planners import resolve
+    from sim.compute import ComputeError, ComputeModel
+
+    if args.staleness < 0 or args.group < 1:
+        raise SystemExit("wansync: --staleness must be >= 0 and --group >= 1")
+    for scheme in schemes:
+        if resolve(scheme).one_source != (args.progress == "ssp"):
+            raise SystemExit(f"wansync: scheme {scheme} does not fit --progress {args.progress}: ssp takes one-source "
+                             "schemes (mcast, mcast-l3), bsp and queue take reduces")
+    spec = args.compute_model
+    if spec is None:
+        return None
+    if spec.startswith("csv:"):
+        spec = "csv:" + str(Path(spec[4:]).resolve())
+    try:
+        ComputeModel(spec, args.seed)
+    except ComputeError as exc:
+        raise SystemExit(f"wansync: --compute-model: {exc}") from None
+    return spec
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="wansync", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="local cluster: a scheduler and one agent process per node, every scheme")
     _common(r)
-    r.add_argument("--schemes", default=DEFAULT_SCHEMES, help=f"comma-separated (default {DEFAULT_SCHEMES})")
+    r.add_argument("--schemes", default=None,
+                   help=f"comma-separated (default {DEFAULT_SCHEMES}; with --progress ssp: {SSP_SCHEMES})")
     r.add_argument("--model", default="resnet50", help="model name or parameter count (default resnet50)")
     r.add_argument("--rounds", type=int, default=5, help="measured rounds per scheme (default 5)")
     r.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first, to learn the network (default 1)")
     r.add_argument("--compute", type=float, default=0.0, help="compute seconds per round (default 0)")
+    r.add_argument("--compute-model", default=None, metavar="SPEC",
+                   help="per-node compute time per iteration, seeded by --seed (overrides --compute): "
+                        "constant:S | normal:mean=S,sd=S[,spread=F] | lognormal:mean=S,cv=F[,spread=F] | csv:FILE "
+                        "(node,iteration,seconds); spread: each node's own mean within +-F of mean")
+    r.add_argument("--progress", choices=("bsp", "ssp", "queue"), default="bsp",
+                   help="how workers synchronize: bsp (a reduce of all per round, default), ssp (each worker's "
+                        "parameters multicast after every iteration, at most --staleness ahead of the slowest; "
+                        "schemes mcast, mcast-l3), queue (reduces of the first --group ready workers)")
+    r.add_argument("--staleness", type=int, default=2, metavar="S", help="SSP's bound s (default 2)")
+    r.add_argument("--group", type=int, default=2, metavar="P", help="ready queue: workers per reduce (default 2)")
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
     r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
     r.add_argument("--chunk", default=None, metavar="SIZE", help=CHUNK_HELP)
@@ -229,7 +265,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from .cluster import RunConfig, run, set_loop
 
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    chosen = args.schemes or (SSP_SCHEMES if args.progress == "ssp" else DEFAULT_SCHEMES)
+    schemes = [s.strip() for s in chosen.split(",") if s.strip()]
     for s in schemes:
         planners.resolve(s)
     if args.rounds < 1:
@@ -246,6 +283,7 @@ def _run(args: argparse.Namespace) -> int:
         except SecretError as exc:
             raise SystemExit(f"wansync: {exc}") from None
     topo = _topology(args)
+    compute_model = _compute_model(args, schemes)
     if args.backend == "tc":
         from emulation.tc import unavailable
 
@@ -255,6 +293,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = RunConfig(topology=args.topology, topo=topo, schemes=schemes, model=args.model, scale=args.scale,
                     backend=args.backend,
                     rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
+                    compute_model=compute_model, progress=args.progress, staleness=args.staleness, group=args.group,
                     warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period,
                     trace=_trace(args, topo), update_time_s=args.update_time, update_rate=args.update_rate,
                     heartbeat_timeout=args.heartbeat_timeout,

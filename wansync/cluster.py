@@ -56,6 +56,10 @@ class RunConfig:
     out: Path | None = None
     loop: str = DEFAULT_LOOP
     compute_s: float = 0.0
+    compute_model: str | None = None  # a seeded per-node compute model (sim.compute); overrides compute_s
+    progress: str = "bsp"  # scheduler.progress: bsp, ssp (staleness), queue (group)
+    staleness: int = 2
+    group: int = 2
     warmup: int = 1
     hub: int | None = None
     k: int = 2
@@ -214,7 +218,10 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
                     options["hub"] = cfg.hub
                 js = await wait_or_die(sched.run_job(scheme, rounds=cfg.rounds_by_scheme.get(scheme, cfg.rounds),
                                                      params=cfg.params, chunk_params=cfg.chunk,
-                                                     compute_s=cfg.compute_s, options=options, warmup=cfg.warmup),
+                                                     compute_s=cfg.compute_s, options=options, warmup=cfg.warmup,
+                                                     progress=cfg.progress, staleness=cfg.staleness,
+                                                     group=cfg.group, compute=cfg.compute_model,
+                                                     seed=cfg.seed),
                                        procs, survive=True, console=console)
                 jobs.append(js)
                 summary = summarize(js, cfg)
@@ -296,7 +303,7 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
     lag_busy = max((st.get("loop_lag_busy_p99_s", 0.0) for st in js.stats.values()), default=0.0)
     cpu = {n: st["cpu_s"] / st["wall_s"] if st["wall_s"] else 0.0 for n, st in js.stats.items()}
     preds = [r.prediction_s for r in recs if r.prediction_s is not None]
-    return {"job": js.job, "scheme": js.scheme, "rounds": len(recs), "round_s_median": med,
+    return {"job": js.job, "scheme": js.scheme, "progress": cfg.progress, "rounds": len(recs), "round_s_median": med,
             "prediction_s_median": statistics.median(preds) if preds else None, "round_s_min": min(times),
             "round_s_max": max(times), "algbw_MBps": cfg.params * 4 / med / 1e6,
             "all_exact": all(r.ok and r.digests_agree and r.versions_agree for r in js.records),
