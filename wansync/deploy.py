@@ -413,8 +413,8 @@ class Deployment:
             why = f"SSH connection lost ({exc})"
         if proc.exit_status == 0:
             return
-        last = [x for x in str(err).strip().splitlines() if x][-1:] or [""]
-        self.dead[h.node] = f"{why}{': ' + last[0] if last[0] else ''}"
+        tail = [x for x in str(err).strip().splitlines() if x.strip()][-2:]  # the command's last word, hostrun's
+        self.dead[h.node] = ": ".join([why] + tail)
         if not getattr(self, "_tearing_down", False):
             self.say(f"[yellow]host {h.name} (node {h.node}): agent ended ({self.dead[h.node]}); the scheduler goes "
                      "on without it (not restarted)[/]")
@@ -484,6 +484,8 @@ class Deployment:
 
     async def _relay(self, stream: Any, to: Any) -> None:
         async for line in stream:
+            if line.startswith("dashboard: "):  # its address there: the forwarded one here is printed instead
+                continue
             to.write(line)
             to.flush()
 

@@ -180,7 +180,8 @@ def main() -> int:
         off = a.get("clock_offset_s")
         names = {cid: hosts_by_addr[a] for a, cid in NicShaper("eth0", {a: 1.0 for a in hosts_by_addr
                                                                      if a != addrs[i]}).classids.items()}
-        classes = ", ".join(f"->{names.get(cid, cid)} {n / 1e6:.2f} MB" for cid, n in sorted(seen.get(f"h{i}", {}).items()))
+        classes = ", ".join(f"->{names.get(cid, cid)} {n / 1e6:.2f} MB"
+                            for cid, n in sorted(seen.get(f"h{i}", {}).items()))
         print(f"{'h' + str(i):>5} {'yes' if i in agents else 'NO':>12} {'-' if off is None else f'{off:+.6f}':>15} "
               f"{'yes' if per_host[i] else 'NO':>4}  {classes}")
     faults = "; ".join(f"{k['kind']} node {k.get('node')} {k.get('error') or 'done'}" for k in kills) or "none"
