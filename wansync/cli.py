@@ -356,7 +356,7 @@ def _scheduler(args: argparse.Namespace) -> int:
 
     def listening(p: int) -> None:
         console.print(f"scheduler: cluster {args.cluster}, control port {host}:{p}, waiting for {cfg.topo.nodes} "
-                      "agents", highlight=False)
+                      "agents", highlight=False, soft_wrap=True)
         if args.control_lines:  # wansync deploy starts the agents once it knows
             control_line(listening=p)
 
