@@ -125,6 +125,8 @@ class Watch:
         self.hosts, self.proc, self.secret = hosts, proc, secret
         self.cmdlines: set[str] = set()
         self.secret_modes: set[int] = set()
+        self.key_modes: set[int] = set()
+        self.rates: set[tuple[str, str]] = set()  # (classid, htb rate) seen on h0's NIC
         self.stderr: list[str] = []
         self.dashboard: dict | None = None
         self.stop = threading.Event()
@@ -153,12 +155,21 @@ class Watch:
                         self.cmdlines.add(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
                     except OSError:
                         pass
-                for f in (h.workdir / "runs").glob("*/secret") if (h.workdir / "runs").exists() else ():
-                    try:
-                        self.secret_modes.add(stat.S_IMODE(f.stat().st_mode))
-                    except OSError:
-                        pass
+                for name, modes in (("secret", self.secret_modes), ("tls/key.pem", self.key_modes)):
+                    for f in (h.workdir / "runs").glob(f"*/{name}") if (h.workdir / "runs").exists() else ():
+                        try:
+                            modes.add(stat.S_IMODE(f.stat().st_mode))
+                        except OSError:
+                            pass
+            show = subprocess.run(self.hosts.exec_prefix(0) + ["tc", "class", "show", "dev", "eth0"],
+                                  capture_output=True, text=True).stdout
+            self.rates |= set(re.findall(r"class htb (\S+) .*?rate (\S+)", show))
             self.stop.wait(0.05)
+
+    def agents(self) -> set[int]:
+        """The nodes whose agent process was seen."""
+        return {int(m.group(1)) for c in list(self.cmdlines) if "wansync.cli agent" in c
+                for m in [re.search(r"--node (\d+)", c)] if m}
 
     def finish(self, timeout: float = 240) -> str:
         self.proc.wait(timeout)
@@ -172,12 +183,16 @@ class Watch:
 def test_deploy_whole_flow_over_real_ssh(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """Install, secret, scheduler on h0, agents, tc shaping, a remote SIGKILL of node 2's agent in
     round 1 of ring, results + logs collected, exact rounds, nothing left behind."""
+    from test_auth import _self_signed_cryptography
+
     secret = "s3cret-" + secrets.token_hex(16)
     sf = tmp_path / "secret"
     sf.write_text(secret)
     sf.chmod(0o600)
+    tls = _self_signed_cryptography(tmp_path)  # one CA-signed (self-signed CA) certificate for every node
     cmd = deploy(hosts, tmp_path, *RUN, "--schemes", "ring,netstorm", "--shape", "tc", "--secret-file", str(sf),
-                 "--fault", "kill:node=2@round=1,scheme=ring", "--http", "127.0.0.1:0")
+                 "--fault", "kill:node=2@round=1,scheme=ring", "--http", "127.0.0.1:0",
+                 "--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watch = Watch(hosts, proc, secret)
     err = watch.finish()
@@ -190,11 +205,12 @@ def test_deploy_whole_flow_over_real_ssh(hosts: standin.StandinHosts, tmp_path: 
         assert (h.workdir / "venv" / ".wansync-build").exists()
         assert facts["shaped"] is not None and facts["shaped"]["dev"] == "eth0", facts
     # the agents and scheduler ran, the secret stayed off every command line and was 0600 on disk
-    agents = [c for c in watch.cmdlines if "wansync.cli agent" in c]
-    assert len({re.search(r"--node (\d+)", c).group(1) for c in agents}) == N_HOSTS, agents
+    assert watch.agents() == set(range(N_HOSTS)), watch.cmdlines
     assert any("wansync.cli scheduler" in c for c in watch.cmdlines)
     assert not [c for c in watch.cmdlines if secret in c], "the cluster secret appeared on a command line"
     assert watch.secret_modes == {0o600}, f"secret file modes seen: {watch.secret_modes}"
+    assert watch.key_modes == {0o600}, f"TLS key modes seen: {watch.key_modes}"
+    assert all("--tls-ca" in c for c in watch.cmdlines if "wansync.cli agent" in c or "wansync.cli scheduler" in c)
     assert watch.dashboard is not None and "error" not in watch.dashboard, watch.dashboard
     # results: every round exact (judged here from the plans in the file), every host's records and logs
     res = tmp_path / "out" / "results.jsonl"
@@ -347,22 +363,30 @@ def test_accept_new_host_keys_writes_known_hosts(hosts: standin.StandinHosts, tm
     assert hosts.hosts[0].address in known.read_text()
 
 
+def _block(hosts: standin.StandinHosts, i: int, port: int) -> subprocess.Popen:
+    """A listener on host i's port, as another program holding it would be."""
+    p = subprocess.Popen(hosts.exec_prefix(i) + [sys.executable, "-c",
+                         "import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+                         "socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen();"
+                         " print('ready', flush=True); time.sleep(600)", str(port)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
 @needs_hosts
 def test_port_in_use_and_a_clean_after_a_dead_launcher(hosts: standin.StandinHosts, tmp_path: Path) -> None:
-    """A host whose agent port is taken: the run fails naming it. Then a dead launcher's leftovers
-    (a process, the NIC's shaping, the run dir) are removed by `wansync deploy --clean`."""
+    """A host whose agent port, or the scheduler's, is taken: the run fails naming it. Then a dead
+    launcher's leftovers (a process, the NIC's shaping, the run dir) are removed by `--clean`."""
     h1 = hosts.hosts[1]
-    blocker = subprocess.Popen(hosts.exec_prefix(1) + [sys.executable, "-c",
-                               "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
-                               "socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 7071)); s.listen();"
-                               " print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert blocker.stdout is not None and blocker.stdout.readline().strip() == "ready"
-        _fails(deploy(hosts, tmp_path, *RUN, "--schemes", "ring", "--no-http"), f"host {h1.name}", "in use")
-    finally:
-        blocker.kill()
-        blocker.wait()
-    assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
+    for i, port, needles in ((1, 7071, (f"host {h1.name}", "in use")),
+                             (0, 7070, ("host h0", "scheduler did not start", "in use"))):
+        blocker = _block(hosts, i, port)
+        try:
+            _fails(deploy(hosts, tmp_path, *RUN, "--schemes", "ring", "--no-http"), *needles)
+        finally:
+            blocker.kill()
+            blocker.wait()
+        assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
     # a launcher that died: its run dir, an agent-like process with its pid file, the NIC shaped
     run = h1.workdir / "runs" / f"{socket.gethostname()}-999999999-dead00"
     run.mkdir(parents=True)
@@ -377,6 +401,28 @@ def test_port_in_use_and_a_clean_after_a_dead_launcher(hosts: standin.StandinHos
     assert p.returncode == 0, p.stderr
     assert "removed run" in p.stderr and "shaping of eth0" in p.stderr, p.stderr
     assert sleeper.wait(10) == -9
+    assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
+
+
+@needs_hosts
+def test_ctrl_c_tears_everything_down(hosts: standin.StandinHosts, tmp_path: Path) -> None:
+    """--shape tc follows the trace (the classes' rates change at the trace's step), then Ctrl-C
+    (SIGINT) mid-run: processes ended, shaping removed, run dirs deleted, logs collected."""
+    cmd = deploy(hosts, tmp_path, "--topology", "hetero", "--nodes", str(N_HOSTS), "--scale", "0.01", "--rounds",
+                 "100000", "--schemes", "ring", "--shape", "tc", "--no-http", "--trace", "steps:100=0.5")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = Watch(hosts, proc, "-")
+    until_sync(lambda: len(watch.agents()) == N_HOSTS and any("ring round 1:" in x for x in watch.stderr),
+               "rounds running on every host", timeout=120)
+    # the step at 100 s x 0.01 = 1 s after the job's start halves every link: each class shows two rates
+    until_sync(lambda: len({cid for cid, _ in watch.rates}) == N_HOSTS - 1
+               and all(len({r for c, r in watch.rates if c == cid}) >= 2 for cid, _ in watch.rates),
+               "h0's classes to change rate at the trace's step", timeout=60)
+    proc.send_signal(2)
+    err = watch.finish(timeout=90)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert (tmp_path / "out" / "results.jsonl").exists() and (tmp_path / "out" / "logs" / "h1-agent-1.log").exists()
     assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
 
 

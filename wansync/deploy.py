@@ -48,6 +48,7 @@ from .wheels import WheelError, Wheelhouse, prepare
 log = logging.getLogger("wansync.deploy")
 
 SHAPES = ("app", "tc", "none")
+TEARDOWN_S = 60.0  # per host: collect, unshape, delete; an unreachable host is named and left to --clean
 
 
 def add_parser(sub: Any, common: Callable, run_options: Callable, netstorm_options: Callable) -> None:
@@ -160,6 +161,8 @@ class Deployment:
         self.exit_code = 1
         self.collected = False
         self.listening: asyncio.Future | None = None
+        self.sched_err: list[str] = []  # the scheduler's last lines on stderr (why it failed)
+        self._tearing_down = False
 
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
@@ -407,15 +410,16 @@ class Deployment:
         try:
             err = await proc.stderr.read()
             await proc.wait()
-            status = proc.exit_status
-            why = f"exit {status}" if status is not None and status >= 0 else f"signal {proc.exit_signal}"
+            status, sig = proc.exit_status, proc.exit_signal
+            why = (f"exit {status}" if status is not None and status >= 0 else f"signal {sig[0]}" if sig
+                   else "SSH connection lost (host down or unreachable)")
         except (OSError, asyncssh.Error) as exc:
             why = f"SSH connection lost ({exc})"
         if proc.exit_status == 0:
             return
         tail = [x for x in str(err).strip().splitlines() if x.strip()][-2:]  # the command's last word, hostrun's
         self.dead[h.node] = ": ".join([why] + tail)
-        if not getattr(self, "_tearing_down", False):
+        if not self._tearing_down:
             self.say(f"[yellow]host {h.name} (node {h.node}): agent ended ({self.dead[h.node]}); the scheduler goes "
                      "on without it (not restarted)[/]")
 
@@ -446,16 +450,17 @@ class Deployment:
         done, _ = await asyncio.wait({self.listening, waiter}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
         if self.listening not in done:
             await asyncio.gather(out, err, return_exceptions=True)
-            raise DeployError(f"host {h0.name}: the scheduler did not start (exit {proc.exit_status}; its log is in "
-                              f"{self.out / 'logs'})")
+            why = "; ".join(self.sched_err[-2:]) or f"exit {proc.exit_status}"
+            raise DeployError(f"host {h0.name}: the scheduler did not start: {why} (its log: {self.out / 'logs'})")
         port = self.listening.result()
         await self._start_agents(lambda h: h0.address, port)
         registered = False
         while not waiter.done():  # agents dying before every one registered fail the run at once
             await asyncio.wait({waiter}, timeout=0.5)
             registered = registered or self.registered
-            if self.dead and not registered:
-                raise DeployError("agents ended before every one registered: " + "; ".join(
+            if self.dead and (not registered or len(self.hosts) - len(self.dead) < 2):
+                when = "before every one registered" if not registered else "and fewer than two are left"
+                raise DeployError(f"agents ended {when}: " + "; ".join(
                     f"host {self.hosts[n].name} (node {n}): {why}" for n, why in sorted(self.dead.items())))
         await asyncio.gather(out, err, return_exceptions=True)
         self.exit_code = proc.exit_status if proc.exit_status is not None and proc.exit_status >= 0 else 1
@@ -486,6 +491,8 @@ class Deployment:
         async for line in stream:
             if line.startswith("dashboard: "):  # its address there: the forwarded one here is printed instead
                 continue
+            if line.strip():
+                self.sched_err = (self.sched_err + [line.strip()])[-5:]
             to.write(line)
             to.flush()
 
@@ -530,7 +537,13 @@ class Deployment:
         self.cfg.out = self.out / "results.jsonl"
         session = Session(self.cluster, self.secret, SshAgents(), TraceBackend(), host="0.0.0.0",
                           port=listen.scheduler_port, register_timeout_s=120)
-        jobs = await conduct(self.cfg, session, self.console)
+        try:
+            jobs = await conduct(self.cfg, session, self.console)
+        except OSError as exc:
+            raise DeployError(f"the scheduler here cannot listen on 0.0.0.0:{listen.scheduler_port}: "
+                              f"{exc.strerror or exc}") from None
+        except (TimeoutError, RuntimeError) as exc:  # agents did not register, or their processes ended
+            raise DeployError(str(exc)) from None
         exact = all(r.ok and r.digests_agree and r.versions_agree for js in jobs for r in js.records)
         self.exit_code = 0 if exact else 1
 
@@ -552,10 +565,13 @@ class Deployment:
         await self._stop_processes()
         for t in list(self.tasks):
             t.cancel()
-        results = await asyncio.gather(*(self._clean_host(h) for h in hosts), return_exceptions=True)
+        results = await asyncio.gather(*(asyncio.wait_for(self._clean_host(h), TEARDOWN_S) for h in hosts),
+                                       return_exceptions=True)
         for h, r in zip(hosts, results, strict=True):
             if isinstance(r, BaseException):
-                self.say(f"[red]host {h.name}: teardown incomplete ({r}); `wansync deploy --clean` removes the rest[/]")
+                why = "no answer in time" if isinstance(r, TimeoutError) else str(r)
+                self.say(f"[red]host {h.name}: teardown incomplete ({why}); `wansync deploy --clean` removes the "
+                         "rest[/]")
         for h in self.hosts:
             h.remote.close()
         self.say(f"results and logs: {self.out}/")
