@@ -172,11 +172,24 @@ class Watch:
                 for m in [re.search(r"--node (\d+)", c)] if m}
 
     def finish(self, timeout: float = 240) -> str:
-        self.proc.wait(timeout)
+        try:
+            self.proc.wait(timeout)
+        finally:
+            self.end()
         self.stop.set()
         for t in self.threads:
             t.join(10)
         return "".join(self.stderr)
+
+    def end(self) -> None:
+        """A test that failed before the launcher exited still leaves nothing running: Ctrl-C, then kill."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 @needs_hosts
@@ -412,18 +425,26 @@ def test_ctrl_c_tears_everything_down(hosts: standin.StandinHosts, tmp_path: Pat
                  "100000", "--schemes", "ring", "--shape", "tc", "--no-http", "--trace", "steps:100=0.5")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watch = Watch(hosts, proc, "-")
-    until_sync(lambda: len(watch.agents()) == N_HOSTS and any("ring round 1:" in x for x in watch.stderr),
-               "rounds running on every host", timeout=120)
-    # the step at 100 s x 0.01 = 1 s after the job's start halves every link: each class shows two rates
-    until_sync(lambda: len({cid for cid, _ in watch.rates}) == N_HOSTS - 1
-               and all(len({r for c, r in watch.rates if c == cid}) >= 2 for cid, _ in watch.rates),
-               "h0's classes to change rate at the trace's step", timeout=60)
+    try:
+        _wait_for_trace_step(watch)
+    except BaseException:
+        watch.end()
+        raise
     proc.send_signal(2)
     err = watch.finish(timeout=90)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err
     assert (tmp_path / "out" / "results.jsonl").exists() and (tmp_path / "out" / "logs" / "h1-agent-1.log").exists()
     assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
+
+
+def _wait_for_trace_step(watch: Watch) -> None:
+    until_sync(lambda: len(watch.agents()) == N_HOSTS and any("ring round 1:" in x for x in watch.stderr),
+               "rounds running on every host", timeout=120)
+    # the step at 100 s x 0.01 = 1 s after the job's start halves every link: each class shows two rates
+    until_sync(lambda: len({cid for cid, _ in watch.rates}) == N_HOSTS - 1
+               and all(len({r for c, r in watch.rates if c == cid}) >= 2 for cid, _ in watch.rates),
+               "h0's classes to change rate at the trace's step", timeout=60)
 
 
 # --- no namespaces needed -------------------------------------------------------------------------------------

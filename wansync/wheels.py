@@ -64,6 +64,19 @@ def source_tree() -> Path | None:
     return None
 
 
+def source_hash(src: Path) -> str:
+    """Of every file a wheel of `src` would be built from (names and contents)."""
+    h = hashlib.sha256()
+    ignore = shutil.ignore_patterns(*SOURCE_IGNORE)
+    for dirpath, dirnames, filenames in os.walk(src):
+        skip = ignore(dirpath, dirnames + filenames)
+        dirnames[:] = sorted(d for d in dirnames if d not in skip)
+        for name in sorted(f for f in filenames if f not in skip):
+            path = Path(dirpath) / name
+            h.update(str(path.relative_to(src)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _pip(*args: str, what: str) -> None:
     p = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True,
                        text=True)
@@ -104,18 +117,19 @@ def prepare(wheelhouse: Path | None = None, cache: Path = CACHE) -> Wheelhouse:
         dep_dir.mkdir(parents=True, exist_ok=True)
         _pip("wheel", "-q", "--wheel-dir", str(dep_dir), *deps, what="collecting the dependencies' wheels")
         (dep_dir / ".complete").write_text("\n".join(deps) + "\n")
-    own_dir = cache / "own"
-    own_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="wansync-src-") as tmp:
-        copy = Path(tmp) / "src"
-        shutil.copytree(src, copy, ignore=shutil.ignore_patterns(*SOURCE_IGNORE))
-        out = Path(tmp) / "out"
-        _pip("wheel", "-q", "--no-deps", "--wheel-dir", str(out), str(copy), what="building the wansync wheel")
-        built = next(out.glob("wansync-*.whl"))
-        bid = build_id(built)
-        own = own_dir / f"{bid}" / built.name
-        own.parent.mkdir(exist_ok=True)
-        shutil.copy2(built, own)
+    own_dir = cache / "own" / f"src-{source_hash(src)}"  # the same sources: the wheel built before
+    own = next(own_dir.glob("wansync-*.whl"), None) if own_dir.is_dir() else None
+    if own is None:
+        with tempfile.TemporaryDirectory(prefix="wansync-src-") as tmp:
+            copy = Path(tmp) / "src"
+            shutil.copytree(src, copy, ignore=shutil.ignore_patterns(*SOURCE_IGNORE))
+            out = Path(tmp) / "out"
+            _pip("wheel", "-q", "--no-deps", "--wheel-dir", str(out), str(copy), what="building the wansync wheel")
+            built = next(out.glob("wansync-*.whl"))
+            own_dir.mkdir(parents=True, exist_ok=True)
+            own = own_dir / built.name
+            shutil.copy2(built, own)
+    bid = build_id(own)
     pip = _pip_wheel()
     wheels = [own, pip] + sorted(w for w in dep_dir.glob("*.whl") if not w.name.startswith(("wansync-", "pip-")))
     return Wheelhouse(own, wheels, pip, bid, py)
