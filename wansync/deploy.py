@@ -56,7 +56,9 @@ def add_parser(sub: Any, common: Callable, run_options: Callable, netstorm_optio
                                       "clean up")
     common(d)
     run_options(d)
-    d.set_defaults(out=None)
+    for action in d._actions:  # the same option, a directory here: results, every host's logs and facts
+        if action.dest == "out":
+            action.help = "results directory: results.jsonl and logs/ (default ./wansync-deploy-DATE-TIME)"
     g = d.add_argument_group("hosts")
     g.add_argument("--inventory", type=Path, default=None, metavar="FILE", help="hosts.toml (README: Running on "
                                                                                  "real machines)")
