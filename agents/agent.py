@@ -67,11 +67,14 @@ class Agent:
                  primary_busy_bound: int = 2, aux_queue_length: int = 5, clock_skew: float = 0.0,
                  clock_sync: bool = True, relay_by_table: bool = False, rate_shaping: bool = True,
                  secret: bytes | None = None,
-                 scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None) -> None:
+                 scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None,
+                 advertise: tuple[str, int] | None = None) -> None:
         """relay_by_table: relays route auxiliary chunks by their own tables instead of the source
         route, which is what NetStorm's protocol forbids (Fig. 10's loop; tests only).
         rate_shaping=False: the kernel shapes rates and applies the trace (tc backend); the
-        application keeps only link delay and jitter (this kernel has no netem)."""
+        application keeps only link delay and jitter (this kernel has no netem).
+        advertise: the (host, port) peers should dial, registered instead of the listening address
+        (a cloud VM behind NAT listens on a private address; port 0: the port it listens on)."""
         self.rate_shaping = rate_shaping
         self.secret = secret  # cluster secret (overlay.auth); None: unauthenticated (--insecure)
         self.tls = tls
@@ -81,6 +84,7 @@ class Agent:
         self.topo = topo
         self.host = host
         self.listen_port = listen_port
+        self.advertise = advertise
         self.clock = SyncedClock(clock_skew)
         self.clock_sync = clock_sync
         self.engine = ChunkEngine(node, topo.routes(), primary_busy_bound=primary_busy_bound,
@@ -189,9 +193,13 @@ class Agent:
             if self.clock_sync:
                 await self._sync_clock(ctl)
             # a restarted scheduler numbers jobs and versions above what any agent has seen
-            ctl.send(Register(node=self.node, host=self.host, port=port, neighbors=self.topo.neighbors(self.node),
-                              pid=os.getpid(), seen_job=self._seen[0],
-                              seen_version=max(self.plans, default=self._seen[1])).wire())
+            host, adv_port = self.advertise if self.advertise is not None else (self.host, 0)
+            synced = self.clock_sync and self.clock.error_bound != float("inf")
+            ctl.send(Register(node=self.node, host=host, port=adv_port or port,
+                              neighbors=self.topo.neighbors(self.node), pid=os.getpid(), seen_job=self._seen[0],
+                              seen_version=max(self.plans, default=self._seen[1]),
+                              clock_offset=self.clock.offset if synced else None,
+                              clock_error=self.clock.error_bound if synced else None).wire())
             return ctl
 
     async def _sync_clock(self, ctl: ControlConn, exchanges: int = CLOCK_EXCHANGES) -> None:

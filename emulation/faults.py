@@ -283,10 +283,14 @@ class FaultInjector:
 
     def __init__(self, faults: Iterable[Fault], *, links: LinkControl | None,
                  pid_of: Callable[[int], int | None], rate_of: Callable[[int, int], float],
-                 report: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time) -> None:
+                 report: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time,
+                 signal_node: Callable[[int, int], None] | None = None) -> None:
+        """signal_node(node, signal): how kill/freeze reach an agent that does not run on this
+        machine (a remote signal over SSH); None: os.kill on pid_of(node)."""
         self.faults = list(faults)
         self.links = links
         self.pid_of = pid_of
+        self.signal_node = signal_node
         self.rate_of = rate_of  # the rate a link has now without faults (configured or the trace's)
         self.report = report
         self.clock = clock
@@ -374,6 +378,10 @@ class FaultInjector:
         """Do the fault now; return what undoes it."""
         if f.kind in NODE_KINDS:
             assert f.node is not None
+            if self.signal_node is not None:
+                node, remote = f.node, self.signal_node
+                remote(node, signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
+                return lambda: remote(node, signal.SIGCONT)
             pid = self.pid_of(f.node)
             if pid is None:
                 raise RuntimeError(f"no process for node {f.node}")

@@ -189,6 +189,8 @@ class Register(Record):
     pid: int | None = _count(optional=True)
     seen_job: int | None = _count(optional=True)  # what this agent saw of an earlier scheduler
     seen_version: int | None = _count(optional=True)
+    clock_offset: float | None = f(lo=-1e9, hi=1e9, optional=True)  # this host's clock vs the scheduler's (s)
+    clock_error: float | None = f(lo=0, hi=1e9, optional=True)  # its bound: half the best exchange's round trip
 
 
 @message

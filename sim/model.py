@@ -90,7 +90,7 @@ class Model:
         if plan.multicast is not None:
             raise NotImplementedError("multicast (SelMcast) plans are not simulated yet")
         self.plan, self.net, self.start, self.segment = plan, net, start, segment
-        self.nodes = list(plan.participants)
+        self.nodes = list(plan.nodes)  # relays, outside aggregators and receivers move bytes too
         self.ix = {n: i for i, n in enumerate(self.nodes)}
         self.chunk_bytes = [n * FLOAT32 for _, n in plan.layout]
         self._build_resources()
