@@ -30,15 +30,18 @@ from overlay.messages import (
     AuxUpdate,
     Clock,
     Counters,
+    Drop,
     Emu,
     Fence,
+    Go,
     Heartbeat,
     Job,
+    JobEnd,
     Peers,
     Record,
     Register,
     Shutdown,
-    TopoReply,
+    Task,
     decode,
 )
 from overlay.peers import Overlay
@@ -48,6 +51,7 @@ from .engine import ChunkEngine
 from .looplag import LoopLag
 from .probes import PROBE_CHUNK_BYTES, PROBE_CHUNK_NUM, LinkProbes
 from .rounds import RoundLoop
+from .tasks import TaskRunner
 from .wan import NodeWan
 
 log = logging.getLogger("wansync.agent")
@@ -63,11 +67,14 @@ class Agent:
                  primary_busy_bound: int = 2, aux_queue_length: int = 5, clock_skew: float = 0.0,
                  clock_sync: bool = True, relay_by_table: bool = False, rate_shaping: bool = True,
                  secret: bytes | None = None,
-                 scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None) -> None:
+                 scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None,
+                 advertise: tuple[str, int] | None = None) -> None:
         """relay_by_table: relays route auxiliary chunks by their own tables instead of the source
         route, which is what NetStorm's protocol forbids (Fig. 10's loop; tests only).
         rate_shaping=False: the kernel shapes rates and applies the trace (tc backend); the
-        application keeps only link delay and jitter (this kernel has no netem)."""
+        application keeps only link delay and jitter (this kernel has no netem).
+        advertise: the (host, port) peers should dial, registered instead of the listening address
+        (a cloud VM behind NAT listens on a private address; port 0: the port it listens on)."""
         self.rate_shaping = rate_shaping
         self.secret = secret  # cluster secret (overlay.auth); None: unauthenticated (--insecure)
         self.tls = tls
@@ -77,6 +84,7 @@ class Agent:
         self.topo = topo
         self.host = host
         self.listen_port = listen_port
+        self.advertise = advertise
         self.clock = SyncedClock(clock_skew)
         self.clock_sync = clock_sync
         self.engine = ChunkEngine(node, topo.routes(), primary_busy_bound=primary_busy_bound,
@@ -103,15 +111,18 @@ class Agent:
         self.live_peers: set[int] = set()
         self.scheduler_wait_s = scheduler_wait_s
         self._seen = (0, 0)  # highest job id and plan version seen (a restarted scheduler starts above)
+        self.runner = TaskRunner(node, self.engine, self.overlay, self.clock, self.plans, send=self._send,
+                                 flush_samples=self._flush_samples)
         self.rounds = RoundLoop(node, self.engine, self.overlay, self.wan, self.lag, self.clock, self.plans,
-                                send=self._send, flush_samples=self._flush_samples,
-                                live_peers=lambda: self.live_peers)
+                                self.runner, send=self._send, live_peers=lambda: self.live_peers)
         # what the scheduler may say, and who handles it; a handler's "shutdown", "fenced" or "lost"
         # ends this connection; other types are ignored
         self._handlers: dict[type[Record], Callable[[Any], str | None]] = {
             Shutdown: lambda _msg: "shutdown", Peers: self._on_peers, Fence: self._on_fence, Job: self._on_job,
-            TopoReply: self._on_topo_reply, AuxUpdate: self._on_aux_update, Emu: self._on_emu,
-            Abort: self._on_abort}
+            JobEnd: lambda msg: self.runner.end_job(msg.job), Task: self._on_task, AuxUpdate: self._on_aux_update,
+            Emu: self._on_emu, Abort: self._on_abort, Go: lambda msg: self.runner.on_go(msg.job, msg.upto),
+            Drop: lambda msg: self.runner.on_drop(msg.job, msg.task, msg.attempt, msg.node,
+                                                   bool(msg.replicates))}
 
     @property
     def shapers(self) -> dict[int, LinkShaper]:
@@ -182,9 +193,13 @@ class Agent:
             if self.clock_sync:
                 await self._sync_clock(ctl)
             # a restarted scheduler numbers jobs and versions above what any agent has seen
-            ctl.send(Register(node=self.node, host=self.host, port=port, neighbors=self.topo.neighbors(self.node),
-                              pid=os.getpid(), seen_job=self._seen[0],
-                              seen_version=max(self.plans, default=self._seen[1])).wire())
+            host, adv_port = self.advertise if self.advertise is not None else (self.host, 0)
+            synced = self.clock_sync and self.clock.error_bound != float("inf")
+            ctl.send(Register(node=self.node, host=host, port=adv_port or port,
+                              neighbors=self.topo.neighbors(self.node), pid=os.getpid(), seen_job=self._seen[0],
+                              seen_version=max(self.plans, default=self._seen[1]),
+                              clock_offset=self.clock.offset if synced else None,
+                              clock_error=self.clock.error_bound if synced else None).wire())
             # only now do heartbeats, counters and samples go out on it: before REGISTER each of them is
             # a protocol error at the scheduler, and a clock exchange that a loaded machine makes slow
             # (seconds) used to reach the limit of 16 and lose the agent before it ever registered
@@ -246,10 +261,12 @@ class Agent:
         self.engine.open_job(msg.job, msg.start or 0, 1 if msg.ahead is None else msg.ahead)
         self.rounds.start(msg)
 
-    def _on_topo_reply(self, msg: TopoReply) -> None:
-        # the plan is checked here, where a bad one ends the connection, not the job
+    def _on_task(self, msg: Task) -> None:
+        # the plan is checked here, where a bad one ends the connection, not the task
         plan = Plan.from_wire(msg.plan).validate() if msg.plan is not None else None
-        self.rounds.on_reply(msg, plan)
+        if plan is None and not msg.skip and msg.version not in self.plans:
+            raise ValueError(f"task {msg.task} uses plan v{msg.version}, which this node does not hold")
+        self.runner.on_task(msg, plan)
 
     def _on_aux_update(self, msg: AuxUpdate) -> None:
         self.engine.set_aux(msg.version, tuple(aux_from_wire(g) for g in msg.groups))
@@ -258,7 +275,7 @@ class Agent:
         self.wan.emu(msg)
 
     def _on_abort(self, msg: Abort) -> None:
-        self.rounds.on_abort(msg.job, msg.round, msg.attempt)
+        self.runner.on_abort(msg.job, msg.task, msg.attempt)
 
     # --- what this node reports ----------------------------------------------------------------------
     async def _report_loop(self) -> None:

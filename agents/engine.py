@@ -1,15 +1,21 @@
 """The chunk engine: executes any valid Plan, chunk by chunk, without knowing which scheme made it.
 
-Per chunk a node knows its role from the plan: the aggregation children it waits for, the parent
-it forwards its partial sum to (only once every child arrived: aggregate-forward), and, coming
-down, the broadcast children it passes the final value on to. Partial sums are added in place
-with numpy as their segments land; final values land directly in the result tensor. Every frame
-carries its contributor set, so a doubled, stale or missing contribution is caught, not summed.
+A plan runs as a *task* (a BSP round is the task "everyone contributes, everyone receives"); a node
+may run several tasks at once, each keyed (job, task, attempt, version) on the wire. Per chunk a
+node knows its role from the plan: as a member it contributes (weighted); in the aggregation tree
+it waits for its children and forwards the partial sum to its parent only once every child arrived
+(aggregate-forward), or, as the root, checks that every member is in the sum; in the broadcast tree
+it passes the final value on to its children; as a receiver it keeps the result. A node outside
+the members may aggregate (an inner node, or the root) or replicate (an inner broadcast node)
+without contributing. Partial sums are added in place with numpy as their segments land; final
+values land directly in the result tensor. Every frame carries its contributor set, so a doubled,
+stale or missing contribution is caught, not summed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -27,15 +33,15 @@ from scheduler.plan import AuxTable, Plan
 
 log = logging.getLogger("wansync.engine")
 
-RoundKey = tuple[int, int, int, int]  # job, round, attempt, version
+TaskKey = tuple[int, int, int, int]  # job, task, attempt, version
 
 
-class RoundError(RuntimeError):
-    """The round cannot end exact (a contribution doubled or missing); it must be aborted."""
+class TaskError(RuntimeError):
+    """The task cannot end exact (a contribution doubled or missing); it must be aborted."""
 
 
-class RoundAborted(RuntimeError):
-    """The scheduler aborted this attempt (an agent was lost, or the round stalled); it is retried."""
+class TaskAborted(RuntimeError):
+    """The scheduler aborted this attempt (an agent was lost, or the task stalled); it is retried."""
 
 
 @dataclass
@@ -43,38 +49,51 @@ class _Role:
     """What this node does for one chunk group."""
 
     group: int
-    parent: int | None
+    in_agg: bool  # a node of the aggregation tree (member, aggregator or root)
+    parent: int | None  # None: the root, or not in the aggregation tree
     agg_children: frozenset[int]
+    in_bcast: bool  # holds the final value: the root, or a node the broadcast tree reaches
     bcast_parent: int | None
     bcast_children: tuple[int, ...]
 
+    @property
+    def duties(self) -> int:
+        """Per chunk: forward the partial sum (non-root aggregation nodes); hold and pass on the final value."""
+        return int(self.in_agg and self.parent is not None) + int(self.in_bcast)
+
 
 @dataclass
-class RoundState:
+class TaskState:
     job: int
-    round: int
+    task: int
     attempt: int
     plan: Plan
+    member: bool
+    receiver: bool
     acc: np.ndarray
     result: np.ndarray
     roles: dict[int, _Role]  # by group index
     chunk_group: list[int]
-    everyone: int  # bitmap of all participants
+    everyone: int  # bitmap of all members: what every final value must hold
     waiting: list[int]  # per chunk: agg children not yet complete
     contributors: list[int]  # per chunk: bitmap summed into acc so far
+    pending: int = 0  # duties left (see _Role.duties); the task is done here at 0
     agg_bytes: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
     final_bytes: list[int] = field(default_factory=list)
-    finals: int = 0
     started: bool = False
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    t_first_final: float | None = None
 
     @property
-    def key(self) -> RoundKey:
-        return (self.job, self.round, self.attempt, self.plan.version)
+    def key(self) -> TaskKey:
+        return (self.job, self.task, self.attempt, self.plan.version)
+
+    def _duty_done(self) -> None:
+        self.pending -= 1
+        if self.pending == 0 and not self.done.done():
+            self.done.set_result(self.result if self.receiver else None)
 
 
-# Bytes this node may hold for others: frames for rounds it has not begun, and chunks it relays.
+# Bytes this node may hold for others: frames for tasks it has not begun, and chunks it relays.
 # Over budget a frame is refused unacknowledged and resent later.
 HOLD_BUDGET = 256 << 20
 PRIMARY_BUSY_BOUND = 2  # NetStorm's best setting (Fig. 17)
@@ -95,28 +114,29 @@ class ChunkEngine:
         self.aux_bytes = 0
         self.sent_bytes = 0
         self.overlay: Overlay | None = None
-        self.rounds: dict[RoundKey, RoundState] = {}
-        self._stash: dict[tuple[int, int, int, int], list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
-        self.stashed_frames = 0  # frames that had to wait for their round or plan (cumulative)
-        # one memory budget for what this node holds for others: frames held here for a later round,
-        # and chunks relayed through here (the overlay shares it)
+        self.tasks: dict[TaskKey, TaskState] = {}
+        self._stash: dict[TaskKey, list[tuple[dict[str, Any], bytes]]] = defaultdict(list)
+        self.stashed_frames = 0  # frames that had to wait for their task or plan (cumulative)
+        # one memory budget for what this node holds for others: frames held here for a task it has
+        # not begun, and chunks relayed through here (the overlay shares it)
         self.budget = MemoryBudget(HOLD_BUDGET)
-        self.jobs: dict[int, int] = {}  # job -> rounds ahead of this node's its progress model allows
-        self.current: tuple[int, int] | None = None  # (job, round) this node runs or runs next
-        self.held_peak = 0  # most bytes ever held for rounds not begun (<= the budget + a frame per peer)
+        self.jobs: dict[int, int] = {}  # job -> tasks beyond the newest begun here that may already send
+        self.top: dict[int, int] = {}  # job -> the newest task begun or announced here (or the first expected)
+        self.settled: dict[int, int] = {}  # job -> every task below it is over everywhere (the scheduler says)
+        self.held_peak = 0  # most bytes ever held for tasks not begun (<= the budget + a frame per peer)
         self.hold_refused = 0  # segments refused for the budget (resent by their senders later)
-        self.refused_frames = 0  # segments refused as unexpected (unknown job, round outside the window)
+        self.refused_frames = 0  # segments refused as unexpected (unknown job, task outside the window)
         self._held = 0  # bytes in the stash
-        self._refused_from: dict[int, set[tuple[int, int]]] = {}  # peer -> (job, round)s refused
+        self._refused_from: dict[int, set[tuple[int, int]]] = {}  # peer -> (job, task)s refused
         self._burst = BurstLog(log)
-        self.on_error: Callable[[RoundKey, Exception], None] | None = None
+        self.on_error: Callable[[TaskKey, Exception], None] | None = None
         self.plans: dict[int, Plan] = {}  # every version this node holds (the agent fills it)
-        self.aborted: dict[tuple[int, int], int] = {}  # (job, round) -> highest aborted attempt
+        self.aborted: dict[tuple[int, int], int] = {}  # (job, task) -> highest aborted attempt
         # auxiliary tables pushed by AUX_UPDATE after a version was published: version -> per group
         self.aux_tables: dict[int, tuple[AuxTable, ...]] = {}
 
     def avoid_links(self, links: Iterable[Sequence[int]]) -> None:
-        """Links the scheduler suspects dead (a blackhole): this round's chunks route around them.
+        """Links the scheduler suspects dead (a blackhole): this task's chunks route around them.
         Only senders pick routes (relays follow the source route), so this is safe mid-flight."""
         avoid = frozenset(tuple(sorted((int(a), int(b)))) for a, b in links)
         if avoid == self._avoid:
@@ -149,73 +169,102 @@ class ChunkEngine:
                     return r[r.index(self.node):]
         return self.routes.route(self.node, dst)
 
-    # --- round lifecycle -----------------------------------------------------------------------------
-    def begin_round(self, job: int, rnd: int, attempt: int, plan: Plan, contribution: np.ndarray) -> RoundState:
-        """Own contribution goes in, leaf chunks go out, held frames for this round are replayed."""
+    # --- task lifecycle ------------------------------------------------------------------------------
+    def begin_task(self, job: int, task: int, attempt: int, plan: Plan, contribution: np.ndarray | None) -> TaskState:
+        """This node's part of a task: its own contribution goes in (members), leaf chunks go out,
+        held frames for this task are replayed. `contribution`: None unless this node is a member."""
         me = self.node
-        if job not in self.jobs:  # driven without an agent (tests): the job is announced by its first round
-            self.open_job(job, rnd)
-        if me not in plan.participants:
-            raise ValueError(f"node {me} is not a participant of plan v{plan.version}")
-        if contribution.shape != (plan.params,) or contribution.dtype != np.float32:
-            raise ValueError(f"contribution must be float32 of {plan.params} elements")
-        w = plan.weights[me]
-        acc = contribution.copy() if w == 1.0 else (contribution * np.float32(w))
-        chunk_group = [0] * len(plan.layout)
+        if job not in self.jobs:  # driven without an agent (tests): the job is announced by its first task
+            self.open_job(job, task)
+        member, receiver = me in plan.participants, me in plan.receiver_set
         roles: dict[int, _Role] = {}
-        waiting = [0] * len(plan.layout)
         for gi, g in enumerate(plan.groups):
-            kids = frozenset(g.agg_children(me))
-            roles[gi] = _Role(gi, g.parent[me], kids, g.bcast_parent(me), tuple(g.children.get(me, ())))
+            in_agg = me in g.parent
+            in_bcast = me == g.root or g.bcast_parent(me) is not None
+            roles[gi] = _Role(gi, in_agg, g.parent.get(me), frozenset(g.agg_children(me)) if in_agg else frozenset(),
+                              in_bcast, g.bcast_parent(me), tuple(g.children.get(me, ())))
+        if not any(r.in_agg or r.in_bcast for r in roles.values()) and not member and not receiver:
+            raise ValueError(f"node {me} has no role in plan v{plan.version}")
+        if member:
+            if contribution is None or contribution.shape != (plan.params,) or contribution.dtype != np.float32:
+                raise ValueError(f"a member's contribution must be float32 of {plan.params} elements")
+            w = plan.weights[me]
+            acc = contribution.copy() if w == 1.0 else (contribution * np.float32(w))
+        else:
+            aggregates = any(r.in_agg for r in roles.values())
+            acc = np.zeros(plan.params if aggregates else 0, np.float32)
+        chunk_group = [0] * len(plan.layout)
+        waiting = [0] * len(plan.layout)
+        pending = 0
+        for gi, g in enumerate(plan.groups):
             for c in g.chunks:
                 chunk_group[c] = gi
-                waiting[c] = len(kids)
-        st = RoundState(job, rnd, attempt, plan, acc, np.empty_like(acc), roles, chunk_group,
-                        bitmap_int(bitmap(plan.participants)), waiting, [1 << me] * len(plan.layout),
-                        final_bytes=[0] * len(plan.layout))
-        self.rounds[st.key] = st
-        self.current = (job, rnd)
+                waiting[c] = len(roles[gi].agg_children)
+            pending += roles[gi].duties * len(g.chunks)
+        needs_result = receiver or any(r.in_bcast for r in roles.values())
+        st = TaskState(job, task, attempt, plan, member, receiver, acc,
+                       np.empty(plan.params if needs_result else 0, np.float32), roles, chunk_group,
+                       bitmap_int(bitmap(plan.participants)), waiting,
+                       [(1 << me) if member else 0] * len(plan.layout), pending=pending,
+                       final_bytes=[0] * len(plan.layout))
+        self.tasks[st.key] = st
+        self.top[job] = max(self.top.get(job, task), task)
         for h, data in self._unstash(st.key):
             try:
                 self.chunk_buffer(h)  # held frames were never checked against the plan: check now
                 self._segment(st, h, memoryview(data))
             except ProtocolError as exc:
                 log.warning("node %d: dropped a held frame: %s", self.node, exc)
-            except RoundError as exc:
+            except TaskError as exc:
                 self._fail(st, exc)
         self._ask_resend()
         st.started = True
         for c in range(len(plan.layout)):
-            if st.waiting[c] == 0:
+            if roles[chunk_group[c]].in_agg and st.waiting[c] == 0:
                 self._complete_agg(st, c)
+        if st.pending == 0 and not st.done.done():  # nothing to do here (a member that is no tree node)
+            st.done.set_result(st.result if receiver else None)
         return st
 
-    def end_round(self, st: RoundState) -> None:
-        self.rounds.pop(st.key, None)
-        if self.current == (st.job, st.round):
-            self.current = (st.job, st.round + 1)  # the next round's early frames are not "future"
+    def end_task(self, st: TaskState) -> None:
+        self.tasks.pop(st.key, None)
 
-    def abort(self, job: int, rnd: int, attempt: int) -> None:
-        """Attempts up to `attempt` of this round end now; their frames, held or late, are dropped."""
-        self.aborted[(job, rnd)] = max(attempt, self.aborted.get((job, rnd), -1))
-        for key, st in list(self.rounds.items()):
-            if key[:2] == (job, rnd) and key[2] <= attempt and not st.done.done():
-                st.done.set_exception(RoundAborted(f"job {job} round {rnd} attempt {key[2]} aborted"))
-        for k in [k for k in self._stash if k[:2] == (job, rnd) and k[2] <= attempt]:
+    def abort(self, job: int, task: int, attempt: int) -> None:
+        """Attempts up to `attempt` of this task end now; their frames, held or late, are dropped."""
+        self.aborted[(job, task)] = max(attempt, self.aborted.get((job, task), -1))
+        for key, st in list(self.tasks.items()):
+            if key[:2] == (job, task) and key[2] <= attempt and not st.done.done():
+                st.done.set_exception(TaskAborted(f"job {job} task {task} attempt {key[2]} aborted"))
+        for k in [k for k in self._stash if k[:2] == (job, task) and k[2] <= attempt]:
             self._unstash(k)
 
-    def drop_stale(self, job: int, rnd: int) -> None:
-        """Forget held frames of rounds that can no longer start."""
-        self.current = (job, rnd)
-        for k in [k for k in self._stash if (k[0], k[1]) < (job, rnd)]:
+    def drop_receiver(self, st: TaskState, node: int) -> None:
+        """`node` left the task's receivers (a multicast shrinks). This node, if it is the one, applies
+        nothing: it keeps passing the value on where it has broadcast children, else its part ends
+        here (its frames are dropped from now on); if this node broadcasts to it and it replicates
+        for nobody in that tree, it stops."""
+        if node == self.node:
+            st.receiver = False
+            if not any(r.bcast_children for r in st.roles.values()):
+                self.abort(st.job, st.task, st.attempt)
+            return
+        for gi, role in st.roles.items():
+            if node in role.bcast_children and not st.plan.groups[gi].children.get(node):
+                st.roles[gi] = dataclasses.replace(role, bcast_children=tuple(k for k in role.bcast_children
+                                                                             if k != node))
+
+    def drop_stale(self, job: int, task: int) -> None:
+        """Forget held frames of tasks before `task` (they can no longer start); `task` is expected next."""
+        self.top[job] = task
+        for k in [k for k in self._stash if (k[0], k[1]) < (job, task)]:
             self._unstash(k)
 
     # --- ChunkSink -------------------------------------------------------------------------------------
     def chunk_buffer(self, h: dict[str, Any]) -> memoryview | None:
-        st = self.rounds.get((h["job"], h["round"], h["attempt"], h["version"]))
+        st = self.tasks.get((h["job"], h["task"], h["attempt"], h["version"]))
         if st is None:
             self._may_hold(h)
-            return None  # held until this node has the round and its plan
+            return None  # held until this node has the task and its plan
         c = h["chunk"]
         if not 0 <= c < len(st.plan.layout):
             raise ProtocolError(f"chunk {c} is not in plan v{st.plan.version}", field="chunk", msg_type="CHUNK")
@@ -238,8 +287,8 @@ class ChunkEngine:
                             msg_type="CHUNK")
 
     def chunk_segment(self, h: dict[str, Any], payload: memoryview) -> None:
-        key = (h["job"], h["round"], h["attempt"], h["version"])
-        st = self.rounds.get(key)
+        key = (h["job"], h["task"], h["attempt"], h["version"])
+        st = self.tasks.get(key)
         if st is None and key[2] <= self.aborted.get(key[:2], -1):
             return  # a late frame of an aborted attempt
         if st is None:
@@ -251,30 +300,44 @@ class ChunkEngine:
             return
         try:
             self._segment(st, h, payload)
-        except RoundError as exc:
+        except TaskError as exc:
             self._fail(st, exc)
 
-    # --- which traffic this node expects: jobs and the rounds their progress model allows ------------
-    def open_job(self, job: int, first_round: int = 0, ahead: int = 1) -> None:
-        """Frames of `job` are welcome from now on, for rounds from the one before this node's (relays
-        finish it for others) up to `ahead` beyond it (the progress model's window: BSP runs one round
-        ahead at most). Every other job's traffic is refused from now on."""
+    # --- which traffic this node expects: jobs and the tasks their progress model allows -------------
+    def open_job(self, job: int, first_task: int = 0, ahead: int = 1) -> None:
+        """Frames of `job` are welcome from now on, for tasks from the one before the oldest still
+        running here (relays finish it for others) up to `ahead` beyond the newest begun (the progress
+        model's window: BSP runs one round ahead at most). Every other job's traffic is refused."""
+        if job not in self.jobs:
+            self.top = {job: first_task}
+            self.settled = {}
         self.jobs = {job: ahead}
-        if self.current is None or self.current[0] != job:
-            self.current = (job, first_round)
+
+    def note_task(self, job: int, task: int, settled: int | None) -> None:
+        """A TASK of `job` arrived (this node may only relay for it): frames up to it and the window
+        beyond are expected; tasks from `settled` on may still run somewhere, so their frames are too,
+        though this node runs none of them."""
+        if job not in self.jobs:
+            return
+        self.top[job] = max(self.top.get(job, task), task)
+        if settled is not None:
+            self.settled[job] = max(self.settled.get(job, settled), settled)
 
     def _outside(self, h: dict[str, Any]) -> str | None:
-        """Why this node expects no frame like `h` now, or None. The round before this node's is still
-        expected: others may finish it (through us) after we did, or abort it and make us go back."""
-        job, rnd = h["job"], h["round"]
+        """Why this node expects no frame like `h` now, or None. The task before the oldest running here
+        is still expected: others may finish it (through us) after we did, or abort it and make us go back."""
+        job, task = h["job"], h["task"]
         ahead = self.jobs.get(job)
         if ahead is None:
             return f"job {job} is not running here"
-        cur = self.current[1] if self.current is not None and self.current[0] == job else 0
-        if rnd > cur + ahead:
-            return f"round {rnd} is more than {ahead} ahead of round {cur}"
-        if rnd < cur - 1:
-            return f"round {rnd} is over (this node is at round {cur})"
+        top = self.top.get(job, 0)
+        low = min((k[1] for k in self.tasks if k[0] == job), default=top)
+        if job in self.settled:  # concurrent tasks: others still run tasks this node relays for
+            low = min(low, self.settled[job])
+        if task > top + ahead:
+            return f"task {task} is more than {ahead} ahead of task {top}"
+        if task < low - 1:
+            return f"task {task} is over (this node is at task {low})"
         return None
 
     def admit_relay(self, h: dict[str, Any], peer: int) -> None:
@@ -284,11 +347,11 @@ class ChunkEngine:
 
     def _refuse(self, h: dict[str, Any], peer: int, why: str) -> None:
         """Not stored, so never acknowledged: the sender keeps the chunk and resends it after the
-        connection drops, which this node asks for when the round begins (`_ask_resend`)."""
+        connection drops, which this node asks for when a task begins (`_ask_resend`)."""
         self.refused_frames += 1
-        self._refused_from.setdefault(peer, set()).add((h["job"], h["round"]))
+        self._refused_from.setdefault(peer, set()).add((h["job"], h["task"]))
         self._burst.log(logging.WARNING, (peer, why.split(" ", 1)[0]),
-                        f"node {self.node}: refused frames from node {peer} (job {h['job']} round {h['round']}): {why}")
+                        f"node {self.node}: refused frames from node {peer} (job {h['job']} task {h['task']}): {why}")
         raise HoldRefused(why)
 
     # --- held frames: bounded memory, nothing lost ---------------------------------------------------
@@ -301,18 +364,18 @@ class ChunkEngine:
         self.budget.limit = nbytes
 
     def held_bytes(self) -> int:
-        """Bytes of frames held for a round (or plan) this node has not begun yet."""
+        """Bytes of frames held for a task (or plan) this node has not begun yet."""
         return self._held
 
     def _may_hold(self, h: dict[str, Any]) -> None:
-        """Refuse a frame for a round not begun yet when it is not expected, or holding it would
+        """Refuse a frame for a task not begun yet when it is not expected, or holding it would
         exceed the node's memory budget (shared with relayed chunks) or the sender's share of it.
 
         Refused means not stored, hence never acknowledged: the sender keeps the chunk, and the
-        overlay drops that connection when the round begins (`_ask_resend`), so the sender resends
+        overlay drops that connection when a task begins (`_ask_resend`), so the sender resends
         it from its start and the frames go straight into place (already held offsets are dropped
-        as duplicates). Back-pressure (pausing the socket) is not used: the current round's frames
-        on the same connection would wait behind the future ones, and the future round can only
+        as duplicates). Back-pressure (pausing the socket) is not used: the current task's frames
+        on the same connection would wait behind the future ones, and the future task can only
         begin once the current one ends: a deadlock."""
         peer = _sender(h)
         why = self._outside(h)
@@ -320,19 +383,19 @@ class ChunkEngine:
             self._refuse(h, peer, why)
         if self.budget.room(peer, h["nbytes"]):
             return
-        rnd = (h["job"], h["round"])
+        jt = (h["job"], h["task"])
         self.hold_refused += 1
         seen = self._refused_from.setdefault(peer, set())
-        if rnd not in seen:
-            seen.add(rnd)
-            log.warning("node %d: hold budget full (%d of %d bytes held, %d for node %d): refusing job %d round %d "
+        if jt not in seen:
+            seen.add(jt)
+            log.warning("node %d: hold budget full (%d of %d bytes held, %d for node %d): refusing job %d task %d "
                         "frames from node %d unacknowledged; they are resent when it begins", self.node,
-                        self.budget.used, self.budget.limit, self.budget.by_peer.get(peer, 0), peer, rnd[0], rnd[1],
+                        self.budget.used, self.budget.limit, self.budget.by_peer.get(peer, 0), peer, jt[0], jt[1],
                         peer)
         raise HoldRefused(f"hold budget of {self.hold_budget} bytes full")
 
     def _unstash(self, key: tuple[int, int, int, int]) -> list[tuple[dict[str, Any], bytes]]:
-        """Take a round's held frames out of the stash (to replay or drop): their bytes leave the budget."""
+        """Take a task's held frames out of the stash (to replay or drop): their bytes leave the budget."""
         frames = self._stash.pop(key, [])
         for h, data in frames:
             self.budget.give(_sender(h), len(data))
@@ -340,14 +403,14 @@ class ChunkEngine:
         return frames
 
     def _ask_resend(self) -> None:
-        """A round began: peers whose frames were refused resend everything unacknowledged (a reconnect)."""
+        """A task began: peers whose frames were refused resend everything unacknowledged (a reconnect)."""
         peers, self._refused_from = self._refused_from, {}
         for peer in peers:
             if self.overlay is not None:
                 self.overlay.drop_connection(peer)
 
     # --- internals -------------------------------------------------------------------------------------
-    def _segment(self, st: RoundState, h: dict[str, Any], payload: memoryview) -> None:
+    def _segment(self, st: TaskState, h: dict[str, Any], payload: memoryview) -> None:
         c = h["chunk"]
         off, n = st.plan.layout[c]
         lo = off + h["off"] // 4
@@ -358,10 +421,10 @@ class ChunkEngine:
             if got == 0:
                 theirs = bitmap_int(h["contributors"])
                 if theirs & st.contributors[c]:
-                    raise RoundError(f"chunk {c}: contributors {theirs:#x} from node {origin} overlap "
-                                     f"{st.contributors[c]:#x} already summed")
+                    raise TaskError(f"chunk {c}: contributors {theirs:#x} from node {origin} overlap "
+                                    f"{st.contributors[c]:#x} already summed")
                 if theirs & ~st.everyone:
-                    raise RoundError(f"chunk {c}: node {origin} sent contributions of non-participants")
+                    raise TaskError(f"chunk {c}: node {origin} sent contributions of non-members")
                 st.contributors[c] |= theirs
             part = np.frombuffer(payload, dtype=np.float32)
             np.add(st.acc[lo:hi], part, out=st.acc[lo:hi])
@@ -377,35 +440,34 @@ class ChunkEngine:
             st.final_bytes[c] += h["nbytes"]
             if st.final_bytes[c] == n * 4:
                 if bitmap_int(h["contributors"]) != st.everyone:
-                    raise RoundError(f"chunk {c}: final value holds contributors "
-                                     f"{bitmap_int(h['contributors']):#x}, expected {st.everyone:#x}")
+                    raise TaskError(f"chunk {c}: final value holds contributors "
+                                    f"{bitmap_int(h['contributors']):#x}, expected {st.everyone:#x}")
                 self._final(st, c)
 
-    def _complete_agg(self, st: RoundState, c: int) -> None:
+    def _complete_agg(self, st: TaskState, c: int) -> None:
         role = st.roles[st.chunk_group[c]]
         off, n = st.plan.layout[c]
         if role.parent is not None:
             self._send(st, c, "agg", st.acc[off:off + n], st.contributors[c], role.parent)
+            st._duty_done()
             return
         if st.contributors[c] != st.everyone:
-            self._fail(st, RoundError(f"chunk {c}: root {self.node} aggregated {st.contributors[c]:#x}, "
-                                      f"expected {st.everyone:#x}"))
+            self._fail(st, TaskError(f"chunk {c}: root {self.node} aggregated {st.contributors[c]:#x}, "
+                                     f"expected {st.everyone:#x}"))
             return
         st.result[off:off + n] = st.acc[off:off + n]
         self._final(st, c)
 
-    def _final(self, st: RoundState, c: int) -> None:
+    def _final(self, st: TaskState, c: int) -> None:
         role = st.roles[st.chunk_group[c]]
         off, n = st.plan.layout[c]
         for child in role.bcast_children:
             self._send(st, c, "bcast", st.result[off:off + n], st.everyone, child)
-        st.finals += 1
-        if st.finals == len(st.plan.layout) and not st.done.done():
-            st.done.set_result(st.result)
+        st._duty_done()
 
-    def _send(self, st: RoundState, c: int, kind: str, data: np.ndarray, contributors: int, dst: int) -> None:
+    def _send(self, st: TaskState, c: int, kind: str, data: np.ndarray, contributors: int, dst: int) -> None:
         assert self.overlay is not None
-        header = chunk_header(job=st.job, rnd=st.round, attempt=st.attempt, version=st.plan.version, chunk=c,
+        header = chunk_header(job=st.job, task=st.task, attempt=st.attempt, version=st.plan.version, chunk=c,
                               kind=kind, origin=self.node, contributors=bitmap_bytes(contributors))
         path = self.routes.route(self.node, dst)
         aux = self.aux_for(st.plan, st.chunk_group[c]).get((self.node, dst))
@@ -420,8 +482,8 @@ class ChunkEngine:
         self.sent_bytes += data.nbytes
         self.overlay.send_chunk(header, memoryview(data).cast("B"), path)
 
-    def _fail(self, st: RoundState, exc: Exception) -> None:
-        log.error("node %d round %s: %s", self.node, st.key, exc)
+    def _fail(self, st: TaskState, exc: Exception) -> None:
+        log.error("node %d task %s: %s", self.node, st.key, exc)
         if not st.done.done():
             st.done.set_exception(exc)
         if self.on_error is not None:

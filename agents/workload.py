@@ -72,16 +72,18 @@ def contribution(rnd: int, attempt: int, node: int, params: int) -> np.ndarray:
 
 
 def expected(rnd: int, attempt: int, nodes: Iterable[int], params: int,
-             weights: Mapping[int, float] | None = None) -> np.ndarray:
-    """The exact (weighted) sum of the given nodes' contributions."""
+             weights: Mapping[int, float] | None = None, iters: Mapping[int, int] | None = None) -> np.ndarray:
+    """The exact (weighted) sum of the given nodes' contributions, of round `rnd` or each node's own
+    iteration (`iters`: a ready queue groups workers at different iterations)."""
     nodes = list(nodes)
+    it = {n: (rnd if iters is None else iters.get(n, rnd)) for n in nodes}
     if weights is None or all(weights[n] == 1.0 for n in nodes):
         total = np.zeros(params, dtype=np.int32)
         for n in nodes:
-            total += _raw(rnd, attempt, n, params)
+            total += _raw(it[n], attempt, n, params)
         total -= 32 * len(nodes)
         return total.astype(np.float32)
     acc = np.zeros(params, dtype=np.float64)
     for n in nodes:
-        acc += weights[n] * contribution(rnd, attempt, n, params)
+        acc += weights[n] * contribution(it[n], attempt, n, params)
     return acc.astype(np.float32)

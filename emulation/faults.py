@@ -278,15 +278,19 @@ class FaultInjector:
     """Fires faults at their time or round, heals them after `for`, reports every step.
 
     The launcher calls `start()` once all agents registered (time zero of `t=`), feeds it the
-    scheduler's events (`on_event`: "job" when a job starts, "round" after each round), and awaits
+    scheduler's events (`on_event`: "job" when a job starts, "task" after each task), and awaits
     `stop()` on the way out, which heals whatever is still active (a frozen agent gets SIGCONT)."""
 
     def __init__(self, faults: Iterable[Fault], *, links: LinkControl | None,
                  pid_of: Callable[[int], int | None], rate_of: Callable[[int, int], float],
-                 report: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time) -> None:
+                 report: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time,
+                 signal_node: Callable[[int, int], None] | None = None) -> None:
+        """signal_node(node, signal): how kill/freeze reach an agent that does not run on this
+        machine (a remote signal over SSH); None: os.kill on pid_of(node)."""
         self.faults = list(faults)
         self.links = links
         self.pid_of = pid_of
+        self.signal_node = signal_node
         self.rate_of = rate_of  # the rate a link has now without faults (configured or the trace's)
         self.report = report
         self.clock = clock
@@ -311,7 +315,7 @@ class FaultInjector:
                     self._spawn(self._at(i, f.at_s, data))
                 elif f.at_round == 0:
                     self._fire(i, {"job": data.get("job"), "scheme": data.get("scheme"), "round": 0})
-        elif kind == "round":
+        elif kind == "task":  # a round (BSP) ended: its task record carries the round
             for i, f in enumerate(self.faults):
                 if (i not in self.fired and f.at_round is not None and f.at_round == data.get("round", -2) + 1
                         and self._matches(f, data)):
@@ -374,6 +378,10 @@ class FaultInjector:
         """Do the fault now; return what undoes it."""
         if f.kind in NODE_KINDS:
             assert f.node is not None
+            if self.signal_node is not None:
+                node, remote = f.node, self.signal_node
+                remote(node, signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
+                return lambda: remote(node, signal.SIGCONT)
             pid = self.pid_of(f.node)
             if pid is None:
                 raise RuntimeError(f"no process for node {f.node}")

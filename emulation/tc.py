@@ -70,6 +70,14 @@ def wire_rate_mbps(goodput_mbps: float, mtu: int = 1500) -> float:
     return goodput_mbps * (mtu + ETH_HDR) / (mtu - IP_TCP_HDR)
 
 
+def htb_class(rate_mbps: float, mtu: int = 1500) -> str:
+    """htb rate for this goodput; burst of ~2 ms (at least 2 frames) keeps 100 ms windows smooth.
+    Shared with the real-NIC shaper (emulation/nicshape.py)."""
+    wire = wire_rate_mbps(rate_mbps, mtu)
+    burst = max(2 * (mtu + ETH_HDR), int(wire * 1e6 / 8 * 0.002))
+    return f"htb rate {wire * 1e6:.0f}bit ceil {wire * 1e6:.0f}bit burst {burst} cburst {burst} quantum {burst}"
+
+
 def _run(cmd: list[str], stdin: str | None = None, check: bool = True) -> str:
     p = subprocess.run(cmd, input=stdin, text=True, capture_output=True)
     if check and p.returncode != 0:
@@ -273,10 +281,7 @@ class TcNetwork:
         return out
 
     def _class(self, rate_mbps: float) -> str:
-        """htb rate for this goodput; burst of ~2 ms (at least 2 frames) keeps 100 ms windows smooth."""
-        wire = wire_rate_mbps(rate_mbps, self.mtu)
-        burst = max(2 * (self.mtu + ETH_HDR), int(wire * 1e6 / 8 * 0.002))
-        return f"htb rate {wire * 1e6:.0f}bit ceil {wire * 1e6:.0f}bit burst {burst} cburst {burst} quantum {burst}"
+        return htb_class(rate_mbps, self.mtu)
 
     def _queue(self, rate_mbps: float, delay_s: float) -> int:
         """pfifo limit in packets: the bandwidth-delay product (round trip), at least MIN_QUEUE_PKTS."""

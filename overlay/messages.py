@@ -67,11 +67,13 @@ class Msg(enum.StrEnum):
     REPORT = "REPORT"
     READY = "READY"
     JOB = "JOB"
-    TOPO_REQUEST = "TOPO_REQUEST"
-    TOPO_REPLY = "TOPO_REPLY"
+    JOB_END = "JOB_END"
+    GO = "GO"
+    TASK = "TASK"
+    DROP = "DROP"
     FENCE = "FENCE"
     AUX_UPDATE = "AUX_UPDATE"
-    ROUND_DONE = "ROUND_DONE"
+    TASK_DONE = "TASK_DONE"
     ABORT = "ABORT"
     CLOCK = "CLOCK"
     STATS = "STATS"
@@ -187,6 +189,8 @@ class Register(Record):
     pid: int | None = _count(optional=True)
     seen_job: int | None = _count(optional=True)  # what this agent saw of an earlier scheduler
     seen_version: int | None = _count(optional=True)
+    clock_offset: float | None = f(lo=-1e9, hi=1e9, optional=True)  # this host's clock vs the scheduler's (s)
+    clock_error: float | None = f(lo=0, hi=1e9, optional=True)  # its bound: half the best exchange's round trip
 
 
 @message
@@ -212,35 +216,34 @@ class Report(Record):
 
 @message
 class Ready(Record):
+    """A worker computed iteration `round` and is ready to synchronize it. Under BSP every member's
+    READY for round r is the round's barrier (and the first one freezes its plan version: NetStorm's
+    per-iteration topology request)."""
+
     T = Msg.READY
-    round: int = _count()
-    progress: float = f(lo=0)
-
-
-@message
-class TopoRequest(Record):
-    """Which plan version does this round use (NetStorm's per-iteration topology request)."""
-
-    T = Msg.TOPO_REQUEST
     job: int = _count()
     round: int = _count()
-    have: list[int] | None = f(fc.list_of(fc.count, "versions"), optional=True)
     attempt: int | None = _count(optional=True)
+    have: list[int] | None = f(fc.list_of(fc.count, "versions"), optional=True)  # plan versions it holds
+    progress: float | None = f(lo=0, optional=True)
 
 
 @message
-class RoundDone(Record):
-    T = Msg.ROUND_DONE
+class TaskDone(Record):
+    """This node's part of a task is done: a receiver holds the result (digest of its bytes), a node
+    that only contributed, aggregated or replicated has sent everything it had to."""
+
+    T = Msg.TASK_DONE
     node: int = _node()
     job: int = _count()
-    round: int = _count()
+    task: int = _count()
     attempt: int = _count()
     version: int = _count()
-    digest: bytes = f(fc.text(64))
     ok: bool = f()
     t_start: float = f()
     t_end: float = f()
     t_compute: float = f()
+    digest: bytes | None = f(fc.text(64), optional=True)  # receivers only
     t_wait: float | None = f(optional=True)
     error: str | None = f(fc.text(), optional=True)
 
@@ -290,19 +293,68 @@ class Job(Record):
     t0: float | None = f(optional=True)
     warmup: int | None = _count(optional=True)
     start: int | None = _count(optional=True)  # first round for an agent that rejoined mid-job
-    ahead: int | None = _count(optional=True)  # rounds a node may receive ahead of its own
+    ahead: int | None = _count(optional=True)  # tasks a node may receive ahead of the newest it began
+    mode: str | None = f(fc.text(16), optional=True)  # "bsp" (default: rounds of its own) or "tasks" (served)
+    # what a worker waits for before its next iteration: "result" (of the task holding its contribution:
+    # BSP, a ready queue) or "bound" (a GO allowing it: SSP's staleness bound)
+    rule: str | None = f(fc.text(16), optional=True)
+    compute: str | None = f(fc.text(), optional=True)  # the compute model (sim.compute spec); seeded by `seed`
+    compute_scale: float | None = f(lo=0, optional=True)  # its times shrink by this (the run's --scale)
+    seed: int | None = _count(optional=True)
 
 
 @message
-class TopoReply(Record):
-    T = Msg.TOPO_REPLY
+class Go(Record):
+    """This worker may compute every iteration up to `upto` (SSP: its own multicasts over, and the
+    slowest worker's plus the bound)."""
+
+    T = Msg.GO
     job: int = _count()
-    round: int = _count()
+    upto: int = _count()
+
+
+@message
+class JobEnd(Record):
+    """A job whose tasks the scheduler formed is over: nodes send their STATS."""
+
+    T = Msg.JOB_END
+    job: int = _count()
+
+
+@message
+class Task(Record):
+    """A task this node has a part in (member, receiver, aggregator, replicating node or relay): who
+    contributes and who receives, the plan version, and the plan itself if this node lacks it."""
+
+    T = Msg.TASK
+    job: int = _count()
+    task: int = _count()
+    attempt: int = _count()
     version: int = _count()
-    plan: dict[str, Any] | None = f(optional=True)  # the plan's wire form, if the agent lacks that version
-    attempt: int | None = _count(optional=True)
-    skip: bool | None = f(optional=True)  # the agent rejoined after this round was frozen
+    round: int = _count()  # the iteration whose contributions members send (a BSP round r is task r)
+    members: list[int] = f(fc.list_of(fc.node, "members"))
+    receivers: list[int] = f(fc.list_of(fc.node, "receivers"))
+    plan: dict[str, Any] | None = f(optional=True)  # the plan's wire form, if the node lacks that version
     avoid: list[list[int]] | None = f(fc.list_of(fc.pair(fc.node, fc.node), "links"), optional=True)
+    skip: bool | None = f(optional=True)  # this node's READY came after the task formed without it
+    settled: int | None = _count(optional=True)  # every task below this one is over everywhere
+    # member -> the iteration its contribution comes from, where it is not `round` (a ready queue groups
+    # workers at different iterations)
+    iters: dict[int, int] | None = f(fc.counters, optional=True)
+
+
+@message
+class Drop(Record):
+    """A receiver leaves a running task (SelMcast's shrink-only receiver sets): it applies nothing of
+    it, the nodes that send to it stop unless it replicates for others (`replicates`), and the
+    others go on."""
+
+    T = Msg.DROP
+    job: int = _count()
+    task: int = _count()
+    attempt: int = _count()
+    node: int = _node()
+    replicates: bool | None = f(optional=True)
 
 
 @message
@@ -326,7 +378,7 @@ class AuxUpdate(Record):
 class Abort(Record):
     T = Msg.ABORT
     job: int = _count()
-    round: int = _count()
+    task: int = _count()
     attempt: int = f()  # -1: before any attempt (a request for a job that is not running)
 
 
@@ -380,7 +432,7 @@ class Chunk(Record):
 
     T = Msg.CHUNK
     job: int = _count()
-    round: int = _count()
+    task: int = _count()  # the task it belongs to (a BSP round is task r)
     attempt: int = _count()
     version: int = _count()
     chunk: int = _count()
@@ -423,7 +475,7 @@ class Ack(Record):
 
     T = Msg.ACK
     job: int = _count()
-    round: int = _count()
+    task: int = _count()
     attempt: int = _count()
     version: int = _count()
     chunk: int = _count()
@@ -483,29 +535,29 @@ def decode(header: Mapping[str, Any]) -> Record:
     return RECORDS[header["t"]].of(header)
 
 
-def chunk_header(*, job: int, rnd: int, attempt: int, version: int, chunk: int, kind: str, origin: int,
+def chunk_header(*, job: int, task: int, attempt: int, version: int, chunk: int, kind: str, origin: int,
                  contributors: bytes, path: Sequence[int] = (), hop: int = 0, total: int = 0) -> dict[str, Any]:
     """A CHUNK header without its segment fields (off, nbytes, t_send: the link sender adds them)."""
-    return {"t": Msg.CHUNK.value, "job": job, "round": rnd, "attempt": attempt, "version": version,
+    return {"t": Msg.CHUNK.value, "job": job, "task": task, "attempt": attempt, "version": version,
             "chunk": chunk, "kind": kind, "origin": origin, "contributors": contributors, "t_send": 0.0,
             "path": list(path), "hop": hop, "total": total}
 
 
-ChunkKey = tuple[int, int, int, int, int, str, int, int]
+ChunkKey = tuple[int, int, int, int, int, str, int, int]  # job, task, attempt, version, chunk, kind, origin, dst
 
 
 def chunk_key(h: Mapping[str, Any]) -> ChunkKey:
     """The identity of one chunk transfer: what duplicates, acks and resends are keyed by.
 
-    (job, round, attempt, version, chunk, kind, origin, destination): one origin may send the
+    (job, task, attempt, version, chunk, kind, origin, destination): one origin may send the
     same chunk to several destinations (a broadcast), possibly through the same relay."""
     dst = h["path"][-1] if "path" in h else h["dst"]
-    return (h["job"], h["round"], h["attempt"], h["version"], h["chunk"], h["kind"], h["origin"], dst)
+    return (h["job"], h["task"], h["attempt"], h["version"], h["chunk"], h["kind"], h["origin"], dst)
 
 
 def ack_for(key: ChunkKey) -> dict[str, Any]:
-    job, rnd, attempt, version, chunk, kind, origin, dst = key
-    return {"t": Msg.ACK.value, "job": job, "round": rnd, "attempt": attempt, "version": version,
+    job, task, attempt, version, chunk, kind, origin, dst = key
+    return {"t": Msg.ACK.value, "job": job, "task": task, "attempt": attempt, "version": version,
             "chunk": chunk, "kind": kind, "origin": origin, "dst": dst}
 
 

@@ -37,7 +37,7 @@ ERRORS_KEPT = 256  # protocol errors kept for inspection (all are counted)
 
 
 class HoldRefused(Exception):
-    """The sink cannot hold this segment now (its memory budget for other rounds is full).
+    """The sink cannot hold this segment now (its memory budget for other tasks is full).
 
     The overlay discards it without recording or acknowledging it, so the sender keeps the chunk
     and sends it again after the next reconnect; nothing is lost and nothing counts as invalid."""
@@ -55,7 +55,7 @@ class ChunkSink(Protocol):
 
     def admit_relay(self, header: dict[str, Any], peer: int) -> None:
         """Before relaying a chunk for others: raise HoldRefused (after saying why) if its job, task
-        or round is not one this node expects traffic of now."""
+        or task is not one this node expects traffic of now."""
 
 
 class ReceiveLimiter(Protocol):
@@ -92,7 +92,7 @@ class Overlay:
         authentication (--insecure). tls: mutual TLS on every data connection. max_*: per-frame
         limits on what a neighbour may send, and how many invalid messages before we hang up.
         budget: memory for chunks relayed for others, shared with what the sink holds for later
-        rounds (default: the sink's `budget`, else a budget of our own)."""
+        tasks (default: the sink's `budget`, else a budget of our own)."""
         self.node = node
         self.cluster = cluster
         self.secret = secret
@@ -242,22 +242,30 @@ class Overlay:
     def _acked(self, path: tuple[int, ...]) -> None:
         self._in_transit[path] -= 1
 
-    def abort(self, job: int, rnd: int | None = None, attempt: int | None = None) -> int:
-        """Drop every transfer of this round's attempts up to `attempt` (or of the whole job), sent
+    def abort(self, job: int, task: int | None = None, attempt: int | None = None) -> int:
+        """Drop every transfer of this task's attempts up to `attempt` (or of the whole job), sent
         or relayed through us: they are never sent or resent again."""
         def drop(k: tuple) -> bool:
-            return k[0] == job and (rnd is None or (k[1] == rnd and (attempt is None or k[2] <= attempt)))
+            return k[0] == job and (task is None or (k[1] == task and (attempt is None or k[2] <= attempt)))
         for key in [k for k in self._rx if drop(k)]:
             del self._rx[key]
         return sum(s.cancel(drop) for s in self.senders.values())
 
-    def forget_before(self, job: int, rnd: int) -> None:
-        """Duplicate detection only needs keys of rounds still in flight (agents run one round ahead);
-        transfers of older rounds that were never acknowledged are of no use to anyone now."""
+    def abort_to(self, job: int, task: int, dst: int) -> int:
+        """Drop every transfer of this task addressed to `dst` (a receiver left it), sent or relayed."""
+        def drop(k: tuple) -> bool:
+            return k[0] == job and k[1] == task and k[7] == dst
+        for key in [k for k in self._rx if drop(k)]:
+            del self._rx[key]
+        return sum(s.cancel(drop) for s in self.senders.values())
+
+    def forget_before(self, job: int, task: int) -> None:
+        """Duplicate detection only needs keys of tasks still in flight: those of tasks before `task`
+        (over everywhere), and their transfers never acknowledged, are of no use to anyone now."""
         def old(k: tuple) -> bool:
-            return (k[0], k[1]) < (job, rnd)
-        for jr in [jr for jr in self._done if jr < (job, rnd)]:
-            del self._done[jr]
+            return (k[0], k[1]) < (job, task)
+        for jt in [jt for jt in self._done if jt < (job, task)]:
+            del self._done[jt]
         for key in [k for k in self._rx if old(k)]:
             del self._rx[key]
         for s in self.senders.values():
@@ -332,7 +340,7 @@ class Overlay:
         key = chunk_key(h)
         if self.relay_by_table is not None and hop + 2 < len(path) and key not in self._rx:
             path = h["path"] = [*path[:hop + 1], *self.relay_by_table(h)]
-        if key in self._done.get((h["job"], h["round"]), ()):
+        if key in self._done.get((h["job"], h["task"]), ()):
             return "dup", key
         rx = self._rx.get(key)
         if rx is not None and rx.total != h["total"]:
@@ -364,7 +372,7 @@ class Overlay:
             try:
                 if admit is not None:
                     admit(h, peer)
-            except HoldRefused:  # a job or round this node expects nothing of: said why, never held
+            except HoldRefused:  # a job or task this node expects nothing of: said why, never held
                 return "dup", key
         if rx is None:
             # a relayed chunk is admitted whole or not at all: its size is reserved in the budget now
@@ -411,12 +419,12 @@ class Overlay:
     def _on_chunk(self, peer: int, h: dict[str, Any], payload: memoryview | None, disp: tuple[str, Any]) -> None:
         kind, info = disp
         if kind == "dup":
-            if h["off"] + h["nbytes"] == h["total"] and info in self._done.get((h["job"], h["round"]), ()):
+            if h["off"] + h["nbytes"] == h["total"] and info in self._done.get((h["job"], h["task"]), ()):
                 self.senders[peer].send_control(ack_for(info))  # our ack may have been lost
             return
         key, rx, _, skip = info
         assert payload is not None
-        if self._rx.get(key) is not rx:  # its round was aborted or forgotten while these bytes arrived
+        if self._rx.get(key) is not rx:  # its task was aborted or forgotten while these bytes arrived
             return
         if skip:  # an overlapping resend: pass on only the bytes not yet held
             h = {**h, "off": h["off"] + skip, "nbytes": h["nbytes"] - skip}
@@ -440,7 +448,7 @@ class Overlay:
         if rx.got == rx.total:
             meter.chunks += 1
             del self._rx[key]
-            self._done.setdefault((h["job"], h["round"]), set()).add(key)
+            self._done.setdefault((h["job"], h["task"]), set()).add(key)
             self.senders[peer].send_control(ack_for(key))
             if self.on_sample is not None:
                 self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"])

@@ -61,6 +61,13 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
+def _flight_key(flight: dict[str, Any]) -> tuple:
+    """What distinguishes one picture of the tasks in flight from the next (ages aside)."""
+    return (flight["job"],
+            tuple((t["task"], t["attempt"], t["version"], tuple(t["reported"])) for t in flight["running"]),
+            tuple((t["task"], t["attempt"], t["blocked"], tuple(t["at_barrier"])) for t in flight["waiting"]))
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
 
@@ -86,6 +93,7 @@ class DashboardServer:
             web.get("/api/view", self.api_view),
             web.get("/api/plan", self.api_plan),
             web.get("/api/rounds", self.api_rounds),
+            web.get("/api/tasks", self.api_tasks),
             web.get("/api/series", self.api_series),
             web.get("/api/timeline", self.api_timeline),
             web.get("/metrics", self.metrics),
@@ -122,7 +130,8 @@ class DashboardServer:
 
     async def api_index(self, request: web.Request) -> web.Response:
         return _json({"endpoints": ["/api/cluster", "/api/view", "/api/plan[?version=N]",
-                                    "/api/rounds[?limit=N&scheme=S]", "/api/series", "/api/timeline",
+                                    "/api/rounds[?limit=N&scheme=S]", "/api/tasks[?limit=N&job=J]", "/api/series",
+                                    "/api/timeline",
                                     "/metrics", "/ws"]})
 
     async def api_cluster(self, request: web.Request) -> web.Response:
@@ -146,6 +155,17 @@ class DashboardServer:
         except ValueError:
             return _json({"error": "limit must be an integer"}, 400)
         return _json({"rounds": self.live.recent_rounds(limit, request.query.get("scheme"))})
+
+    async def api_tasks(self, request: web.Request) -> web.Response:
+        """Recent task records (every job's, a BSP round's included) and the current job's tasks in
+        flight, with the plan trees they run."""
+        try:
+            limit = int(request.query.get("limit", "100"))
+            job = request.query.get("job")
+            job_id = None if job is None else int(job)
+        except ValueError:
+            return _json({"error": "limit and job must be integers"}, 400)
+        return _json({"tasks": self.live.recent_tasks(limit, job_id), "in_flight": self.live.in_flight()})
 
     async def api_series(self, request: web.Request) -> web.Response:
         return _json({"step_s": self.live.step_s, "links": self.live.series_json()})
@@ -181,6 +201,7 @@ class DashboardServer:
     async def _push(self, ws: web.WebSocketResponse) -> None:
         snap = self.live.snapshot()
         cursor, version = snap["seq"], snap["cluster"]["plan_version"]
+        shown = _flight_key(snap["in_flight"])
         try:
             await ws.send_json({"type": "snapshot", **snap}, dumps=lambda d: json.dumps(d, default=str))
             while not ws.closed:
@@ -193,6 +214,10 @@ class DashboardServer:
                 if self.sched.version != version:
                     version = self.sched.version
                     msg["plan"] = self.live.plan()
+                flight = self.live.in_flight()
+                if _flight_key(flight) != shown:  # tasks started, ended, reported or blocked since the last push
+                    shown = _flight_key(flight)
+                    msg["in_flight"] = flight
                 await ws.send_json(msg, dumps=lambda d: json.dumps(d, default=str))
         except (ConnectionError, RuntimeError) as exc:  # the page went away mid-send
             log.debug("dashboard client gone: %s", exc)

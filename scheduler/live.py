@@ -1,8 +1,11 @@
-"""Live state of a running scheduler, for people and scrapers: link throughput, rounds, liveness, metrics.
+"""Live state of a running scheduler, for people and scrapers: link throughput, rounds, tasks, liveness,
+metrics.
 
-Everything here is derived from the scheduler's own events (agents' COUNTERS, round records, the
-timeline), so the dashboard, the Prometheus endpoint, the terminal and the results file all show the
-same numbers. Nothing in this module changes the scheduler's state.
+Everything here is derived from the scheduler's own events (agents' COUNTERS, task records, the
+timeline) and, for the tasks in flight, read from its current job, so the dashboard, the Prometheus
+endpoint, the terminal and the results file all show the same numbers. A job of rounds (BSP) has
+its records as rounds too (the rounds view and round metrics); a tasks job's records (partial
+reduces the scheduler forms) are tasks only. Nothing in this module changes the scheduler's state.
 """
 
 from __future__ import annotations
@@ -24,12 +27,39 @@ Listener = Callable[[str, dict[str, Any]], None]
 SERIES_STEP_S = 0.5  # throughput point period per link: agents report every 0.25 s; two reports smooth bursts
 SERIES_KEEP = 1800  # points per link (15 min at two a second)
 ROUNDS_KEEP = 5000
+TASKS_KEEP = 5000
 FEED_KEEP = 50_000
 NODE_STALE_S = 3.0  # agents report counters every 0.25 s: silence this long means the node is not up
 # round-time histogram buckets (seconds): scaled-down runs take milliseconds, full-size WAN rounds minutes
 ROUND_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 GUARD_VERDICTS = ("valid", "invalid", "unjudged")  # the fidelity guard's words (wansync.guard.guard_verdict)
 PLAN_GROUPS_MAX = 64  # groups sent per plan (ring: one per node; netstorm: one per root)
+TASK_OUTCOMES = ("exact", "failed", "aborted")  # a task record's outcome (task_outcome)
+# what the live feed and the dashboard's snapshot carry of a task record (/api/tasks has all of it)
+TASK_ITEM = ("job", "scheme", "task", "round", "version", "attempt", "round_s", "ok", "digests_agree", "aborted",
+             "members", "receivers", "aggregators", "bytes", "t_start", "t_end", "spans", "mode")
+
+
+def task_outcome(rec: dict[str, Any]) -> str:
+    """exact (every receiver holds the agreed, checked sum), aborted (no attempt could end exact: nothing
+    of it was applied) or failed (it ended, but not exact: an agent's check or their digests disagree)."""
+    if rec.get("aborted"):
+        return "aborted"
+    return "exact" if rec.get("ok") and rec.get("digests_agree") else "failed"
+
+
+def plan_json(p: Plan) -> dict[str, Any]:
+    """A plan as drawn: trees, aux routes, multicast, roles; chunk layout omitted."""
+    groups = [{"root": g.root, "chunks": len(g.chunks),
+               "parent": {str(n): q for n, q in sorted(g.parent.items())},
+               "children": {str(n): list(k) for n, k in sorted(g.children.items())},
+               "aux": [{"src": a, "dst": b, "routes": [list(r) for r in rs]} for (a, b), rs in sorted(g.aux.items())]}
+              for g in p.groups[:PLAN_GROUPS_MAX]]
+    return {"version": p.version, "scheme": p.scheme, "participants": list(p.participants),
+            "receivers": list(p.receiver_set), "nodes": sorted(p.nodes),
+            "weights": {str(n): w for n, w in sorted(p.weights.items())}, "chunks": len(p.layout),
+            "params": p.params, "groups_total": len(p.groups), "groups": groups,
+            "multicast": None if p.multicast is None else {str(n): list(r) for n, r in sorted(p.multicast.items())}}
 
 
 class LiveState:
@@ -44,7 +74,12 @@ class LiveState:
         self.series: dict[Link, deque[tuple[float, float]]] = {}
         self.current_mbps: dict[Link, float] = {}
         self._last: dict[Link, tuple[float, int]] = {}
-        self.rounds: deque[dict[str, Any]] = deque(maxlen=ROUNDS_KEEP)
+        self.rounds: deque[dict[str, Any]] = deque(maxlen=ROUNDS_KEEP)  # BSP jobs' records
+        self.tasks: deque[dict[str, Any]] = deque(maxlen=TASKS_KEEP)  # every job's task records
+        self.modes: dict[int, str] = {}  # job -> its mode (its timeline entry): "tasks", or rounds
+        self.task_hist: dict[str, list[int]] = {}  # tasks jobs: scheme -> count per bucket, as `hist`
+        self.task_hist_sum: dict[str, float] = {}
+        self.task_outcomes: dict[tuple[str, str], int] = {}  # tasks jobs: (scheme, outcome) -> count
         self.hist: dict[str, list[int]] = {}  # scheme -> count per bucket (not cumulative), last one +Inf
         self.hist_sum: dict[str, float] = {}
         self.failed: dict[str, int] = {}
@@ -67,12 +102,13 @@ class LiveState:
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "counters":
             self._counters(data["node"], float(data["time"]), data["links"])
-        elif kind == "round":
-            self._round(data)
+        elif kind == "task":
+            self._task(data)
         elif kind == "timeline":
             if data["kind"] == "job":
+                mode = self.modes[data["job"]] = data.get("mode", "rounds")
                 self.job = {"job": data["job"], "scheme": data["scheme"], "rounds": data["rounds"], "done": 0,
-                            "t_start": data["t"], "last_end": data["t"]}
+                            "t_start": data["t"], "last_end": data["t"], "mode": mode}
                 self._job_bytes0 = dict(self.sched.link_bytes)
             elif data["kind"] == "guard":
                 g = {k: data[k] for k in ("valid", "verdict", "worst_ratio", "bad_links", "reasons") if k in data}
@@ -102,14 +138,33 @@ class LiveState:
             self.series.setdefault(link, deque(maxlen=SERIES_KEEP)).append((t, mbps))
             self._push("point", {"src": link[0], "dst": link[1], "t": t, "mbps": mbps, "bytes": int(nbytes)})
 
+    def _task(self, rec: dict[str, Any]) -> None:
+        """A task record: kept (with its job's mode); a BSP job's is also a round, a tasks job's counts
+        in the task metrics."""
+        mode = self.modes.get(rec["job"], "rounds")
+        t = {**{k: v for k, v in rec.items() if k != "type"}, "mode": mode}
+        t["spans"] = {str(n): list(se) for n, se in (rec.get("spans") or {}).items()}  # JSON keys, as the API sends
+        t["digests"] = {str(n): d for n, d in (rec.get("digests") or {}).items()}
+        self.tasks.append(t)
+        if self.job is not None and self.job["job"] == rec["job"]:
+            self.job["done"] += 1
+            self.job["last_end"] = time.time()
+        if mode != "tasks":  # a job of rounds (BSP or another progress model): its tasks are its rounds
+            self._round(rec)
+            return
+        scheme, outcome = rec["scheme"], task_outcome(rec)
+        self.task_outcomes[(scheme, outcome)] = self.task_outcomes.get((scheme, outcome), 0) + 1
+        if outcome != "aborted":
+            counts = self.task_hist.setdefault(scheme, [0] * (len(ROUND_BUCKETS) + 1))
+            counts[next((i for i, le in enumerate(ROUND_BUCKETS) if rec["round_s"] <= le), len(ROUND_BUCKETS))] += 1
+            self.task_hist_sum[scheme] = self.task_hist_sum.get(scheme, 0.0) + rec["round_s"]
+        self._push("task", {k: t.get(k) for k in TASK_ITEM})
+
     def _round(self, rec: dict[str, Any]) -> None:
         r = {k: rec.get(k) for k in ("job", "scheme", "round", "version", "round_s", "ok", "digests_agree",
                                      "t_start", "t_end", "warmup", "prediction_s")}
         self.rounds.append(r)
         scheme = r["scheme"]
-        if self.job is not None and self.job["job"] == r["job"]:
-            self.job["done"] += 1
-            self.job["last_end"] = time.time()
         if not (r["ok"] and r["digests_agree"]):
             self.failed[scheme] = self.failed.get(scheme, 0) + 1
         if not r["warmup"]:
@@ -157,6 +212,7 @@ class LiveState:
         plan = self.plan()
         return {"cluster": s.cluster, "expected_nodes": s.expected, "nodes": self.nodes(),
                 "up": sum(1 for n in range(s.expected) if self.node_up(n)), "plan_version": s.version,
+                "tasks_in_flight": self.in_flight_count(),
                 "scheme": plan["scheme"] if plan else None, "job": self.job, "guard": self.guard,
                 "guard_verdict": self.run_verdict(),
                 "guard_valid": {"valid": True, "invalid": False}.get(self.run_verdict() or ""),
@@ -185,22 +241,51 @@ class LiveState:
             p = s.current.plan
         else:
             p = s.plans[max(s.plans)] if s.plans else None
-        if p is None:
-            return None
-        groups = [{"root": g.root, "chunks": len(g.chunks),
-                   "parent": {str(n): q for n, q in sorted(g.parent.items())},
-                   "children": {str(n): list(k) for n, k in sorted(g.children.items())},
-                   "aux": [{"src": a, "dst": b, "routes": [list(r) for r in rs]}
-                           for (a, b), rs in sorted(g.aux.items())]}
-                  for g in p.groups[:PLAN_GROUPS_MAX]]
-        return {"version": p.version, "scheme": p.scheme, "participants": list(p.participants),
-                "weights": {str(n): w for n, w in sorted(p.weights.items())}, "chunks": len(p.layout),
-                "params": p.params, "groups_total": len(p.groups), "groups": groups,
-                "multicast": None if p.multicast is None else {str(n): list(r) for n, r in sorted(p.multicast.items())}}
+        return None if p is None else plan_json(p)
 
     def recent_rounds(self, limit: int = 100, scheme: str | None = None) -> list[dict[str, Any]]:
         rs = [r for r in self.rounds if scheme is None or r["scheme"] == scheme]
         return rs[-limit:] if limit > 0 else []
+
+    def recent_tasks(self, limit: int = 100, job: int | None = None) -> list[dict[str, Any]]:
+        """The most recent task records (every job's: a BSP round's is its task's), oldest first."""
+        ts = [t for t in self.tasks if job is None or t["job"] == job]
+        return ts[-limit:] if limit > 0 else []
+
+    def in_flight(self) -> dict[str, Any]:
+        """The current job's tasks not recorded yet: `running` (started: members, receivers,
+        aggregators, relays, the plan tree they run, who reported) and `waiting` (formed, not started:
+        at a BSP barrier, or blocked with the reason)."""
+        js = self.sched.current
+        out: dict[str, Any] = {"job": None, "mode": None, "running": [], "waiting": []}
+        if js is None or js.finished.is_set():
+            return out
+        out["job"], out["mode"] = js.job, js.mode
+        now = time.time()
+        for t in sorted(js.tasks.values(), key=lambda t: t.id):
+            if t.recorded_t is not None:
+                continue
+            plan = self.sched.plans.get(t.version) if t.version is not None else None
+            if t.started_t is not None and plan is not None:
+                members, receivers = set(plan.participants), set(plan.receiver_set)
+                out["running"].append({
+                    "job": js.job, "scheme": js.scheme, "task": t.id, "round": t.round, "attempt": t.attempt,
+                    "version": t.version, "members": sorted(members), "receivers": sorted(receivers),
+                    "aggregators": sorted(set(plan.nodes) - members - receivers),
+                    "relays": sorted(set(t.involved) - set(plan.nodes)), "started_t": t.started_t,
+                    "age_s": round(now - t.started_t, 3), "reported": sorted(t.done), "plan": plan_json(plan)})
+            elif not t.barrier or t.asked is not None:
+                out["waiting"].append({
+                    "job": js.job, "scheme": js.scheme, "task": t.id, "round": t.round, "attempt": t.attempt,
+                    "members": list(t.members), "receivers": None if t.receivers is None else list(t.receivers),
+                    "blocked": t.blocked, "at_barrier": sorted(t.asked or ())})
+        return out
+
+    def in_flight_count(self) -> int:
+        js = self.sched.current
+        if js is None or js.finished.is_set():
+            return 0
+        return sum(1 for t in js.tasks.values() if t.started_t is not None and t.recorded_t is None)
 
     def series_json(self) -> dict[str, list[list[float]]]:
         return {f"{a}-{b}": [[round(t, 3), round(m, 3)] for t, m in pts] for (a, b), pts in sorted(self.series.items())}
@@ -209,7 +294,8 @@ class LiveState:
         """Everything a freshly opened dashboard draws; `seq` is where its live updates start."""
         return {"seq": self.seq, "cluster": self.cluster(), "view": self.view(), "plan": self.plan(),
                 "series": self.series_json(), "rounds": list(self.rounds)[-1000:],
-                "timeline": self.timeline()}
+                "tasks": [{k: t.get(k) for k in TASK_ITEM} for t in list(self.tasks)[-500:] if t["mode"] == "tasks"],
+                "in_flight": self.in_flight(), "timeline": self.timeline()}
 
     def timeline(self, limit: int = 1000) -> list[dict[str, Any]]:
         return [_plain(e) for e in self.sched.timeline[-limit:]]
@@ -250,20 +336,22 @@ class _Collector:
             m.add_metric([str(a), str(b)], 1.0 if e["measured"] else 0.0)
         yield g
         yield m
-        h = HistogramMetricFamily("wansync_round_seconds", "Synchronization round time per scheme (warm-up rounds "
-                                  "excluded)", labels=["scheme"])
-        for scheme, counts in sorted(live.hist.items()):
-            cum, buckets = 0, []
-            for le, n in zip((*ROUND_BUCKETS, float("inf")), counts, strict=True):
-                cum += n
-                buckets.append(("+Inf" if le == float("inf") else repr(le), cum))
-            h.add_metric([scheme], buckets, live.hist_sum[scheme])
-        yield h
+        yield _histogram("wansync_round_seconds", "Synchronization round time per scheme (BSP jobs; warm-up "
+                         "rounds excluded)", live.hist, live.hist_sum)
         f = CounterMetricFamily("wansync_rounds_failed", "Rounds that did not end with the exact, agreed result",
                                 labels=["scheme"])
         for scheme in sorted(live.hist.keys() | live.failed.keys()):
             f.add_metric([scheme], live.failed.get(scheme, 0))
         yield f
+        yield _histogram("wansync_task_seconds", "Task time per scheme in tasks jobs (partial reduces the "
+                         "scheduler forms; aborted tasks excluded)", live.task_hist, live.task_hist_sum)
+        tc = CounterMetricFamily("wansync_tasks", "Recorded tasks of tasks jobs per scheme and outcome (exact, "
+                                 "failed, aborted)", labels=["scheme", "outcome"])
+        for (scheme, outcome), n in sorted(live.task_outcomes.items()):
+            tc.add_metric([scheme, outcome], n)
+        yield tc
+        yield GaugeMetricFamily("wansync_tasks_in_flight", "Tasks of the current job started and not recorded yet",
+                                value=live.in_flight_count())
         yield GaugeMetricFamily("wansync_plan_version", "Newest published plan version", value=s.version)
         yield GaugeMetricFamily("wansync_nodes_expected", "Nodes the cluster was started with", value=s.expected)
         up = GaugeMetricFamily("wansync_node_up", f"1 if the node is registered, connected and reported within "
@@ -290,6 +378,18 @@ class _Collector:
             yield GaugeMetricFamily("wansync_run_guard_valid", "1 while every scheme so far in this run was judged "
                                     "valid (0 if any was invalid or unjudged)",
                                     value=1.0 if live.run_verdict() == "valid" else 0.0)
+
+
+def _histogram(name: str, doc: str, hist: dict[str, list[int]], sums: dict[str, float]) -> HistogramMetricFamily:
+    """Per-scheme counts per ROUND_BUCKETS bucket (not cumulative, last +Inf) as a Prometheus histogram."""
+    h = HistogramMetricFamily(name, doc, labels=["scheme"])
+    for scheme, counts in sorted(hist.items()):
+        cum, buckets = 0, []
+        for le, n in zip((*ROUND_BUCKETS, float("inf")), counts, strict=True):
+            cum += n
+            buckets.append(("+Inf" if le == float("inf") else repr(le), cum))
+        h.add_metric([scheme], buckets, sums[scheme])
+    return h
 
 
 def _plain(entry: dict[str, Any]) -> dict[str, Any]:

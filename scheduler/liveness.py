@@ -1,8 +1,8 @@
 """Liveness: the watchdog that turns silence into decisions (scheduler/deadline.py says how long).
 
 Every tick: an agent silent past the heartbeat timeout is lost; a suspicion that ran out is lifted;
-a blocked round is tried again (the cluster may have changed); at the barrier, a member alive but
-not asking once the previous round is complete everywhere is stuck (lost); a started round in which
+a blocked task is tried again (the cluster may have changed); at a BSP barrier, a member alive but
+not asking once the previous round is complete everywhere is stuck (lost); a started task in which
 no data moved for the stall deadline is aborted (and the links whose chunks waited as long are
 suspected: a blackhole), one that runs past its overrun deadline is aborted too.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import deadline
 from .plan import Plan
-from .rounds import JobState
+from .tasks import JobState
 from .view import NetworkView
 
 if TYPE_CHECKING:
@@ -66,24 +66,24 @@ class Liveness:
         rx = sum(a.rx_bytes for a in sched.agents.values())
         if rx != self._progress[0]:
             self._progress = (rx, now)
-        for r in list(js.by_round.values()):
-            if r.blocked is not None:  # the cluster may have changed: a node back, a suspicion over
-                if r.asked is not None:
-                    sched.try_start(js, r.number)
+        for t in list(js.tasks.values()):
+            if t.blocked is not None:  # the cluster may have changed: a node back, a suspicion over
+                if t.asked is not None or not t.barrier:
+                    sched.try_start(js, t.id)
                 else:
-                    r.blocked = None
-        for r in list(js.by_round.values()):
-            if r.asked is not None and r.version is not None:
-                self._barrier(js, r.number, now)
-        for r in list(js.by_round.values()):
-            if r.started_t is not None:  # past the barrier, not complete
-                self._running(js, r.number, now)
+                    t.blocked = None
+        for t in list(js.tasks.values()):
+            if t.asked is not None and t.version is not None:
+                self._barrier(js, t.id, now)
+        for t in list(js.tasks.values()):
+            if t.started_t is not None:  # started, not complete
+                self._running(js, t.id, now)
 
     def _barrier(self, js: JobState, rnd: int, now: float) -> None:
         """Once the previous round is complete everywhere, everyone asks within its compute time: one
         who does not, while alive, is stuck (a slow previous round has its own deadlines)."""
-        r = js.by_round[rnd]
-        prev = js.by_round.get(rnd - 1)
+        r = js.tasks[rnd]
+        prev = js.tasks.get(rnd - 1)
         if rnd > 0 and (prev is None or prev.recorded_t is None):
             return
         assert r.barrier_t is not None and r.asked is not None and r.version is not None
@@ -95,9 +95,9 @@ class Liveness:
             for n in missing:
                 self.sched.lose(n, f"did not ask for round {rnd} within {limit:.1f} s (stuck)")
 
-    def _running(self, js: JobState, rnd: int, now: float) -> None:
+    def _running(self, js: JobState, tid: int, now: float) -> None:
         sched = self.sched
-        r = js.by_round[rnd]
+        r = js.tasks[tid]
         assert r.started_t is not None and r.version is not None
         t0 = r.started_t
         plan = sched.plans[r.version]
@@ -105,12 +105,12 @@ class Liveness:
         if quiet > deadline.stall_s(plan, sched.view) * 2 ** r.aborted:
             suspects = self._suspect(quiet)
             around = f"; routing around {suspects}" if suspects else ""
-            sched.abort(js, rnd, f"no data moved for {quiet:.1f} s{around}")
+            sched.abort(js, tid, f"no data moved for {quiet:.1f} s{around}")
             return
         recent = [rec.round_s for rec in js.records[-5:] if rec.version == plan.version]
         limit = deadline.overrun_s(self._predicted(js, plan), recent, r.aborted)
         if now - t0 > limit:
-            sched.abort(js, rnd, f"round ran {now - t0:.1f} s, over its deadline of {limit:.1f} s")
+            sched.abort(js, tid, f"task ran {now - t0:.1f} s, over its deadline of {limit:.1f} s")
 
     def _suspect(self, quiet: float) -> list[list[int]]:
         """After a stall: links whose chunks waited unacknowledged about as long as nothing moved

@@ -1,13 +1,23 @@
 """The one plan representation every scheme compiles to, and the checks it must pass before use.
 
 A flattened float32 tensor is cut into chunks. Each chunk belongs to exactly one group; a group
-has an aggregation tree (parent per participant, partial sums flow leaf -> root) and a broadcast
-tree (children per node, final values flow root -> leaves), optionally auxiliary relay routes per
-tree edge. Nothing downstream knows which scheme produced a plan.
+has an aggregation tree (parent per node, partial sums flow leaf -> root) and a broadcast tree
+(children per node, final values flow root -> leaves), optionally auxiliary relay routes per tree
+edge. Nothing downstream knows which scheme produced a plan.
+
+Roles. The *participants* (members) contribute, with weights; the *receivers* (default: the
+members) get the final value. Other nodes may take part without contributing: an *aggregator* is
+an inner node of an aggregation tree (it sums what its children send; it may be the root), a
+*replicating* node is an inner node of a broadcast tree (it passes the final value on). So every
+member is in every aggregation tree, every receiver in every broadcast tree, and a node that is
+neither must have children where it appears (a leaf that contributes or receives nothing has no
+reason to be there). `validate()` says which rule a plan breaks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,14 +78,34 @@ class Plan:
     layout: tuple[tuple[int, int], ...]
     groups: tuple[ChunkGroup, ...]
     multicast: Mapping[NodeId, tuple[NodeId, ...]] | None = None
+    receivers: tuple[NodeId, ...] | None = None  # who gets the final value; None: the participants
 
     @property
     def params(self) -> int:
         return sum(n for _, n in self.layout)
 
+    @property
+    def members(self) -> tuple[NodeId, ...]:
+        """Who contributes (the participants)."""
+        return self.participants
+
+    @property
+    def receiver_set(self) -> tuple[NodeId, ...]:
+        return self.participants if self.receivers is None else self.receivers
+
+    @property
+    def nodes(self) -> tuple[NodeId, ...]:
+        """Every node with a role in some tree: members, receivers, aggregators, replicating nodes."""
+        out = set(self.participants) | set(self.receiver_set)
+        for g in self.groups:
+            out.update(g.parent)
+            out.update(g.children)
+            for kids in g.children.values():
+                out.update(kids)
+        return tuple(sorted(out))
+
     def with_version(self, version: int) -> Plan:
-        return Plan(version, self.scheme, self.participants, self.weights, self.layout, self.groups,
-                    self.multicast)
+        return dataclasses.replace(self, version=version)
 
     def same_policy(self, other: Plan) -> bool:
         """Equal apart from the version number (re-planning found nothing new)."""
@@ -88,8 +118,18 @@ class Plan:
         if not parts or len(set(parts)) != len(parts):
             raise PlanError(f"participants must be non-empty and unique, got {parts}")
         pset = set(parts)
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in pset):
+            raise PlanError(f"participants must be node ids (ints >= 0), got {sorted(pset, key=str)}")
         if set(self.weights) != pset:
             raise PlanError("weights must name exactly the participants")
+        for n, w in self.weights.items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
+                raise PlanError(f"weights: node {n} has weight {w!r}; a weight is a finite number > 0")
+        recv = self.receiver_set
+        if not recv or len(set(recv)) != len(recv):
+            raise PlanError(f"receivers must be non-empty and unique, got {recv}")
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in recv):
+            raise PlanError(f"receivers must be node ids (ints >= 0), got {list(recv)}")
         expect = 0
         for i, (off, n) in enumerate(self.layout):
             if off != expect:
@@ -97,6 +137,8 @@ class Plan:
             if n <= 0:
                 raise PlanError(f"layout: chunk {i} has length {n}")
             expect = off + n
+        if not self.layout:
+            raise PlanError("layout: no chunks")
         seen: dict[int, int] = {}
         for g_idx, g in enumerate(self.groups):
             for c in g.chunks:
@@ -107,42 +149,47 @@ class Plan:
                 seen[c] = g_idx
             if not g.chunks:
                 raise PlanError(f"group {g_idx} has no chunks")
-            self._check_group(g_idx, g, pset, links)
+            self._check_group(g_idx, g, pset, set(recv), links)
         missing = set(range(len(self.layout))) - set(seen)
         if missing:
             raise PlanError(f"chunks {sorted(missing)[:8]} are in no group")
         if self.multicast is not None:
-            for src, recv in self.multicast.items():
-                if src not in pset or not set(recv) <= pset or src in recv:
+            for src, to in self.multicast.items():
+                if src not in pset or not set(to) <= pset or src in to:
                     raise PlanError(f"multicast: source {src} has receivers outside the participants")
         return self
 
     @staticmethod
-    def _check_group(g_idx: int, g: ChunkGroup, pset: set[int],
+    def _check_group(g_idx: int, g: ChunkGroup, members: set[int], receivers: set[int],
                      links: Iterable[tuple[int, int]] | None) -> None:
         where = f"group {g_idx}"
-        if g.root not in pset:
-            raise PlanError(f"{where}: root {g.root} is not a participant")
-        if set(g.parent) != pset:
-            raise PlanError(f"{where}: aggregation tree covers {sorted(g.parent)}, not the participants")
+        agg = set(g.parent)
+        if g.root not in agg:
+            raise PlanError(f"{where}: root {g.root} is not a participant nor a node of its aggregation tree")
         if g.parent[g.root] is not None:
             raise PlanError(f"{where}: root {g.root} has a parent")
+        if not members <= agg:
+            raise PlanError(f"{where}: aggregation tree covers {sorted(agg)}, not the members "
+                            f"{sorted(members - agg)} (every member contributes to every chunk)")
         for n, p in g.parent.items():
-            if n != g.root and (p is None or p not in pset or p == n):
-                raise PlanError(f"{where}: node {n} has parent {p}")
-        for n in pset:  # every chain of parents ends at the root
+            if n != g.root and (p is None or p not in agg or p == n):
+                raise PlanError(f"{where}: node {n} has parent {p}, not a node of the aggregation tree")
+        has_kids = {p for p in g.parent.values() if p is not None}
+        for n in sorted(agg - members):
+            if n not in has_kids:
+                raise PlanError(f"{where}: node {n} is a leaf of the aggregation tree but no member: it "
+                                "would only send an empty sum (an aggregator needs children)")
+        for n in agg:  # every chain of parents ends at the root
             hops, cur = 0, n
             while cur != g.root:
                 cur = g.parent[cur]  # type: ignore[assignment]
                 hops += 1
-                if hops > len(pset):
+                if hops > len(agg):
                     raise PlanError(f"{where}: aggregation tree has a cycle through node {n}")
         reached = {g.root}
         frontier = [g.root]
         counted: dict[int, int] = {}
-        for node, kids in g.children.items():
-            if node not in pset:
-                raise PlanError(f"{where}: broadcast from non-participant {node}")
+        for kids in g.children.values():
             for k in kids:
                 counted[k] = counted.get(k, 0) + 1
         if any(v > 1 for v in counted.values()) or g.root in counted:
@@ -151,13 +198,18 @@ class Plan:
             nxt = []
             for u in frontier:
                 for k in g.children.get(u, ()):
-                    if k not in pset:
-                        raise PlanError(f"{where}: broadcast to non-participant {k}")
                     reached.add(k)
                     nxt.append(k)
             frontier = nxt
-        if reached != pset:
-            raise PlanError(f"{where}: broadcast tree misses nodes {sorted(pset - reached)}")
+        orphans = {n for n in g.children if g.children[n]} - reached
+        if orphans:
+            raise PlanError(f"{where}: broadcast from {sorted(orphans)}, which the broadcast tree never reaches")
+        if not receivers <= reached:
+            raise PlanError(f"{where}: broadcast tree misses nodes {sorted(receivers - reached)} (receivers)")
+        for n in sorted(reached - receivers):
+            if not g.children.get(n):
+                raise PlanError(f"{where}: node {n} is a leaf of the broadcast tree but no receiver: it "
+                                "would get the final value for nothing (a replicating node needs children)")
         link_set = set(links) if links is not None else None
         for (a, b), routes in g.aux.items():
             if g.parent.get(a) != b and b not in g.children.get(a, ()):
@@ -183,6 +235,7 @@ class Plan:
                        for g in self.groups],
             "multicast": None if self.multicast is None
             else [[s, list(r)] for s, r in sorted(self.multicast.items())],
+            "receivers": None if self.receivers is None else list(self.receivers),
         }
 
     @classmethod
@@ -195,11 +248,12 @@ class Plan:
                     children={n: tuple(k) for n, k in g["children"]},
                     aux=aux_from_wire(g.get("aux", [])))
                 for g in d["groups"])
-            mc = d.get("multicast")
+            mc, recv = d.get("multicast"), d.get("receivers")
             return cls(version=d["version"], scheme=d["scheme"], participants=tuple(d["participants"]),
                        weights={n: float(w) for n, w in d["weights"]},
                        layout=tuple((o, n) for o, n in d["layout"]), groups=groups,
-                       multicast=None if mc is None else {s: tuple(r) for s, r in mc})
+                       multicast=None if mc is None else {s: tuple(r) for s, r in mc},
+                       receivers=None if recv is None else tuple(recv))
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"malformed plan on the wire: {exc!r}") from None
 

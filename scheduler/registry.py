@@ -32,6 +32,8 @@ class AgentInfo:
     epoch: int = 0  # the agent process's incarnation (HELLO); a fenced epoch never comes back
     rx_bytes: int = 0  # data-plane bytes received so far (HEARTBEAT): round progress
     stuck: dict[int, float] = field(default_factory=dict)  # peer -> seconds its chunks wait unacknowledged
+    clock_offset: float | None = None  # the agent's measured offset to the scheduler's clock (REGISTER)
+    clock_error: float | None = None
 
 
 class Registry:
@@ -73,6 +75,7 @@ class Registry:
 
     def add(self, a: AgentInfo, msg: Register) -> None:
         a.host, a.port, a.pid = msg.host, msg.port, msg.pid
+        a.clock_offset, a.clock_error = msg.clock_offset, msg.clock_error
         a.neighbors = tuple(msg.neighbors)
         self.agents[a.node] = a
         if len(self.agents) == self.expected:

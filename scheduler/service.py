@@ -1,21 +1,28 @@
-"""The scheduler: runs jobs on the registered agents, freezes a plan version per round, learns the network.
+"""The scheduler: runs jobs on the registered agents as tasks, freezes a plan version per task, learns
+the network.
 
 It composes the parts that each do one thing: the control port (server.py: accept, authenticate,
-dispatch typed messages), who is in the cluster (registry.py), the life of each round (rounds.py),
+dispatch typed messages), who is in the cluster (registry.py), the life of each task (tasks.py),
 liveness (liveness.py: heartbeats, barrier, stall and overrun deadlines, suspected links), and the
 planners (planners/: a PlannerSpec per scheme). What is left here is the job's course.
 
-Version rule (one mechanism for every scheme): at the start of round r each agent asks which
-version r uses; the first request for r freezes the answer for everyone, so a round never mixes
-versions. Re-planning (adaptive schemes, when the view moved by more than `update_rate`) only
-ever affects rounds not yet frozen.
+A task: members that contribute (weighted), receivers of the result, nodes that only aggregate,
+replicate or relay, a plan and its version. A BSP job is a task per round, "everyone contributes,
+everyone receives"; a tasks job runs the partial reduces this scheduler forms (`run_task`), many at
+once, each exact or aborted on its own; a lost agent aborts (and retries or re-plans) only the
+tasks it had a part in.
 
-The answer goes out once every participant has asked (BSP: nobody can compute round r before it
-holds round r-1's result anyway). Synchronization then starts together, so a round's time is the
-synchronization itself and not the previous round's broadcast tail seen by an early finisher.
+Version rule (one mechanism for every scheme): under BSP each agent says READY when it computed
+round r; the first READY for r freezes the version for everyone, so a round never mixes versions.
+Re-planning (adaptive schemes, when the view moved by more than `update_rate`) only ever affects
+rounds not yet frozen. The TASK goes out once every member has said READY (BSP: nobody can compute
+round r before it holds round r-1's result anyway), to every node with a part in it. Synchronization
+then starts together, so a round's time is the synchronization itself and not the previous round's
+broadcast tail seen by an early finisher.
 
-Public API for launchers (wansync/): start/shutdown, wait_agents, run_job, send (to one agent),
-job_t0, subscribe/note_event (events and the timeline), stage/push_aux (operator overrides).
+Public API for launchers (wansync/): start/shutdown, wait_agents, run_job (BSP), open_tasks /
+run_task / close_job (formed tasks), send (to one agent), job_t0, subscribe/note_event (events and
+the timeline), stage/push_aux (operator overrides).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,34 +42,44 @@ from overlay.messages import (
     Abort,
     AuxUpdate,
     Counters,
+    Drop,
     Fence,
+    Go,
     Heartbeat,
+    JobEnd,
     ProtocolError,
+    Ready,
     Record,
     Register,
     Report,
-    RoundDone,
     Shutdown,
     Stats,
-    TopoReply,
-    TopoRequest,
+    TaskDone,
 )
 from overlay.messages import Job as JobMsg
+from overlay.messages import Task as TaskMsg
+from overlay.routing import NoRoute, Routes, adjacency
 
 from . import planners
+from . import progress as progress_models
 from .liveness import Liveness
 from .plan import Job, Plan, PlanError, aux_to_wire
 from .registry import AgentInfo, Registry
-from .rounds import JobState, RoundRecord
 from .server import ControlServer
+from .tasks import JobState, RoundRecord, Task, TaskRecord
 from .view import DisconnectedView, NetworkView
 
-__all__ = ["AgentInfo", "JobState", "RoundRecord", "Scheduler"]
+__all__ = ["AgentInfo", "JobState", "RoundRecord", "Scheduler", "TaskRecord"]
 
 log = logging.getLogger("wansync.scheduler")
 
 Event = Callable[[str, dict[str, Any]], None]
-BSP_AHEAD = 1  # rounds an agent may receive frames for beyond its own: BSP starts r+1 once r ended everywhere
+BSP_AHEAD = 1  # tasks an agent may receive frames for beyond its own: BSP starts r+1 once r ended everywhere
+BLOCKED_TASK_S = 10.0  # a formed task no plan connects this long is given up (recorded as aborted)
+
+
+class Unplannable(DisconnectedView):
+    """A formed task has nobody left to contribute or receive: it is given up at once."""
 
 
 class Scheduler:
@@ -176,27 +194,153 @@ class Scheduler:
         self.on_event = both
 
     # --- jobs -------------------------------------------------------------------------------------
-    async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
-                      options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None) -> JobState:
-        """Run `warmup + rounds` synchronized rounds of one scheme on every agent; return its records."""
+    def _open(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float,
+              options: dict[str, Any] | None, warmup: int, t0: float | None, mode: str, ahead: int,
+              progress: Any = None, compute: str | None = None, seed: int = 1,
+              compute_scale: float = 1.0) -> JobState:
+        """A new job on every agent: its first plan published, JOB sent."""
         spec = planners.resolve(scheme)
         self.job_id += 1
         job = Job(params, chunk_params, tuple(sorted(self.agents)), {**(options or {}), **spec.options})
         memory: dict[str, Any] = {}  # what the planner keeps between its plans for this job
         t = time.perf_counter()
-        plan = self._publish(spec.plan(self.view, job, memory))
+        plan = self._publish(spec.plan(self.view, spec.opening(job), memory))
         js = JobState(self.job_id, scheme, rounds + warmup, job, plan, warmup, planner=spec, memory=memory,
                       view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
-                      t0=time.time() if t0 is None else t0, last_plan_t=time.time(), avoid=self.view.unusable())
+                      t0=time.time() if t0 is None else t0, last_plan_t=time.time(), avoid=self.view.unusable(),
+                      mode=mode, progress=progress)
         self.current = js
         js.job_msg = JobMsg(job=js.job, scheme=scheme, rounds=js.rounds, params=params, compute_s=compute_s,
-                            t0=js.t0, warmup=warmup, ahead=BSP_AHEAD).wire()
+                            t0=js.t0, warmup=warmup, ahead=ahead, mode=mode,
+                            rule=None if progress is None else progress.rule, compute=compute,
+                            compute_scale=compute_scale if compute else None, seed=seed if compute else None).wire()
         for a in list(self.agents.values()):
             self.registry.send(a, js.job_msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": js.plan.version,
-                              "t0": js.t0})
-        self.note_event("job", job=js.job, scheme=scheme, rounds=js.rounds, version=js.plan.version)
+                              "t0": js.t0, "mode": mode})
+        self.note_event("job", job=js.job, scheme=scheme, rounds=js.rounds, version=js.plan.version, mode=mode)
+        return js
+
+    async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
+                      options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None,
+                      progress: str = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
+                      seed: int = 1, compute_scale: float = 1.0) -> JobState:
+        """Every agent iterates `warmup + rounds` times; `progress` decides how they synchronize (bsp: a
+        task per round, everyone contributes and receives; ssp: a multicast per worker per iteration,
+        at most `staleness` iterations ahead of the slowest; queue: partial reduces of the first
+        `group` ready). `compute`: a compute model spec (sim.compute), else `compute_s` seconds each.
+        Returns the job with its records."""
+        model = progress_models.resolve(progress, staleness=staleness, group=group)
+        if planners.resolve(scheme).one_source and model.name != "ssp":
+            raise ValueError(f"{scheme} plans one worker's multicast: it fits progress ssp (a multicast per "
+                             f"worker and iteration), not {model.name} (reduces of several workers)")
+        ahead = BSP_AHEAD if model.name == "bsp" else max(8, 4 * self.expected)
+        js = self._open(scheme, rounds=rounds, params=params, chunk_params=chunk_params, compute_s=compute_s,
+                        options=options, warmup=warmup, t0=t0, mode="rounds", ahead=ahead, progress=model,
+                        compute=compute, seed=seed, compute_scale=compute_scale)
+        model.start(self, js)
         await js.finished.wait()
+        return js
+
+    # --- what progress models may ask (scheduler.progress.Control) --------------------------------
+    def alive(self) -> list[int]:
+        return sorted(self.agents)
+
+    def form(self, js: JobState, members: Iterable[int], receivers: Iterable[int] | None, rnd: int | None,
+             iters: dict[int, int] | None = None, options: dict[str, Any] | None = None) -> Task:
+        """A task the scheduler forms (not behind a barrier): started at once, retried on its own.
+        `rnd`: the iteration members contribute from (None: the task's own id, a synthetic seed)."""
+        tid = max(js.tasks, default=-1) + 1
+        t = js.tasks[tid] = Task(tid, tid if rnd is None else rnd, barrier=False, members=tuple(sorted(set(members))),
+                                 receivers=None if receivers is None else tuple(sorted(set(receivers))),
+                                 options={**js.spec.options, **(options or {})}, iters=dict(iters or {}))
+        t.finished = asyncio.get_running_loop().create_future()
+        self.try_start(js, tid)
+        return t
+
+    def go(self, js: JobState, upto: int, node: int) -> None:
+        """Worker `node` may compute iterations up to `upto` (a bounded progress model)."""
+        self.note_event("go", job=js.job, node=node, upto=upto)
+        if node in self.agents:
+            self.registry.send(self.agents[node], Go(job=js.job, upto=upto))
+
+    def barrier_ready(self, js: JobState, rnd: int, node: int, have: set[int]) -> None:
+        """BSP: `node` is READY for round `rnd`; the round's task starts once every member is."""
+        js.bsp_task(rnd).ask(node, have, time.time())
+        self.try_start(js, rnd, node)
+
+    def drop_receiver(self, js: JobState, tid: int, node: int) -> None:
+        """`node` leaves a running task's receivers (a multicast shrinks, SelMcast SSP): it applies
+        nothing of it, whoever sends to it stops, the others go on; the task is over once the
+        remaining receivers hold the result."""
+        t = js.tasks[tid]
+        if t.version is None or t.recorded_t is not None:
+            raise RuntimeError(f"task {tid} is not running")
+        plan = self.plans[t.version]
+        if node not in plan.receiver_set or node in t.dropped:
+            raise ValueError(f"receivers: node {node} is not a receiver of task {tid}")
+        t.dropped.add(node)
+        replicates = any(g.children.get(node) for g in plan.groups)  # it passes the value on: keep feeding it
+        self.note_event("receiver_dropped", job=js.job, task=tid, node=node, replicates=replicates)
+        for n in sorted(t.involved):
+            if n in self.agents:
+                self.registry.send(self.agents[n], Drop(job=js.job, task=tid, attempt=t.attempt, node=node,
+                                                        replicates=replicates or None))
+        self._record(js, t)
+
+    def open_tasks(self, scheme: str, *, params: int, chunk_params: int, options: dict[str, Any] | None = None,
+                   in_flight: int = 16, t0: float | None = None) -> JobState:
+        """A job whose tasks this scheduler forms (`run_task`), up to `in_flight` at once; end it with
+        `close_job`. `scheme` plans each task, on its members (and the aggregators its options name)."""
+        return self._open(scheme, rounds=0, params=params, chunk_params=chunk_params, compute_s=0.0,
+                          options=options, warmup=0, t0=t0, mode="tasks", ahead=in_flight)
+
+    async def run_task(self, js: JobState, members: Iterable[int], receivers: Iterable[int] | None = None, *,
+                       options: dict[str, Any] | None = None, weights: dict[int, float] | None = None,
+                       max_attempts: int = 4) -> TaskRecord:
+        """One partial reduce of `js`: the exact (weighted) sum of `members` to `receivers` (default the
+        members), planned by the job's scheme with `options` (e.g. aggregators outside the members).
+        Runs beside every other task in flight; a failure retries or re-plans only this task. Returns
+        its record (`aborted` if no attempt could end exact within `max_attempts`)."""
+        if js.mode != "tasks":
+            raise RuntimeError(f"job {js.job} runs rounds of its own (BSP); tasks are formed in a tasks job")
+        members, receivers = tuple(sorted(set(members))), None if receivers is None else tuple(sorted(set(receivers)))
+        self._check_task(members, receivers, options or {}, weights)
+        t = self.form(js, members, receivers, None,
+                      options={**(options or {}), **({"weights": weights} if weights else {}),
+                               "max_attempts": max_attempts})
+        return await t.finished
+
+    def _check_task(self, members: tuple[int, ...], receivers: tuple[int, ...] | None, options: dict[str, Any],
+                    weights: dict[int, float] | None) -> None:
+        """A task's request is refused at once, naming the field, when it cannot mean anything."""
+        def nodes(field: str, ns: Iterable[Any]) -> None:
+            bad = [n for n in ns if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < self.expected]
+            if bad:
+                raise ValueError(f"{field}: {bad[:8]} are not nodes of this cluster (0..{self.expected - 1})")
+        if not members:
+            raise ValueError("members: a task needs at least one member")
+        nodes("members", members)
+        if receivers is not None:
+            if not receivers:
+                raise ValueError("receivers: a task needs at least one receiver")
+            nodes("receivers", receivers)
+        nodes("aggregators", options.get("aggregators", ()))
+        if options.get("hub") is not None:
+            nodes("hub", [options["hub"]])
+        for n, w in (weights or {}).items():
+            if n not in members:
+                raise ValueError(f"weights: node {n} is not a member")
+            if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
+                raise ValueError(f"weights: node {n} has weight {w!r}; a weight is a finite number > 0")
+
+    async def close_job(self, js: JobState, timeout: float = 60.0) -> JobState:
+        """End a tasks job: every agent sends its STATS."""
+        js.rounds = len(js.records)
+        for a in list(self.agents.values()):
+            self.registry.send(a, JobEnd(job=js.job))
+        self._maybe_finish(js)
+        await asyncio.wait_for(js.finished.wait(), timeout)
         return js
 
     def stage(self, plan: Plan) -> int:
@@ -227,7 +371,7 @@ class Scheduler:
     def _maybe_refresh_aux(self, js: JobState) -> None:
         """Between versions, recompute auxiliary routes (Algorithm 3) every UPDATE_TIME if the view moved."""
         refresh = js.planner.refresh_aux if js.planner is not None else None
-        if (refresh is None or time.time() - js.last_aux_t < self.update_time
+        if (refresh is None or js.mode != "rounds" or time.time() - js.last_aux_t < self.update_time
                 or not self.view.changed_since(js.view_at_aux or js.view_at_plan, self.update_rate)):
             return
         js.last_aux_t = time.time()
@@ -249,60 +393,124 @@ class Scheduler:
         self.note_event("plan", version=plan.version, scheme=plan.scheme)
         return plan
 
-    def _version_for(self, js: JobState, rnd: int) -> int:
-        """First request for a round freezes its version; adaptive schemes may re-plan just before."""
-        r = js.round(rnd)
-        if r.version is not None:
-            return r.version
+    def _version_for(self, js: JobState, t: Task) -> int:
+        """BSP: the first READY for a round freezes its version; adaptive schemes may re-plan just before.
+        A formed task gets a plan of its own, on its members, around what is unusable."""
+        if t.version is not None:
+            return t.version
+        if not t.barrier:
+            return self._plan_task(js, t)
         # an agent that rejoined mid-job takes part from the round it was told to start at
-        alive = tuple(sorted(n for n in self.agents if js.joins.get(n, 0) <= rnd))
+        alive = tuple(sorted(n for n in self.agents if js.joins.get(n, 0) <= t.round))
         avoid = self.view.unusable()
         if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
             self._replan_members(js, alive, avoid)
-        elif (js.planner is not None and js.planner.adaptive and rnd > 0
+        elif (js.planner is not None and js.planner.adaptive and t.round > 0
                 and time.time() - js.last_plan_t >= self.update_time
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
-            t = time.perf_counter()
+            start = time.perf_counter()
             new = js.planner.plan(self.view, js.spec, js.memory)
-            js.policy_s += time.perf_counter() - t
+            js.policy_s += time.perf_counter() - start
             js.replans += 1
             js.view_at_plan = self.view.snapshot()
             js.last_plan_t = time.time()
             if not new.same_policy(js.plan):
                 js.plan = self._publish(new)
-        r.version = js.plan.version
-        return r.version
+        t.version = js.plan.version
+        return t.version
 
-    def try_start(self, js: JobState, rnd: int, asking: int | None = None) -> None:
-        """Freeze the round's version (re-planning first if members or usable links changed) and start
-        it once every member asked. Blocked while no plan connects the members (a lost node or
-        suspected links cut them apart): the watchdog tries again as the cluster changes."""
-        r = js.round(rnd)
+    def _plan_task(self, js: JobState, t: Task) -> int:
+        """A formed task's plan: its live members (those lost are dropped), its receivers, aggregators
+        (options) that are alive; planned by the job's scheme on the view, around what is unusable."""
+        assert js.planner is not None
+        members = tuple(n for n in t.members if n in self.agents)
+        receivers = None if t.receivers is None else tuple(n for n in t.receivers if n in self.agents)
+        if not members or receivers == ():
+            raise Unplannable(f"task {t.id}: no live member or receiver left")
+        options = {k: v for k, v in t.options.items() if k not in ("weights", "max_attempts")}
+        if receivers is not None:
+            options["receivers"] = list(receivers)  # planners that build to the receivers (multicast) see them
+        if "aggregators" in options:
+            options["aggregators"] = [n for n in options["aggregators"] if n in self.agents and n not in members]
+        if options.get("hub") is not None and options["hub"] not in self.agents:
+            del options["hub"]
+        spec = dataclasses.replace(js.spec, participants=members, options=options)
+        start = time.perf_counter()
+        plan = js.planner.plan(self.view, spec, {})
+        js.policy_s += time.perf_counter() - start
+        weights = t.options.get("weights")
+        if weights is not None or receivers is not None:
+            plan = dataclasses.replace(plan, receivers=receivers, weights={
+                n: float((weights or {}).get(n, plan.weights[n])) for n in plan.participants})
+        t.version = self._publish(plan).version
+        return t.version
+
+    def _involved(self, plan: Plan, avoid: list[list[int]]) -> frozenset[int]:
+        """Every node with a part in a plan: its tree nodes, and the relays on the routes its tree
+        edges take (min-hop over the known links, around the unusable ones; auxiliary routes too)."""
+        bad = {(a, b) for a, b in avoid}
+        links = [(a, b) for a, b in self.view.links() if (min(a, b), max(a, b)) not in bad]
+        routes = Routes(adjacency(links))
+        out = set(plan.nodes)
+        for g in plan.groups:
+            edges = [(c, p) for c, p in g.parent.items() if p is not None]
+            edges += [(p, k) for p, kids in g.children.items() for k in kids]
+            for a, b in edges:
+                try:
+                    out.update(routes.route(a, b))
+                except NoRoute:
+                    pass
+            for rs in g.aux.values():
+                for r in rs:
+                    out.update(r)
+        return frozenset(out)
+
+    def try_start(self, js: JobState, tid: int, asking: int | None = None) -> None:
+        """Freeze the task's version (re-planning first if members or usable links changed) and start
+        it: under BSP once every member said READY, a formed task at once. Blocked while no plan
+        connects the members (a lost node or suspected links cut them apart): the watchdog tries
+        again as the cluster changes."""
+        t = js.tasks[tid]
         try:
-            v = self._version_for(js, rnd)
+            v = self._version_for(js, t)
         except (DisconnectedView, PlanError, ValueError) as exc:
-            if r.blocked != str(exc):
-                log.warning("job %d round %d waits: no plan for its members (%s)", js.job, rnd, exc)
-                self.note_event("blocked", job=js.job, round=rnd, why=str(exc))
-            r.blocked = str(exc)
+            if t.blocked != str(exc):
+                log.warning("job %d task %d waits: no plan for its members (%s)", js.job, tid, exc)
+                self.note_event("blocked", job=js.job, task=tid, round=t.round, why=str(exc))
+            t.blocked = str(exc)
+            now = time.time()
+            t.blocked_t = t.blocked_t or now
+            if not t.barrier and (isinstance(exc, Unplannable) or now - t.blocked_t > BLOCKED_TASK_S):
+                self._give_up(js, t, str(exc))  # nothing left to wait for, or waited long enough
             return
-        r.blocked = None
-        members = set(self.plans[v].participants)
-        asked = r.asked if r.asked is not None else {}
-        for node in [n for n in asked if n not in members]:
-            del asked[node]  # joined after this round was frozen (it sits this one out), or lost since
-            if node in self.agents:
-                self.registry.send(self.agents[node], TopoReply(job=js.job, round=rnd, version=v, attempt=r.attempt,
-                                                                skip=True))
-        if asking is not None:
-            self.on_event("topo_request", {"node": asking, "round": rnd, "version": v})
-        if not members <= set(asked):
-            return
-        for node, have in asked.items():
-            reply = TopoReply(job=js.job, round=rnd, version=v, attempt=r.attempt, avoid=js.avoid,
-                              plan=None if v in have else self.plans[v].to_wire())
-            self.registry.send(self.agents[node], reply)
-        r.start(time.time())
+        t.blocked, t.blocked_t = None, None
+        plan = self.plans[v]
+        members = set(plan.participants)
+        asked = t.asked if t.asked is not None else {}
+        if t.barrier:
+            for node in [n for n in asked if n not in members]:
+                del asked[node]  # joined after this round was frozen (it sits this one out), or lost since
+                if node in self.agents:
+                    self.registry.send(self.agents[node], TaskMsg(
+                        job=js.job, task=tid, attempt=t.attempt, version=v, round=t.round, members=[],
+                        receivers=[], skip=True))
+            if asking is not None:
+                self.on_event("topo_request", {"node": asking, "round": t.round, "version": v})
+            if not members <= set(asked):
+                return
+        t.involved = self._involved(plan, js.avoid)
+        settled = js.settled()
+        for node in sorted(t.involved):
+            a = self.agents.get(node)
+            if a is None:
+                continue
+            have = asked.get(node, a.versions)
+            msg = TaskMsg(job=js.job, task=tid, attempt=t.attempt, version=v, round=t.round,
+                          members=list(plan.participants), receivers=list(plan.receiver_set), avoid=js.avoid,
+                          plan=None if v in have else plan.to_wire(), settled=settled, iters=t.iters or None)
+            if self.registry.send(a, msg):
+                a.versions.add(v)
+        t.start(time.time())
 
     def _replan_members(self, js: JobState, alive: tuple[int, ...], avoid: list[list[int]]) -> None:
         """Plan for the living on what is usable; all or nothing (a planner may find no plan)."""
@@ -313,9 +521,9 @@ class Scheduler:
         spec = dataclasses.replace(js.spec, participants=alive, options=options)
         memory: dict[str, Any] = {}  # frozen roots may be gone: choose again among the living
         assert js.planner is not None
-        t = time.perf_counter()
+        start = time.perf_counter()
         plan = js.planner.plan(self.view, spec, memory)
-        js.policy_s += time.perf_counter() - t
+        js.policy_s += time.perf_counter() - start
         js.spec, js.avoid, js.memory = spec, avoid, memory
         js.plan = self._publish(plan)
         js.replans += 1
@@ -324,29 +532,51 @@ class Scheduler:
         self.note_event("membership", job=js.job, was=list(old), now=list(alive), version=js.plan.version,
                         avoid=js.avoid)
 
-    def _record(self, js: JobState, rnd: int) -> None:
-        """Every member of the round reported: its record (with the simulator's prediction)."""
-        r = js.by_round[rnd]
-        members = self.plans[r.version].participants if r.version is not None else js.spec.participants
-        if len(r.done) < len(members):
+    def _record(self, js: JobState, t: Task) -> None:
+        """Every receiver of the task reported: its record (with the simulator's prediction)."""
+        plan = self.plans[t.version] if t.version is not None else js.plan
+        if not set(t.receivers_of(plan)) <= set(t.done):
             return
-        r.started_t = None
-        rec = r.record(js, members, self.view.coverage())
+        t.started_t = None
+        rec = t.record(js, plan, self.view.coverage())
         if self.predict is not None and rec.version in self.plans:
-            rec.prediction_s = self.predict(self.plans[rec.version], rec.t_start - js.t0)
+            try:
+                rec.prediction_s = self.predict(self.plans[rec.version], rec.t_start - js.t0)
+            except NotImplementedError as exc:  # a plan the simulator cannot replay yet: no prediction
+                log.info("task %d: no prediction (%s)", t.task, exc)
+        self._recorded(js, t, rec)
+
+    def _recorded(self, js: JobState, t: Task, rec: TaskRecord) -> None:
         js.records.append(rec)
-        r.recorded_t = time.time()
-        self.on_event("round", rec.to_json())
+        t.recorded_t = time.time()
+        self.on_event("task", rec.to_json())
+        if t.finished is not None and not t.finished.done():
+            t.finished.set_result(rec)
+        if js.progress is not None:
+            js.progress.task_done(self, js, rec)
         self._maybe_finish(js)
 
+    def _give_up(self, js: JobState, t: Task, why: str) -> None:
+        """A formed task no attempt could end exact: recorded as aborted (nothing of it was applied)."""
+        now = time.time()
+        rec = TaskRecord(job=js.job, scheme=js.scheme, task=t.id, round=t.round, version=-1, round_s=0.0,
+                         compute_s=0.0, ok=False, digests_agree=False, versions_agree=False, t_start=now, t_end=now,
+                         warmup=False, errors=[why], attempt=t.attempt, members=list(t.members),
+                         receivers=list(t.receivers or t.members), bytes=js.spec.params * 4, aborted=True)
+        log.warning("job %d task %d abandoned after %d attempts: %s", js.job, t.id, t.attempt, why)
+        self.note_event("task_abandoned", job=js.job, task=t.id, why=why)
+        self._recorded(js, t, rec)
+
     def _maybe_finish(self, js: JobState) -> None:
-        """Done when every round is recorded and every agent still here sent its job stats."""
-        if len(js.records) == js.rounds and all(n in js.stats for n in self.agents):
+        """Done when every task is recorded and every agent still here sent its job stats."""
+        bsp = js.progress is not None and js.progress.name == "bsp"
+        if all(n in js.stats for n in self.agents) and (len(js.records) >= js.rounds if bsp else
+                                                        all(t.recorded_t is not None for t in js.tasks.values())):
             js.finished.set()
 
     # --- failures ---------------------------------------------------------------------------------
     def lose(self, node: int, why: str) -> None:
-        """Declare an agent gone: fence its incarnation, abort the round it was part of, re-plan."""
+        """Declare an agent gone: fence its incarnation, abort the tasks it had a part in, re-plan."""
         if self._closing:  # shutting down: connections close, nobody is lost for it
             self.registry.agents.pop(node, None)
             return
@@ -365,19 +595,30 @@ class Scheduler:
         js = self.current
         if js is None or js.finished.is_set():
             return
-        for r in sorted(js.by_round.values(), key=lambda r: r.number):
-            if r.version is not None and r.recorded_t is None and node in self.plans[r.version].participants:
-                self.abort(js, r.number, f"agent {node} lost: {why}")
+        for t in sorted(js.tasks.values(), key=lambda t: t.id):
+            if t.version is None or t.recorded_t is not None:
+                continue
+            if node in t.involved or node in self.plans[t.version].nodes:
+                self.abort(js, t.id, f"agent {node} lost: {why}")
+        if js.progress is not None:
+            js.progress.lost(self, js, node)
 
-    def abort(self, js: JobState, rnd: int, why: str) -> None:
-        """The round's current attempt cannot end exact: everyone drops it and retries on a new plan."""
-        r = js.round(rnd)
-        t_start = r.started_t
-        att = r.abort()
-        js.aborts.append({"round": rnd, "attempt": att, "why": why, "t": time.time(), "t_start": t_start})
-        log.warning("job %d round %d attempt %d aborted: %s", js.job, rnd, att, why)
-        self.note_event("abort", job=js.job, round=rnd, attempt=att, why=why)
-        self.registry.broadcast(Abort(job=js.job, round=rnd, attempt=att))
+    def abort(self, js: JobState, tid: int, why: str) -> None:
+        """The task's current attempt cannot end exact: everyone drops it; a BSP round is asked for
+        again (READY), a formed task is re-planned (without what was lost) and started again."""
+        t = js.tasks[tid]
+        t_start = t.started_t
+        att = t.abort()
+        js.aborts.append({"round": t.round, "task": tid, "attempt": att, "why": why, "t": time.time(),
+                          "t_start": t_start})
+        log.warning("job %d task %d attempt %d aborted: %s", js.job, tid, att, why)
+        self.note_event("abort", job=js.job, task=tid, round=t.round, attempt=att, why=why)
+        self.registry.broadcast(Abort(job=js.job, task=tid, attempt=att))
+        if not t.barrier:
+            if t.aborted >= t.options.get("max_attempts", 4):
+                self._give_up(js, t, why)
+            else:
+                self.try_start(js, tid)
 
     def _rejoin(self, a: AgentInfo) -> None:
         """A restarted agent: peers learn its address and epoch; it joins the running job from the next
@@ -403,8 +644,8 @@ class Scheduler:
                     raise ProtocolError(f"node {a.node} speaks for node {msg.node}", field="node", msg_type=msg.T)
                 handler(a, msg)
             return checked
-        return {Register: self._on_register, TopoRequest: registered(self._on_topo_request),
-                Report: registered(self._on_report), RoundDone: registered(self._on_round_done),
+        return {Register: self._on_register, Ready: registered(self._on_ready),
+                Report: registered(self._on_report), TaskDone: registered(self._on_task_done),
                 Stats: registered(self._on_stats), Counters: registered(self._on_counters),
                 Heartbeat: registered(self._on_heartbeat)}
 
@@ -433,28 +674,33 @@ class Scheduler:
         if self.registry.complete.is_set():  # a restarted agent: everyone learns where it is now
             self._rejoin(a)
 
-    def _on_topo_request(self, a: AgentInfo, msg: TopoRequest) -> None:
+    def _on_ready(self, a: AgentInfo, msg: Ready) -> None:
         js = self.current
-        if js is None or msg.job != js.job:
-            self.registry.send(a, Abort(job=msg.job, round=msg.round, attempt=0))
+        if js is None or msg.job != js.job or js.mode != "rounds":
+            self.registry.send(a, Abort(job=msg.job, task=msg.round, attempt=-1 if js is None else 0))
             return
         rnd, attempt = msg.round, msg.attempt or 0
         if rnd >= js.rounds:
             raise ProtocolError(f"round {rnd} of job {js.job}, which has {js.rounds}", field="round", msg_type=msg.T)
-        r = js.round(rnd)
-        if attempt != r.attempt:
+        if js.progress.name != "bsp":  # the model forms the tasks (and answers with GO where it bounds)
+            self.note_event("ready", job=js.job, node=a.node, round=rnd)
+            js.progress.ready(self, js, a.node, rnd, set(msg.have or ()))
+            return
+        t = js.bsp_task(rnd)
+        if attempt != t.attempt:
             # an aborted attempt: say so again (an agent that rejoined never got that ABORT)
-            self.registry.send(a, Abort(job=js.job, round=rnd, attempt=r.attempt - 1))
+            self.registry.send(a, Abort(job=js.job, task=rnd, attempt=t.attempt - 1))
             return
         if not self.consistency:
             v = js.plan.version
             have = set(msg.have or ())
-            self.registry.send(a, TopoReply(job=js.job, round=rnd, version=v,
-                                            plan=None if v in have else self.plans[v].to_wire()))
+            plan = self.plans[v]
+            self.registry.send(a, TaskMsg(job=js.job, task=rnd, attempt=t.attempt, version=v, round=rnd,
+                                          members=list(plan.participants), receivers=list(plan.receiver_set),
+                                          plan=None if v in have else plan.to_wire()))
             self.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
             return
-        r.ask(a.node, set(msg.have or ()), time.time())
-        self.try_start(js, rnd, a.node)
+        self.barrier_ready(js, rnd, a.node, set(msg.have or ()))
 
     def _on_report(self, a: AgentInfo, msg: Report) -> None:
         for src, dst, _, _ in msg.samples:  # the schema checked shapes and values
@@ -467,17 +713,20 @@ class Scheduler:
         if self.current is not None:
             self._maybe_refresh_aux(self.current)
 
-    def _on_round_done(self, a: AgentInfo, msg: RoundDone) -> None:
+    def _on_task_done(self, a: AgentInfo, msg: TaskDone) -> None:
         js = self.current
         if js is None or msg.job != js.job:
             return
-        r = js.round(msg.round) if not self.consistency and msg.round < js.rounds else js.by_round.get(msg.round)
-        if r is None or msg.attempt != r.attempt or (self.consistency and r.version is None):
-            return  # finished an attempt that was aborted meanwhile (or a round that never began)
-        r.done[a.node] = msg
+        if not self.consistency and js.mode == "rounds" and js.progress.name == "bsp" and msg.task < js.rounds:
+            t: Task | None = js.bsp_task(msg.task)
+        else:
+            t = js.tasks.get(msg.task)
+        if t is None or msg.attempt != t.attempt or (self.consistency and t.version is None):
+            return  # finished an attempt that was aborted meanwhile (or a task that never began)
+        t.done[a.node] = msg
         if not msg.ok:
-            self.errors.append(f"node {a.node} job {js.job} round {msg.round}: {msg.error or 'wrong result'}")
-        self._record(js, msg.round)
+            self.errors.append(f"node {a.node} job {js.job} task {msg.task}: {msg.error or 'wrong result'}")
+        self._record(js, t)
 
     def _on_stats(self, a: AgentInfo, msg: Stats) -> None:
         js = self.current

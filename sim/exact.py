@@ -82,8 +82,8 @@ class Exact:
         for c in range(len(m.chunk_bytes)):  # leaves hand out their chunks in chunk order
             g_idx = m.group_of[c]
             kids = m.nkids[g_idx]
-            for v in range(n):
-                if kids[v] == 0:
+            for v in range(n):  # nodes only on the broadcast side (multicast receivers) hand out nothing
+                if kids[v] == 0 and (m.agg_key[g_idx][v] >= 0 or v == m.root[g_idx]):
                     self._ready(v, c, g_idx, start_at[v])
         for i, ev in enumerate(m.later_events):
             heapq.heappush(self.events, (ev[0], _RATE, i, 0))

@@ -95,7 +95,7 @@ class Model:
         if plan.multicast is not None:
             raise NotImplementedError("multicast (SelMcast) plans are not simulated yet")
         self.plan, self.net, self.start, self.segment, self.costs = plan, net, start, segment, costs
-        self.nodes = list(plan.participants)
+        self.nodes = list(plan.nodes)  # relays, outside aggregators and receivers move bytes too
         self.ix = {n: i for i, n in enumerate(self.nodes)}
         # when each participant begins (the barrier's replies reach them one by one, then its setup)
         self.start_at = [start + off for off in costs.start_offsets(len(self.nodes))]

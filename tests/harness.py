@@ -65,29 +65,32 @@ class LocalNet:
     async def run_round(self, plan: Plan, job: int = 1, rnd: int = 0, attempt: int = 0,
                         starts: Mapping[int, float | Callable[[], Awaitable[Any]]] | None = None
                         ) -> dict[int, np.ndarray]:
-        """Every participant starts and must end with the exact sum (computed here: `exact_sum`).
-        starts: node -> a coroutine function to await before that node begins (an event it waits
-        for, e.g. `lambda: until(...)`), or a delay in seconds."""
-        async def one(n: int) -> np.ndarray:
+        """Every node with a part in the plan (members, aggregators, replicating nodes) runs it as task
+        `rnd`; every receiver must end with the exact (weighted) sum of the members, computed here
+        (`exact_sum`). starts: node -> a coroutine function to await before that node begins (an event
+        it waits for, e.g. `lambda: until(...)`), or a delay in seconds. Returns the receivers' results."""
+        async def one(n: int) -> np.ndarray | None:
             gate = (starts or {}).get(n)
             if callable(gate):
                 await gate()
             elif gate:
                 await asyncio.sleep(gate)
-            st = self.engines[n].begin_round(job, rnd, attempt, plan,
-                                             contribution(rnd, attempt, n, plan.params))
+            mine = contribution(rnd, attempt, n, plan.params) if n in plan.participants else None
+            st = self.engines[n].begin_task(job, rnd, attempt, plan, mine)
             res = await st.done
-            self.engines[n].end_round(st)
+            self.engines[n].end_task(st)
             return res
         for n, eng in self.engines.items():  # what the scheduler's JOB tells every agent, relays included
             eng.open_job(job, rnd)
-            if n not in plan.participants:
-                eng.drop_stale(job, rnd)  # a node that only relays follows the job's rounds all the same
-        results = await asyncio.wait_for(asyncio.gather(*(one(n) for n in plan.participants)), 60)
-        want = exact_sum(rnd, plan.participants, plan.params, attempt=attempt)
-        out = dict(zip(plan.participants, results, strict=True))
+            if n not in plan.nodes:
+                eng.drop_stale(job, rnd)  # a node that only relays follows the job's tasks all the same
+        results = await asyncio.wait_for(asyncio.gather(*(one(n) for n in plan.nodes)), 60)
+        want = exact_sum(rnd, plan.participants, plan.params, attempt=attempt, weights=plan.weights)
+        out = {n: r for n, r in zip(plan.nodes, results, strict=True) if n in plan.receiver_set}
+        assert set(out) == set(plan.receiver_set)
         for n, r in out.items():
-            assert r.dtype == np.float32 and np.array_equal(r, want), f"node {n} holds a wrong result"
+            assert r is not None and r.dtype == np.float32 and np.array_equal(r, want), \
+                f"node {n} holds a wrong result"
         return out
 
 
@@ -99,11 +102,16 @@ def closed_form(rnd: int, node: int, params: int, attempt: int = 0) -> np.ndarra
     return (7 * i + 13 * node + 31 * rnd + 17 * attempt + (i >> 5) * node) % 64 - 32
 
 
-def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0) -> np.ndarray:
-    """The participants' exact sum (unit weights) as float32: summed in int64, where nothing rounds."""
+def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0,
+              weights: Mapping[int, float] | None = None, iters: Mapping[int, int] | None = None) -> np.ndarray:
+    """The members' exact (weighted) sum as float32, summed in int64 where nothing rounds: weights must
+    be integers (the README's rule for exact checks: integer weights, or divide once at the receivers).
+    iters: member -> the iteration its contribution comes from (default `rnd`)."""
     total = np.zeros(params, dtype=np.int64)
     for n in nodes:
-        total += closed_form(rnd, n, params, attempt)
+        w = 1.0 if weights is None else weights[n]
+        assert w == int(w), f"node {n}: weight {w} is not an integer; no exact sum to compare with"
+        total += int(w) * closed_form(rnd if iters is None else iters.get(n, rnd), n, params, attempt)
     assert np.abs(total).max(initial=0) < 2**24  # every value is an integer float32 holds exactly
     return total.astype(np.float32)
 
@@ -113,23 +121,26 @@ def digest_of(result: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(result, dtype=np.float32).tobytes(), digest_size=16).hexdigest()
 
 
-@lru_cache(maxsize=64)
-def _exact_digest(rnd: int, nodes: tuple[int, ...], params: int) -> str:
-    return digest_of(exact_sum(rnd, nodes, params))
+@lru_cache(maxsize=256)
+def _exact_digest(rnd: int, nodes: tuple[int, ...], params: int, weights: tuple[tuple[int, float], ...] = (),
+                  iters: tuple[tuple[int, int], ...] = ()) -> str:
+    return digest_of(exact_sum(rnd, nodes, params, weights=dict(weights) if weights else None,
+                               iters=dict(iters) if iters else None))
 
 
 def assert_round_exact(rec: Any, plan: Plan) -> None:
-    """Every participant of a round record (scheduler.service.RoundRecord, or its JSON form) holds
-    the exact sum of the participants of the plan version it ran, as this module computes it: not
-    only as the agents' own check (`ok`) and their agreement (`digests_agree`) say."""
+    """Every receiver of a task record (scheduler.tasks.TaskRecord, or its JSON form) holds the exact
+    (weighted) sum of the members of the plan version it ran, as this module computes it: not only as
+    the agents' own check (`ok`) and their agreement (`digests_agree`) say."""
     r = rec if isinstance(rec, Mapping) else rec.__dict__
-    where = f"job {r['job']} round {r['round']} attempt {r['attempt']} (plan v{r['version']})"
+    where = f"job {r['job']} task {r['task']} round {r['round']} attempt {r['attempt']} (plan v{r['version']})"
     assert plan.version == r["version"], f"{where}: judged against plan v{plan.version}"
-    assert all(w == 1.0 for w in plan.weights.values()), f"{where}: weighted plans need a weighted exact sum"
-    want = _exact_digest(r["round"], tuple(sorted(plan.participants)), plan.params)
+    want = _exact_digest(r["round"], tuple(sorted(plan.participants)), plan.params,
+                         tuple(sorted(plan.weights.items())) if any(w != 1.0 for w in plan.weights.values()) else (),
+                         tuple(sorted((int(n), int(k)) for n, k in r.get("iters", {}).items())))
     digests = {int(n): d for n, d in r["digests"].items()}
-    assert sorted(digests) == sorted(plan.participants), \
-        f"{where}: digests from nodes {sorted(digests)}, participants {sorted(plan.participants)}"
+    receivers = sorted(set(plan.receiver_set) - {int(n) for n in r.get("dropped", ())})
+    assert sorted(digests) == receivers, f"{where}: digests from nodes {sorted(digests)}, receivers {receivers}"
     wrong = sorted(n for n, d in digests.items() if d != want)
     assert not wrong, f"{where}: nodes {wrong} hold a result that is not the exact sum"
 
@@ -156,6 +167,6 @@ def assert_results_exact(path: Path | str) -> int:
     how many rounds were judged."""
     recs = [json.loads(line) for line in Path(path).read_text().splitlines()]
     plans = {r["version"]: Plan.from_wire(r["plan"]) for r in recs if r["type"] == "plan"}
-    n = assert_records_exact([r for r in recs if r["type"] == "round"], plans)
+    n = assert_records_exact([r for r in recs if r["type"] == "task"], plans)
     assert n > 0, f"{path} holds no round record"
     return n

@@ -377,16 +377,33 @@ async def test_agent_process_with_the_wrong_secret_is_refused_with_one_line(capl
         await sched.shutdown()
 
 
-def test_run_hands_its_agents_the_secret_by_environment_not_argv():
-    from emulation.topology import internet2
-    from wansync.cluster import RunConfig, agent_command
+async def test_run_hands_its_agents_the_secret_by_environment_not_argv(tmp_path):
+    import json as _json
+
+    from emulation.topology import internet2, uniform
+    from wansync.backend import AppBackend
+    from wansync.cluster import LocalAgents, RunConfig, agent_command, run_secret
 
     cfg = RunConfig(topology="internet2", topo=internet2(), schemes=["star"], model="resnet50", scale=0.01,
                     rounds=1)
     cmd = agent_command(cfg, 0, 1234, "run-x")
     assert not any("secret" in c.lower() for c in cmd)
-    src = open(os.path.join(ROOT, "wansync", "cluster.py")).read()
-    assert "env=agent_env" in src  # every agent process gets WANSYNC_SECRET in its environment
+    # the processes `wansync run` starts: each sees the secret in its environment, none in its argv
+    cfg = RunConfig(topology="uniform", topo=uniform(2), schemes=["star"], model="resnet50", scale=0.01, rounds=1)
+    secret, env = run_secret(cfg)
+
+    class Echo(AppBackend):  # the agent's command line, run by a stand-in that reports what it got
+        def agent_command(self, cmd, node, port):
+            return [sys.executable, "-c", "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps("
+                    "[os.environ.get('WANSYNC_SECRET'), sys.argv]))", str(tmp_path / f"n{node}")] + cmd[1:]
+
+    agents = LocalAgents(cfg, "run-x", env, Echo())
+    await agents.start(1234)
+    await agents.stop()
+    for n in range(2):
+        got_secret, argv = _json.loads((tmp_path / f"n{n}").read_text())
+        assert got_secret == secret.decode()
+        assert not any(secret.decode() in a for a in argv)
 
 
 # --- TLS ---------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.engine import ChunkEngine, RoundError, RoundState
+from agents.engine import ChunkEngine, TaskError, TaskState
 from agents.workload import contribution
 from emulation.topology import uniform
 from overlay.auth import AuthError, Handshake
@@ -71,11 +71,11 @@ def own_sum(nodes: list[int]) -> np.ndarray:
     return np.sum([contrib(n).astype(np.int64) for n in nodes], axis=0).astype(np.float32)
 
 
-def engine(node: int, plan: Plan) -> tuple[ChunkEngine, RoundState, _Wire]:
+def engine(node: int, plan: Plan) -> tuple[ChunkEngine, TaskState, _Wire]:
     eng = ChunkEngine(node, uniform(3).routes())
     wire = _Wire()
     eng.overlay = wire  # type: ignore[assignment]
-    st = eng.begin_round(JOB, RND, 0, plan, contrib(node))
+    st = eng.begin_task(JOB, RND, 0, plan, contrib(node))
     return eng, st, wire
 
 
@@ -84,7 +84,7 @@ def deliver(eng: ChunkEngine, *, kind: str, origin: int, contributors: list[int]
     """What the overlay does with one whole chunk addressed to this node: a validated header, the bytes
     written where chunk_buffer says, then chunk_segment."""
     raw = memoryview(np.ascontiguousarray(data, dtype=np.float32)).cast("B")
-    h = validate({"t": "CHUNK", "job": JOB, "round": RND, "attempt": 0, "version": 1, "chunk": chunk,
+    h = validate({"t": "CHUNK", "job": JOB, "task": RND, "attempt": 0, "version": 1, "chunk": chunk,
                   "kind": kind, "origin": origin, "contributors": bitmap(contributors), "t_send": 0.0,
                   "path": [origin, eng.node], "hop": 0, "off": 0, "total": len(raw), "nbytes": len(raw)})
     dest = eng.chunk_buffer(h)
@@ -95,14 +95,14 @@ def deliver(eng: ChunkEngine, *, kind: str, origin: int, contributors: list[int]
         eng.chunk_segment(h, dest)
 
 
-def assert_failed_not_summed(st: RoundState, want: np.ndarray) -> None:
-    """The round must end in RoundError; a result (right or wrong) means the forged frame was taken."""
+def assert_failed_not_summed(st: TaskState, want: np.ndarray) -> None:
+    """The round must end in TaskError; a result (right or wrong) means the forged frame was taken."""
     assert st.done.done(), "the forged frame neither failed the round nor was refused"
     if st.done.exception() is None:
         got = st.done.result()
         verdict = "the exact sum by luck" if np.array_equal(got, want) else "a WRONG sum"
         raise AssertionError(f"the round completed with {verdict} instead of failing")
-    assert isinstance(st.done.exception(), RoundError), repr(st.done.exception())
+    assert isinstance(st.done.exception(), TaskError), repr(st.done.exception())
 
 
 @pytest.mark.parametrize(("second", "doubled"), [([0, 1], "sibling 0"), ([1, 2], "the root itself")],

@@ -27,7 +27,7 @@ async def run_with_skews(sync: bool):
     def on_event(kind, data):
         if kind == "topo_request":
             asked.setdefault(data["round"], time.time())
-        elif kind == "round":
+        elif kind == "task":
             recorded[data["round"]] = time.time()
     sched = Scheduler("clk", 3, on_event=on_event)
     port = await sched.start()

@@ -61,7 +61,7 @@ async def test_plan_switch_mid_run_never_mixes_versions():
     flips = iter([(0, 1), (2, 3), (4, 5), (1, 2), (3, 4)])
 
     def on_event(kind, data):
-        if kind == "round":  # make a different link look fastest after every round: mst re-plans
+        if kind == "task":  # make a different link look fastest after every round: mst re-plans
             a, b = next(flips, (0, 5))
             for _ in range(5):
                 sched.view.observe(a, b, 10**9, 0.01)
@@ -100,8 +100,8 @@ def test_wansync_run_end_to_end_reaps_its_processes(tmp_path, loop):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=tagged(tag))
     assert res.returncode == 0, res.stderr[-2000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert all(r["schema"] == 2 for r in recs)
-    rounds = [r for r in recs if r["type"] == "round"]
+    assert all(r["schema"] == 3 for r in recs)
+    rounds = [r for r in recs if r["type"] == "task"]  # a BSP round's record is its task's
     assert {r["scheme"] for r in rounds} == {"star", "ring"} and len(rounds) == 2 * 3
     assert all(r["ok"] and r["versions_agree"] for r in rounds)
     assert assert_results_exact(out) == 2 * 3  # every node's digest is that of the exact sum

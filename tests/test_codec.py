@@ -50,7 +50,7 @@ def feed(proto: FrameProtocol, data: bytes, rng: random.Random) -> None:
 
 
 def chunk(nbytes: int, **kw) -> dict:
-    h = {"t": "CHUNK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 3, "kind": "agg",
+    h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 3, "kind": "agg",
          "origin": 0, "contributors": bitmap([0]), "t_send": 1.5, "path": [0, 1], "hop": 0, "off": 0,
          "total": nbytes, "nbytes": nbytes}
     h.update(kw)
@@ -122,7 +122,7 @@ async def test_truncated_frame_is_reported_on_close():
     ({"t": "HEARTBEAT", "node": "3", "time": 1.0}, "node"),
     ({"t": "HEARTBEAT", "node": True, "time": 1.0}, "node"),
     ({"t": "HEARTBEAT", "node": 1, "time": 1.0, "nbytes": 8}, "nbytes"),
-    ({"t": "ACK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "zzz", "origin": 0,
+    ({"t": "ACK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "zzz", "origin": 0,
       "dst": 1}, "kind"),
     ({"nope": 1}, "t"),
 ])

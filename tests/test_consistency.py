@@ -45,7 +45,7 @@ async def test_without_the_protocol_a_racing_replan_deadlocks_and_loses_frames()
             await asyncio.wait_for(asyncio.shield(job), 4)
         # round 1 never ends: the first agent runs the old ring, the others the new one (deadlock),
         # and frames sent under one version wait forever at receivers that run the other (loss)
-        running = {a.node: {k[3] for k in a.engine.rounds if k[1] == 1} for a in agents}
+        running = {a.node: {k[3] for k in a.engine.tasks if k[1] == 1} for a in agents}
         assert len(set().union(*running.values())) == 2, running
         assert sum(a.engine.stashed_frames for a in agents) > 0
         assert [r.round for r in sched.current.records] == [0]

@@ -38,9 +38,10 @@ class Cluster:
     def __init__(self, cluster: str, heartbeat_timeout: float = 1.5, agents: RunConfig = AGENTS) -> None:
         self.cluster = cluster
         self.agents = agents
+        self.nodes = agents.topo.nodes
         self.secret = generate_secret()
         self.events: list[tuple[float, str, dict]] = []
-        self.sched = Scheduler(cluster, NODES, heartbeat_timeout=heartbeat_timeout, secret=self.secret.encode(),
+        self.sched = Scheduler(cluster, self.nodes, heartbeat_timeout=heartbeat_timeout, secret=self.secret.encode(),
                                on_event=lambda kind, data: self.events.append((time.time(), kind, data)))
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, str] = {}  # every incarnation's stderr so far, drained without blocking
@@ -49,7 +50,7 @@ class Cluster:
 
     async def __aenter__(self) -> "Cluster":
         self.port = await self.sched.start()
-        for n in range(NODES):
+        for n in range(self.nodes):
             self.spawn(n)
         self._drainer = asyncio.create_task(self._drain_forever())
         await self.sched.wait_agents(30)
@@ -283,9 +284,9 @@ async def test_a_7x_rate_drop_on_one_link_slows_rounds_without_aborting_them():
         slow: list[float] = []
 
         def on_event(kind, data):
-            if kind == "round" and data["round"] == 2:  # from round 3 on, link 1->2 carries 1/7 of its rate
+            if kind == "task" and data["round"] == 2:  # from round 3 on, link 1->2 carries 1/7 of its rate
                 agents[1].shapers[2].set_rate(40.0 / 7)
-            if kind == "round" and data["round"] >= 3:
+            if kind == "task" and data["round"] >= 3:
                 slow.append(data["round_s"])
         sched.on_event = on_event
         js = await asyncio.wait_for(sched.run_job("ring", rounds=6, params=PARAMS, chunk_params=CHUNK), 90)
@@ -346,7 +347,7 @@ async def test_an_agent_alive_but_not_asking_for_a_round_is_fenced_and_rejoins()
         send = agents[3].ctl.send
 
         def lossy(msg):
-            if msg["t"] == "TOPO_REQUEST" and msg["round"] == 2 and not getattr(lossy, "done", False):
+            if msg["t"] == "READY" and msg["round"] == 2 and not getattr(lossy, "done", False):
                 lossy.done = True  # swallowed once: the agent waits for a reply that never comes
                 return
             send(msg)

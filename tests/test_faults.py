@@ -164,7 +164,7 @@ async def test_injector_fires_at_times_and_rounds_and_heals():
     t0 = time.time()
     inj.start()
     inj.on_event("job", {"job": 1, "scheme": "ring"})
-    inj.on_event("round", {"job": 1, "scheme": "ring", "round": 0})  # not mst: nothing
+    inj.on_event("task", {"job": 1, "scheme": "ring", "round": 0})  # not mst: nothing
     await until(lambda: links.calls, "the first fault (down at t=0.05)")
     assert links.calls == [("down", 0, 1, True)]  # neither of mst's faults, nor round 1's
     assert links.at[("down", 0, 1, True)] >= t0 + 0.05 - EARLY
@@ -174,14 +174,14 @@ async def test_injector_fires_at_times_and_rounds_and_heals():
     t_job2 = time.time()
     inj.on_event("job", {"job": 2, "scheme": "mst"})  # round 0 of job 2 starts: the blackhole
     assert links.calls[-1] == ("blackhole", 1, 2, True)
-    inj.on_event("round", {"job": 2, "scheme": "mst", "round": 0})  # round 1 of mst starts
+    inj.on_event("task", {"job": 2, "scheme": "mst", "round": 0})  # round 1 of mst starts
     assert links.calls[-2:] == [("rate", 2, 3, 42.0 / 4), ("rate", 3, 2, 43.0 / 4)]
     healed = [("rate", 2, 3, 42.0), ("rate", 3, 2, 43.0)]
     await until(lambda: all(c in links.calls for c in healed), "the collapse to heal")
     assert all(links.at[c] >= links.at[("rate", 2, 3, 42.0 / 4)] + 0.05 - EARLY for c in healed)
     await until(lambda: ("rate", 0, 1, 2.0) in links.calls, "mst's collapse at t=0.02")
     assert links.at[("rate", 0, 1, 2.0)] >= t_job2 + 0.02 - EARLY  # t counts from the mst job's start
-    inj.on_event("round", {"job": 2, "scheme": "mst", "round": 0})  # fires once only
+    inj.on_event("task", {"job": 2, "scheme": "mst", "round": 0})  # fires once only
     await inj.stop()  # the blackhole had no `for`: stop heals it
     assert links.calls[-1] == ("blackhole", 1, 2, False) or ("blackhole", 1, 2, False) in links.calls
     actions = [(r["kind"], r["action"]) for r in reports]

@@ -3,7 +3,7 @@
 The attacker holds the cluster secret and speaks for one node (whose real process has the link to the
 victim down, so nobody displaces it): it passes the real handshake, then writes frames by hand. Frames
 whose contributor bitmaps give them away (a doubled contribution, a stale round or attempt, a sum that
-misses a participant) must never be summed: the victim's round either fails with RoundError (and is
+misses a participant) must never be summed: the victim's round either fails with TaskError (and is
 aborted), or the frame is refused or dropped and the round completes with the exact sum, which every
 test computes itself. A forged frame with a *plausible* bitmap is not detectable this way (issue 12
 §6: the threat model of a shared secret); these tests do not claim it is.
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from harness import SECRET, LocalNet
 
-from agents.engine import RoundAborted, RoundError, RoundState
+from agents.engine import TaskAborted, TaskError, TaskState
 from agents.workload import contribution
 from emulation.topology import uniform
 from overlay import auth
@@ -115,7 +115,7 @@ def chunk_frame(*, rnd: int, attempt: int, version: int, chunk: int, kind: str, 
                 contributors: list[int], path: list[int], hop: int, data: np.ndarray) -> tuple[bytes, tuple]:
     """A well-formed CHUNK frame (it passes schema validation: only its content lies) and its key."""
     payload = np.ascontiguousarray(data, dtype=np.float32).tobytes()
-    h = validate({"t": "CHUNK", "job": JOB, "round": rnd, "attempt": attempt, "version": version,
+    h = validate({"t": "CHUNK", "job": JOB, "task": rnd, "attempt": attempt, "version": version,
                   "chunk": chunk, "kind": kind, "origin": origin, "contributors": bitmap(contributors),
                   "t_send": time.time(), "path": path, "hop": hop, "off": 0, "total": len(payload),
                   "nbytes": len(payload)})
@@ -167,17 +167,17 @@ def own_sum(rnd: int, nodes: list[int] | tuple[int, ...]) -> np.ndarray:
     return np.sum([contrib(rnd, n).astype(np.int64) for n in nodes], axis=0).astype(np.float32)
 
 
-def begin(net: LocalNet, n: int, plan: Plan, rnd: int, attempt: int = 0) -> RoundState:
+def begin(net: LocalNet, n: int, plan: Plan, rnd: int, attempt: int = 0) -> TaskState:
     """What an agent does at the start of a round (agents/agent.py), then the round begins."""
     net.overlays[n].forget_before(JOB, rnd - 1)
     net.engines[n].drop_stale(JOB, rnd)
-    return net.engines[n].begin_round(JOB, rnd, attempt, plan, contrib(rnd, n))
+    return net.engines[n].begin_task(JOB, rnd, attempt, plan, contrib(rnd, n))
 
 
-async def outcome(st: RoundState) -> np.ndarray | BaseException:
+async def outcome(st: TaskState) -> np.ndarray | BaseException:
     try:
         return await asyncio.wait_for(asyncio.shield(st.done), DEADLINE)
-    except (RoundError, RoundAborted) as exc:
+    except (TaskError, TaskAborted) as exc:
         return exc
 
 
@@ -185,24 +185,24 @@ def per_chunk(plan: Plan, value: np.ndarray) -> list[tuple[int, np.ndarray]]:
     return [(c, value[off:off + n]) for c, (off, n) in enumerate(plan.layout)]
 
 
-async def judge_victim(st: RoundState, want: np.ndarray) -> bool:
-    """Refused or aborted, never summed: RoundError, or the exact sum. True if the round failed."""
+async def judge_victim(st: TaskState, want: np.ndarray) -> bool:
+    """Refused or aborted, never summed: TaskError, or the exact sum. True if the round failed."""
     got = await outcome(st)
     if isinstance(got, BaseException):
-        assert isinstance(got, RoundError), f"the victim's round ended with {got!r}, not a RoundError"
+        assert isinstance(got, TaskError), f"the victim's round ended with {got!r}, not a TaskError"
         return True
     assert np.array_equal(got, want), "the victim completed the round with a WRONG sum: the forgery was summed"
     return False
 
 
-async def judge_bystander(net: LocalNet, n: int, st: RoundState, want: np.ndarray, failed: bool, rnd: int) -> None:
+async def judge_bystander(net: LocalNet, n: int, st: TaskState, want: np.ndarray, failed: bool, rnd: int) -> None:
     """A node that did nothing wrong: aborted with the round (the scheduler's ABORT) or exact."""
     if failed:
         net.overlays[n].abort(JOB, rnd, 0)
         net.engines[n].abort(JOB, rnd, 0)
     got = await outcome(st)
     if isinstance(got, BaseException):
-        assert failed and isinstance(got, RoundAborted), repr(got)
+        assert failed and isinstance(got, TaskAborted), repr(got)
     else:
         assert np.array_equal(got, want), f"node {n} completed the round with a WRONG sum"
 
@@ -251,7 +251,7 @@ async def test_stale_frames_are_never_summed_and_the_round_stays_exact(stale):
                 sts = [begin(net, n, plan, r) for n in (0, 1, 2)]
                 for n, st in zip((0, 1, 2), sts, strict=True):
                     assert np.array_equal(await outcome(st), own_sum(r, [0, 1, 2]))
-                    net.engines[n].end_round(st)
+                    net.engines[n].end_task(st)
         elif stale == "aborted attempt":
             key = {"rnd": rnd, "attempt": 0, "version": 2}
             attempt = 1

@@ -93,8 +93,8 @@ def field_value(types: tuple[type, ...]) -> st.SearchStrategy:
     return st.one_of(*(values[t] for t in types))
 
 
-CONTROL_TYPES = ("HELLO", "AUTH", "REGISTER", "PEERS", "HEARTBEAT", "REPORT", "JOB", "TOPO_REQUEST", "TOPO_REPLY",
-                 "AUX_UPDATE", "ROUND_DONE", "ABORT", "CLOCK", "STATS", "SHUTDOWN")
+CONTROL_TYPES = ("HELLO", "AUTH", "REGISTER", "PEERS", "HEARTBEAT", "REPORT", "JOB", "READY", "TASK",
+                 "AUX_UPDATE", "TASK_DONE", "ABORT", "CLOCK", "STATS", "SHUTDOWN")
 
 
 @st.composite
@@ -117,7 +117,7 @@ def valid_chunk(draw) -> tuple[dict, bytes]:
     off = draw(st.sampled_from([0, 64, 128, 192]))
     nbytes = draw(st.sampled_from([64, 128, total - off]))
     nbytes = min(nbytes, total - off)
-    h = {"t": "CHUNK", "job": 1, "round": draw(st.sampled_from([0, 0, 0, 1])), "attempt": 0, "version": 1,
+    h = {"t": "CHUNK", "job": 1, "task": draw(st.sampled_from([0, 0, 0, 1])), "attempt": 0, "version": 1,
          "chunk": draw(st.integers(0, 2)), "kind": "agg" if path[-1] == 1 else draw(st.sampled_from(CHUNK_KINDS)),
          "origin": path[0], "contributors": bitmap([path[0]]), "t_send": 0.0, "path": path, "hop": hop,
          "off": off, "total": total, "nbytes": nbytes}
@@ -129,7 +129,7 @@ def valid_chunk(draw) -> tuple[dict, bytes]:
 def chunk_header(draw) -> dict:
     """A CHUNK with every field drawn near its valid values: most fail one check or another."""
     h, _ = draw(valid_chunk())
-    for name, choices in (("job", [1, 2]), ("round", [0, 5]), ("attempt", [0, 1]), ("version", [1, 2]),
+    for name, choices in (("job", [1, 2]), ("task", [0, 5]), ("attempt", [0, 1]), ("version", [1, 2]),
                           ("chunk", [-1, 3, 1 << 40]), ("kind", [*CHUNK_KINDS, "zz"]), ("origin", [0, 1, 2, 7]),
                           ("total", [128, 1 << 20, 1 << 31]), ("nbytes", [0, 4, 6, 512]), ("off", [-4, 2, 256]),
                           ("hop", [1, 2, -1]), ("path", [[0], [0, 1, 0], [0, 2, 1], [2, 1], [0, 1, 7]]),
@@ -270,7 +270,7 @@ def build(target: str) -> tuple[FrameProtocol, list[ProtocolError]]:
     _connect(proto)
     if target.startswith("peer"):
         eng.open_job(1, 0)
-        eng.begin_round(1, 0, 0, PLAN, contribution(0, 0, 1, PLAN.params))
+        eng.begin_task(1, 0, 0, PLAN, contribution(0, 0, 1, PLAN.params))
         ov._attach(0, proto)  # as if node 0 had just authenticated
         assert isinstance(proto.handler, _PeerConn)
     _spy(proto.handler, seen)
@@ -367,7 +367,7 @@ def test_a_valid_round_still_completes_through_the_fuzz_harness():
         ov = Overlay(1, CLUSTER, eng, neighbors=[0, 2], secret=SECRET)
         eng.overlay = ov
         eng.open_job(1, 0)
-        rs = eng.begin_round(1, 0, 0, PLAN, contribution(0, 0, 1, PLAN.params))
+        rs = eng.begin_task(1, 0, 0, PLAN, contribution(0, 0, 1, PLAN.params))
         for child in (0, 2):
             proto = FrameProtocol(peer=None)
             proto.handler = _Handshake(ov, proto, expect=None)
@@ -376,7 +376,7 @@ def test_a_valid_round_still_completes_through_the_fuzz_harness():
             want = contribution(0, 0, child, PLAN.params)
             data = b""
             for c, (off, n) in enumerate(PLAN.layout):
-                h = {"t": "CHUNK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": c, "kind": "agg",
+                h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": c, "kind": "agg",
                      "origin": child, "contributors": bitmap([child]), "t_send": 0.0, "path": [child, 1],
                      "hop": 0, "off": 0, "total": n * 4, "nbytes": n * 4}
                 data += frame_bytes(h, want[off:off + n].tobytes())

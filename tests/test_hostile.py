@@ -264,7 +264,7 @@ def line3() -> Topology:
 
 
 def _forged(**kw) -> dict:
-    h = {"t": "CHUNK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "agg",
+    h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "agg",
          "origin": 0, "contributors": bitmap([0]), "t_send": 0.0, "path": [0, 1, 2], "hop": 0, "off": 0,
          "total": 256 << 20, "nbytes": 4}
     h.update(kw)
@@ -334,7 +334,7 @@ async def test_frames_far_ahead_are_refused_not_held(caplog):
         net.engines[1].open_job(1, 0)
         raw = await _insider(net, 1, 0)
         for r in range(100_000, 100_050):
-            raw.send(_forged(round=r, path=[0, 1], total=4))
+            raw.send(_forged(task=r, path=[0, 1], total=4))
             raw.send_raw(b"\0" * 4)
         await _marker(raw, net, 1)
         assert net.engines[1].held_bytes() == 0 and not net.engines[1]._stash
@@ -365,7 +365,7 @@ async def test_the_invalid_count_survives_a_connection_claiming_another_incarnat
     ov = Overlay(1, "c-inv", _NullSink(), neighbors=[0, 2], secret=SECRET)
     port = await ov.listen()
     try:
-        bad = {"t": "ACK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "nope",
+        bad = {"t": "ACK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "nope",
                "origin": 0, "dst": 1}
         raw = await authenticated(port, 0, "c-inv", SECRET, expect=1, epoch=5)
         for _ in range(10):

@@ -10,7 +10,7 @@ import urllib.request
 
 import aiohttp
 import pytest
-from harness import assert_job_exact, assert_results_exact
+from harness import assert_job_exact, assert_results_exact, assert_round_exact, digest_of, exact_sum
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import until, until_sync
 
@@ -209,7 +209,7 @@ def test_wansync_run_prints_the_url_and_serves_while_running(tmp_path):
             proc.kill()
             proc.wait()
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {r["schema"] for r in recs} == {2}
+    assert {r["schema"] for r in recs} == {3}
     events = [r for r in recs if r["type"] == "event"]
     assert [e["data"]["scheme"] for e in events if e["kind"] == "guard"] == ["star", "mst", "ring"]
     assert any(e["kind"] == "plan" for e in events)
@@ -239,3 +239,96 @@ def test_no_http_starts_no_server():
     bad = subprocess.run([sys.executable, "-m", "wansync.cli", "run", "--http", "nonsense"], capture_output=True,
                          text=True, timeout=30)
     assert bad.returncode != 0 and "--http" in bad.stderr
+
+
+TASK_PARAMS = 250_000  # 1 MB: at 4 Mbit/s a star task takes seconds, long enough to be seen in flight
+
+
+async def test_api_tasks_shows_tasks_in_flight_with_their_trees_then_their_records():
+    topo = uniform(5, 4).scaled(0.01)
+    sched, live, server, url, tasks, agents = await start(topo, "h3", step_s=0.25)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def get(path, status=200):
+                async with http.get(url.rstrip("/") + path) as r:
+                    assert r.status == status, (path, r.status, await r.text())
+                    return await r.json()
+
+            async with http.ws_connect(url + "ws") as ws:
+                first = await ws.receive_json(timeout=30)
+                assert first["type"] == "snapshot" and first["tasks"] == []
+                assert first["in_flight"] == {"job": None, "mode": None, "running": [], "waiting": []}
+                js = sched.open_tasks("star", params=TASK_PARAMS, chunk_params=25_000)
+                # (members, receivers, hub, weights): each hub is outside its members; one task also
+                # delivers to its hub; one is weighted (integer weights: an exact sum to compare with)
+                asks = [([0, 1, 2], None, 3, None), ([1, 2, 4], None, 0, {1: 2.0, 2: 1.0, 4: 3.0}),
+                        ([0, 3, 4], [0, 2, 3, 4], 2, None)]
+                runs = [asyncio.create_task(sched.run_task(js, m, r, options={"hub": h}, weights=w))
+                        for m, r, h, w in asks]
+                flight = None
+                deadline = time.monotonic() + 60
+                while flight is None:  # the three run at once: the API shows them together, with their trees
+                    assert time.monotonic() < deadline and not any(r.done() for r in runs), \
+                        "the three tasks were never seen in flight together"
+                    f = (await get("/api/tasks"))["in_flight"]
+                    flight = f if len(f["running"]) == 3 else None
+                assert flight["job"] == js.job and flight["mode"] == "tasks" and flight["waiting"] == []
+                by_members = {tuple(t["members"]): t for t in flight["running"]}
+                assert sorted(by_members) == sorted(tuple(m) for m, *_ in asks)
+                for members, receivers, hub, _ in asks:
+                    t = by_members[tuple(members)]
+                    assert t["receivers"] == sorted(receivers or members)
+                    assert t["aggregators"] == ([] if receivers else [hub])  # the hub only aggregates
+                    assert t["relays"] == []  # a full mesh: every tree edge is a direct link
+                    g = t["plan"]["groups"][0]
+                    assert g["root"] == hub and g["parent"][str(hub)] is None
+                    assert all(g["parent"][str(m)] == hub for m in members)
+                    assert sorted(t["plan"]["nodes"]) == sorted({*members, hub})
+                    assert t["plan"]["version"] == t["version"] and t["age_s"] >= 0
+
+                recs = await asyncio.wait_for(asyncio.gather(*runs), 60)
+                for rec, (members, receivers, _, w) in zip(recs, asks, strict=True):
+                    assert not rec.aborted and rec.ok and rec.digests_agree, rec
+                    # every receiver holds the exact sum of what was asked, weights included, computed here
+                    want = digest_of(exact_sum(rec.round, members, TASK_PARAMS, weights=w))
+                    assert rec.digests == {n: want for n in sorted(receivers or members)}, rec
+                    assert_round_exact(rec, sched.plans[rec.version])
+                # the live feed: each record once, as a `task` item, and the tasks in flight emptied
+                seen, emptied = [], False
+                deadline = time.monotonic() + 60
+                while len(seen) < 3 or not emptied:
+                    assert time.monotonic() < deadline, f"the feed gave {seen} and in flight emptied: {emptied}"
+                    msg = await ws.receive_json(timeout=30)
+                    seen += [it["item"] for it in msg["items"] if it["kind"] == "task"]
+                    if "in_flight" in msg:
+                        emptied = msg["in_flight"]["running"] == []
+                assert sorted(t["task"] for t in seen) == sorted(r.task for r in recs)
+                assert all(t["mode"] == "tasks" and t["aggregators"] is not None for t in seen)
+
+            got = await get("/api/tasks")
+            assert got["in_flight"]["running"] == [] and got["in_flight"]["waiting"] == []
+            assert [t["task"] for t in got["tasks"]] == [r.task for r in js.records]
+            for t, rec in zip(got["tasks"], js.records, strict=True):
+                assert t["mode"] == "tasks" and t["job"] == js.job and not t["aborted"]
+                assert (t["members"], t["receivers"], t["aggregators"]) == (rec.members, rec.receivers, rec.aggregators)
+                assert t["digests"] == {str(n): d for n, d in rec.digests.items()}
+                assert sorted(t["spans"]) == sorted(str(n) for n in rec.spans)
+                assert t["t_start"] <= t["t_end"] and t["bytes"] == TASK_PARAMS * 4
+            assert len((await get("/api/tasks?limit=1"))["tasks"]) == 1
+            assert (await get(f"/api/tasks?job={js.job + 1}"))["tasks"] == []
+            assert "error" in await get("/api/tasks?job=x", 400)
+            assert (await get("/api/rounds"))["rounds"] == []  # a tasks job has no rounds: the BSP view stays BSP
+            c = await get("/api/cluster")
+            assert c["job"]["mode"] == "tasks" and c["job"]["done"] == 3 and c["tasks_in_flight"] == 0
+
+            async with http.get(url + "metrics") as r:
+                m = metrics(await r.text())
+            assert m["wansync_tasks_total"][(("outcome", "exact"), ("scheme", "star"))] == 3
+            assert m["wansync_task_seconds_count"][(("scheme", "star"),)] == 3
+            assert m["wansync_task_seconds_sum"][(("scheme", "star"),)] == pytest.approx(sum(r.round_s for r in recs))
+            assert m["wansync_tasks_in_flight"][()] == 0
+            assert "wansync_round_seconds_count" not in m  # tasks are not rounds
+            await sched.close_job(js)
+    finally:
+        await stop(sched, server, tasks)
+    assert not sched.errors

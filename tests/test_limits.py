@@ -66,11 +66,12 @@ async def test_control_connections_take_a_large_plan_but_no_payload():
     proto = fake(control_protocol("sched"), rec)
     proto.authenticated()  # a plan comes only after the handshake
     plan = {"groups": [list(range(200))] * 2000}  # ~0.8 MB: a plan for a large cluster
-    reply = {"t": "TOPO_REPLY", "job": 1, "round": 0, "version": 3, "plan": plan}
+    reply = {"t": "TASK", "job": 1, "task": 0, "attempt": 0, "version": 3, "round": 0, "members": [0, 1],
+             "receivers": [0, 1], "plan": plan}
     data = encode(reply, CONTROL_MAX_HEADER)
     assert len(data) > SCRATCH
     feed(proto, data + encode({"t": "HEARTBEAT", "node": 0, "time": 1.0}), random.Random(3))
-    assert [h["t"] for h, _ in rec.frames] == ["TOPO_REPLY", "HEARTBEAT"] and rec.frames[0][0]["plan"] == plan
+    assert [h["t"] for h, _ in rec.frames] == ["TASK", "HEARTBEAT"] and rec.frames[0][0]["plan"] == plan
     assert len(proto._buf) == SCRATCH  # the large header's memory went back
     feed(proto, encode(chunk(8)), random.Random(0))  # a data frame on a control connection
     assert proto.transport.aborted and isinstance(rec.invalid[-1], FramingError)
@@ -108,7 +109,7 @@ async def test_invalid_messages_are_counted_per_peer_and_the_limit_disconnects()
         a.send_raw(bad * (MAX_INVALID - half))
         assert await a.closed_by_peer()
         await until(lambda: set(ov._conns) == {2}, "node 1 to let go of node 0's connection")
-        b.send({"t": "ACK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "agg",
+        b.send({"t": "ACK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "agg",
                 "origin": 2, "dst": 1})
         await answers(b, 2)  # only the peer that reached the limit is gone
         # reconnecting does not clear the count: the same incarnation is cut at its next invalid message
@@ -243,10 +244,10 @@ async def test_a_held_frame_the_plan_does_not_allow_is_dropped_when_the_round_be
     plan = hub_plan(2, 1_000, 500, hub=1)
     eng = ChunkEngine(1, uniform(2).routes())
     eng.open_job(1, 0)
-    h = chunk(8, round=1, chunk=99, version=1, path=[0, 1], contributors=bitmap([0]))
+    h = chunk(8, task=1, chunk=99, version=1, path=[0, 1], contributors=bitmap([0]))
     eng.chunk_buffer(h)
     eng.chunk_segment(h, memoryview(np.zeros(2, np.float32)).cast("B"))
     assert eng.stashed_frames == 1
     with caplog.at_level(logging.WARNING, logger="wansync.engine"):
-        st = eng.begin_round(1, 1, 0, plan, contribution(1, 0, 1, plan.params))
+        st = eng.begin_task(1, 1, 0, plan, contribution(1, 0, 1, plan.params))
     assert not st.done.done() and any("chunk 99" in r.getMessage() for r in caplog.records)

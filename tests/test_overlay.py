@@ -24,7 +24,7 @@ def line(n: int, rate: float = 1000.0, delay: float = 0.0) -> Topology:
 
 
 def header(**kw):
-    h = {"t": "CHUNK", "job": 1, "round": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "probe",
+    h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "probe",
          "origin": 0, "contributors": bitmap([0]), "t_send": 0.0}
     h.update(kw)
     return h

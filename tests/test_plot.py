@@ -1,14 +1,21 @@
 """`wansync plot`: PNG figures from a results file recorded by a real (short) `wansync run`."""
 
+import asyncio
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from harness import digest_of, exact_sum
 from matplotlib import image
 
-from wansync.plot import PlotError, plot
+from agents.agent import Agent
+from emulation.topology import uniform
+from scheduler.live import LiveState
+from scheduler.service import Scheduler
+from wansync.plot import PlotError, overlap_max, plot, task_outcome
+from wansync.results import Recorder, Results
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -92,3 +99,89 @@ def test_plot_command_reports_a_missing_file(tmp_path):
     res = subprocess.run([sys.executable, "-m", "wansync.cli", "plot", str(tmp_path / "missing.jsonl")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "cannot read" in res.stderr and not list(tmp_path.glob("*.png"))
+
+
+SECRET = b"plot-test-cluster-secret-01234567"
+TASK_PARAMS = 60_000
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """A schema-3 file from a real in-process cluster: a BSP job (star, 2 rounds), then a tasks job of
+    two batches of three concurrent partial reduces, each with its hub outside its members."""
+    out = tmp_path_factory.mktemp("tasks") / "mixed.jsonl"
+
+    async def run():
+        topo = uniform(4, 50).scaled(0.01)
+        sched = Scheduler("p1", topo.nodes, secret=SECRET)
+        results = Results(out)
+        Recorder(results, sched, LiveState(sched))
+        port = await sched.start()
+        agents = [Agent(n, "p1", ("127.0.0.1", port), topo, shaped=True, secret=SECRET) for n in range(4)]
+        runs = [asyncio.create_task(a.run()) for a in agents]
+        try:
+            await sched.wait_agents(20)
+            await asyncio.wait_for(sched.run_job("star", rounds=2, params=TASK_PARAMS, chunk_params=6_000), 60)
+            js = sched.open_tasks("star", params=TASK_PARAMS, chunk_params=6_000)
+            recs = []
+            for _ in range(2):
+                recs += await asyncio.wait_for(asyncio.gather(*(
+                    sched.run_task(js, [n for n in range(4) if n != hub], options={"hub": hub}) for hub in (1, 2, 3))),
+                    60)
+            await sched.close_job(js)
+            for r in recs:  # the file's tasks are exact, as computed here
+                want = digest_of(exact_sum(r.round, r.members, TASK_PARAMS))
+                assert not r.aborted and set(r.digests.values()) == {want}, r
+        finally:
+            await sched.shutdown()
+            await asyncio.wait_for(asyncio.gather(*runs), 10)
+            results.close()
+
+    asyncio.run(run())
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def tasks_job_of(recs):
+    return next(r["data"]["job"] for r in recs if r["type"] == "event" and r["kind"] == "job"
+                and r["data"]["mode"] == "tasks")
+
+
+def test_task_timelines_are_drawn_for_tasks_jobs_only(mixed, tmp_path):
+    assert {r["schema"] for r in mixed} == {3}
+    job = tasks_job_of(mixed)
+    tasks = [r for r in mixed if r["type"] == "task" and r["job"] == job]
+    assert len(tasks) == 6 and all(r["aggregators"] and r["spans"] for r in tasks)
+    written, skipped = plot(write(tmp_path / "mixed.jsonl", mixed))
+    names = {p.name for p in written}  # (a run of a second or two may have too few throughput points)
+    assert {"mixed_round_times.png", "mixed_speedup.png", "mixed_task_timelines.png"} <= names, skipped
+    for p in written:
+        assert_real_png(p)
+    # the BSP job's rounds alone make the round-time figure: drop them and it has nothing to draw
+    only = [r for r in mixed if r["type"] != "task" or r["job"] == job]
+    written, skipped = plot(write(tmp_path / "only.jsonl", only))
+    assert tmp_path / "only_task_timelines.png" in written
+    assert any("only_round_times.png" in s and "no round records" in s for s in skipped), skipped
+    assert_real_png(tmp_path / "only_task_timelines.png")
+
+
+def test_no_task_timelines_without_a_tasks_job(recorded, tmp_path):
+    written, skipped = plot(write(tmp_path / "bsp.jsonl", recorded))
+    assert len(written) == 3 and not any("task_timelines" in s for s in [p.name for p in written] + skipped)
+
+
+def test_schema_2_round_records_still_plot(recorded, tmp_path):
+    old_fields = ("job", "scheme", "round", "version", "round_s", "compute_s", "ok", "digests_agree",
+                  "versions_agree", "t_start", "t_end", "warmup", "errors", "prediction_s")
+    old = [{**({k: r[k] for k in old_fields} if r["type"] == "task" else r), "schema": 2,
+            "type": "round" if r["type"] == "task" else r["type"]} for r in recorded]
+    assert any(r["type"] == "round" for r in old) and not any(r["type"] == "task" for r in old)
+    written, _ = plot(write(tmp_path / "v2.jsonl", old))
+    assert sorted(p.name for p in written) == ["v2_link_throughput.png", "v2_round_times.png", "v2_speedup.png"]
+
+
+def test_task_outcomes_and_overlap():
+    assert task_outcome({"ok": True, "digests_agree": True}) == "exact"
+    assert task_outcome({"ok": True, "digests_agree": False}) == "failed"
+    assert task_outcome({"ok": False, "digests_agree": True, "aborted": True}) == "aborted"
+    assert overlap_max([(0, 2), (1, 3), (1.5, 1.8), (3, 4)]) == 3
+    assert overlap_max([(0, 1), (1, 2)]) == 1  # one ends as the next starts: never together

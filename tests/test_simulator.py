@@ -396,3 +396,17 @@ def test_aux_routes_with_one_first_hop_share_a_fifo():
     assert pred.node_done_s[B] == pytest.approx(2 * t + 3 * d + 2 * sigma)
     assert pred.round_s == pytest.approx(3 * t + 4 * d + 2 * sigma)
     assert pred.link_busy_s[(A, C)] == pytest.approx(2 * t)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_multicast_plan_through_a_replicating_node(mode):
+    # source 0 sends once to 1, which keeps a copy and replicates to 2: the receivers and the
+    # replicating node are not members (only the source is), yet they hold and move the bytes.
+    layout = make_layout(SEG // 4 * 4, SEG // 4 * 4)
+    group = ChunkGroup((0,), 0, {0: None}, {0: (1,), 1: (2,)})
+    plan = Plan(0, "mcast-l3", (0,), {0: 1.0}, layout, (group,), receivers=(1, 2))
+    t, d = tau(plan), DELAY
+    pred = simulate(plan, sim_network(line(3)), mode=mode)
+    assert pred.node_done_s[1] == pytest.approx(t + d)
+    assert pred.node_done_s[2] == pytest.approx(2 * (t + d))
+    assert pred.link_bytes == {(0, 1): SEG * 4, (1, 2): SEG * 4}

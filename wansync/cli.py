@@ -1,4 +1,4 @@
-"""The `wansync` command line: run, agent, simulate."""
+"""The `wansync` command line: run, scheduler, agent, deploy, simulate, plot, emu."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from emulation.trace import TraceError
 if TYPE_CHECKING:
     from overlay.auth import TlsFiles
 
+    from .cluster import RunConfig
+
 DEFAULT_SCHEMES = "star,ring,mst,ktree,netstorm"  # the four baselines and the system this project is about
+SSP_SCHEMES = "mcast,mcast-l3"  # SSP multicasts each worker's parameters: one unicast per receiver, or replicated
 CHUNK_HELP = ("chunk size, overriding the scaled default (1 M parameters x --scale): bytes with a unit "
               "(200KB, 4MiB, 200000B; KB = 1000, KiB = 1024 bytes) or a plain integer = a parameter count "
               "(float32, 4 bytes each); a whole number of parameters")
@@ -102,17 +105,48 @@ def _security(args: argparse.Namespace) -> tuple[bytes | None, TlsFiles | None]:
     return secret, tls
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="wansync", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _compute_model(args: argparse.Namespace, schemes: list[str]) -> str | None:
+    """--compute-model checked here (a csv trace made absolute for the agent processes), and the
+    progress model's fit with the schemes: ssp multicasts one worker's tensor, the others reduce."""
+    from scheduler.planners import resolve
+    from sim.compute import ComputeError, ComputeModel
 
-    r = sub.add_parser("run", help="local cluster: a scheduler and one agent process per node, every scheme")
-    _common(r)
-    r.add_argument("--schemes", default=DEFAULT_SCHEMES, help=f"comma-separated (default {DEFAULT_SCHEMES})")
+    if args.staleness < 0 or args.group < 1:
+        raise SystemExit("wansync: --staleness must be >= 0 and --group >= 1")
+    for scheme in schemes:
+        if resolve(scheme).one_source != (args.progress == "ssp"):
+            raise SystemExit(f"wansync: scheme {scheme} does not fit --progress {args.progress}: ssp takes one-source "
+                             "schemes (mcast, mcast-l3), bsp and queue take reduces")
+    spec = args.compute_model
+    if spec is None:
+        return None
+    if spec.startswith("csv:"):
+        spec = "csv:" + str(Path(spec[4:]).resolve())
+    try:
+        ComputeModel(spec, args.seed)
+    except ComputeError as exc:
+        raise SystemExit(f"wansync: --compute-model: {exc}") from None
+    return spec
+
+
+def _run_options(r: argparse.ArgumentParser) -> None:
+    """What a run does (schemes, model, rounds, faults, results, dashboard): `run`, `scheduler`, `deploy`."""
+    r.add_argument("--schemes", default=None,
+                   help=f"comma-separated (default {DEFAULT_SCHEMES}; with --progress ssp: {SSP_SCHEMES})")
     r.add_argument("--model", default="resnet50", help="model name or parameter count (default resnet50)")
     r.add_argument("--rounds", type=int, default=5, help="measured rounds per scheme (default 5)")
     r.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first, to learn the network (default 1)")
     r.add_argument("--compute", type=float, default=0.0, help="compute seconds per round (default 0)")
+    r.add_argument("--compute-model", default=None, metavar="SPEC",
+                   help="per-node compute time per iteration, seeded by --seed (overrides --compute): "
+                        "constant:S | normal:mean=S,sd=S[,spread=F] | lognormal:mean=S,cv=F[,spread=F] | csv:FILE "
+                        "(node,iteration,seconds); spread: each node's own mean within +-F of mean")
+    r.add_argument("--progress", choices=("bsp", "ssp", "queue"), default="bsp",
+                   help="how workers synchronize: bsp (a reduce of all per round, default), ssp (each worker's "
+                        "parameters multicast after every iteration, at most --staleness ahead of the slowest; "
+                        "schemes mcast, mcast-l3), queue (reduces of the first --group ready workers)")
+    r.add_argument("--staleness", type=int, default=2, metavar="S", help="SSP's bound s (default 2)")
+    r.add_argument("--group", type=int, default=2, metavar="P", help="ready queue: workers per reduce (default 2)")
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
     r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
     r.add_argument("--chunk", default=None, metavar="SIZE", help=CHUNK_HELP)
@@ -121,9 +155,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="declare an agent lost after S seconds without a heartbeat (default 1.5; a killed "
                         "agent is noticed at once, a frozen or cut-off one after S)")
     _tls_args(r)
-    r.add_argument("--secret-file", type=Path, default=None, metavar="FILE",
-                   help="use this cluster secret (>= 16 bytes; chmod 600) instead of a fresh one per run, so a "
-                        "tool outside the launcher can authenticate to the scheduler and agents")
     r.add_argument("--hold-budget-mb", type=float, default=None, metavar="MB",
                    help="every agent's memory for frames of rounds after its current one (agent default 256)")
     r.add_argument("--fault", action="append", default=[], metavar="SPEC",
@@ -135,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--http", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="serve the live dashboard, JSON API and /metrics here (default 127.0.0.1:0, a free port)")
     r.add_argument("--no-http", action="store_true", help="no dashboard, API or metrics server")
-    r.add_argument("--backend", choices=("app", "tc"), default="app",
-                   help="who shapes links: app (token buckets in the agents, default) or tc (the kernel: one "
-                        "network namespace per node, veth + htb per link; root only)")
+
+
+def _netstorm_options(r: argparse.ArgumentParser) -> None:
     ns = r.add_argument_group("NetStorm (schemes netstorm, netstorm-std, netstorm-lite)")
     ns.add_argument("--roots", type=int, default=None, help="number of roots N (default: all nodes)")
     ns.add_argument("--aux-mode", choices=("global_prune", "per_pair_disjoint"), default="global_prune")
@@ -151,12 +182,51 @@ def main(argv: list[str] | None = None) -> int:
     ns.add_argument("--aux-queue-length", type=int, default=5)
     ns.add_argument("--probe-num", type=int, default=4, help="PROBE_CHUNK_NUM: probes per estimate")
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="wansync", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="local cluster: a scheduler and one agent process per node, every scheme")
+    _common(r)
+    _run_options(r)
+    r.add_argument("--secret-file", type=Path, default=None, metavar="FILE",
+                   help="use this cluster secret (>= 16 bytes; chmod 600) instead of a fresh one per run, so a "
+                        "tool outside the launcher can authenticate to the scheduler and agents")
+    r.add_argument("--backend", choices=("app", "tc"), default="app",
+                   help="who shapes links: app (token buckets in the agents, default) or tc (the kernel: one "
+                        "network namespace per node, veth + htb per link; root only)")
+    _netstorm_options(r)
+
+    sc = sub.add_parser("scheduler", help="the scheduler alone, for agents started elsewhere (real hosts): "
+                                          "waits for every node, runs every scheme, records, prints")
+    _common(sc)
+    _run_options(sc)
+    sc.add_argument("--listen", default="0.0.0.0:7070", metavar="HOST:PORT",
+                    help="control port agents dial (default 0.0.0.0:7070)")
+    sc.add_argument("--cluster", default="wansync", help="cluster id agents give (--cluster; default wansync)")
+    sc.add_argument("--secret-file", type=Path, default=None, metavar="FILE",
+                    help="cluster secret (>= 16 bytes; chmod 600; default: $WANSYNC_SECRET)")
+    sc.add_argument("--insecure", action="store_true",
+                    help="no cluster secret: anyone who can reach the port may join (trusted networks only)")
+    sc.add_argument("--register-timeout", type=float, default=300.0, metavar="S",
+                    help="give up if not every node registered within S seconds (default 300)")
+    sc.add_argument("--control-lines", action="store_true", help=argparse.SUPPRESS)  # wansync deploy's channel
+    _netstorm_options(sc)
+
+    from .deploy import add_parser as add_deploy_parser
+
+    add_deploy_parser(sub, _common, _run_options, _netstorm_options)
+
     a = sub.add_parser("agent", help="one node (started by `run`, or by hand on a real host)")
     _common(a)
     a.add_argument("--node", type=int, required=True)
     a.add_argument("--scheduler", required=True, help="HOST:PORT of the scheduler")
     a.add_argument("--cluster", required=True, help="cluster id (must match the scheduler's)")
     a.add_argument("--listen", default="127.0.0.1:0", help="data-plane HOST:PORT (default 127.0.0.1:0)")
+    a.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                   help="the address peers dial, registered with the scheduler (default: --listen's); behind "
+                        "NAT (cloud VMs) the public address, with --listen 0.0.0.0:PORT; port 0: --listen's")
     a.add_argument("--no-shaping", action="store_true", help="real WAN: do not emulate link rates or delays")
     a.add_argument("--delay-only", action="store_true",
                    help="the kernel shapes rates (tc backend): emulate only link delay and jitter, ignore the trace")
@@ -208,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.cmd == "agent":
             return _agent(args)
+        if args.cmd == "scheduler":
+            return _scheduler(args)
+        if args.cmd == "deploy":
+            from .deploy import main as deploy_main
+
+            return deploy_main(args)
         if args.cmd == "simulate":
             return _simulate(args)
         if args.cmd == "emu":
@@ -224,12 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def run_config(args: argparse.Namespace, *, backend: str = "app", secret: bytes | None = None) -> RunConfig:
+    """The RunConfig of `run`, `scheduler` and `deploy` from their shared options, checked before
+    anything starts (SystemExit with one line on what is wrong)."""
     from scheduler import planners
 
-    from .cluster import RunConfig, run, set_loop
+    from .cluster import RunConfig
 
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    chosen = args.schemes or (SSP_SCHEMES if args.progress == "ssp" else DEFAULT_SCHEMES)
+    schemes = [s.strip() for s in chosen.split(",") if s.strip()]
     for s in schemes:
         planners.resolve(s)
     if args.rounds < 1:
@@ -237,24 +316,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.hold_budget_mb is not None and not args.hold_budget_mb > 0:
         raise SystemExit("wansync: --hold-budget-mb must be > 0")
     chunk = _chunk_arg(args)
-    secret = None
-    if args.secret_file is not None:
-        from overlay.auth import SecretError, load_secret
-
-        try:  # >= 16 bytes; a warning if group or others may read it
-            secret = load_secret(args.secret_file)
-        except SecretError as exc:
-            raise SystemExit(f"wansync: {exc}") from None
     topo = _topology(args)
-    if args.backend == "tc":
-        from emulation.tc import unavailable
-
-        if reason := unavailable():
-            print(f"wansync: --backend tc unavailable here: {reason}", file=sys.stderr)
-            return 2
+    compute_model = _compute_model(args, schemes)
     cfg = RunConfig(topology=args.topology, topo=topo, schemes=schemes, model=args.model, scale=args.scale,
-                    backend=args.backend,
+                    backend=backend,
                     rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
+                    compute_model=compute_model, progress=args.progress, staleness=args.staleness, group=args.group,
                     warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period,
                     trace=_trace(args, topo), update_time_s=args.update_time, update_rate=args.update_rate,
                     heartbeat_timeout=args.heartbeat_timeout,
@@ -268,17 +335,82 @@ def _run(args: argparse.Namespace) -> int:
     cfg.params  # noqa: B018 - validates --model early
     from overlay.auth import SecretError, TlsFiles
 
-    try:  # the cluster secret itself is generated per run (wansync/cluster.py) unless --secret-file
+    try:
         cfg.tls = TlsFiles.from_args(args.tls_cert, args.tls_key, args.tls_ca)
     except SecretError as exc:
         raise SystemExit(f"wansync: {exc}") from None
+    return cfg
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .cluster import run, set_loop
+
+    secret = None
+    if args.secret_file is not None:
+        from overlay.auth import SecretError, load_secret
+
+        try:  # >= 16 bytes; a warning if group or others may read it
+            secret = load_secret(args.secret_file)
+        except SecretError as exc:
+            raise SystemExit(f"wansync: {exc}") from None
+    if args.backend == "tc":
+        from emulation.tc import unavailable
+
+        if reason := unavailable():
+            print(f"wansync: --backend tc unavailable here: {reason}", file=sys.stderr)
+            return 2
+    # the cluster secret itself is generated per run (wansync/cluster.py) unless --secret-file
+    cfg = run_config(args, backend=args.backend, secret=secret)
     set_loop(args.loop)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     jobs = asyncio.run(run(cfg))
+    return _exit_code(jobs)
+
+
+def _exit_code(jobs: list) -> int:
     exact = all(r.ok and r.digests_agree and r.versions_agree for js in jobs for r in js.records)
     if not exact:
         print("wansync: some rounds did not end with the exact sum (see the results file)", file=sys.stderr)
     return 0 if exact else 1
+
+
+def _scheduler(args: argparse.Namespace) -> int:
+    """`wansync scheduler`: the composition of `run`, with agents that register from elsewhere."""
+    from rich.console import Console
+
+    from scheduler.http import parse_hostport
+
+    from .cluster import ExternalAgents, Session, conduct, control_line, set_loop
+
+    secret, _tls = _security(args)
+    cfg = run_config(args, secret=secret)
+    try:
+        host, port = parse_hostport(args.listen)
+    except ValueError as exc:
+        raise SystemExit(f"wansync: --listen: {exc}") from None
+    set_loop(args.loop)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    console = Console(stderr=True)
+    agents = ExternalAgents(control_lines=args.control_lines)
+
+    def listening(p: int) -> None:
+        console.print(f"scheduler: cluster {args.cluster}, control port {host}:{p}, waiting for {cfg.topo.nodes} "
+                      "agents", highlight=False, soft_wrap=True)
+        if args.control_lines:  # wansync deploy starts the agents once it knows
+            control_line(listening=p)
+
+    session = Session(args.cluster, secret, agents, agents.backend(), host=host, port=port,
+                      register_timeout_s=args.register_timeout, on_listening=listening,
+                      on_dashboard=(lambda url: control_line(dashboard=url)) if args.control_lines else None)
+    try:
+        jobs = asyncio.run(conduct(cfg, session, console))
+    except OSError as exc:  # the control port: in use, or an address this host does not have
+        print(f"wansync: scheduler cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except TimeoutError as exc:
+        print(f"wansync: {exc}", file=sys.stderr)
+        return 1
+    return _exit_code(jobs)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -353,16 +485,27 @@ def _agent(args: argparse.Namespace) -> int:
     set_loop(args.loop)
     probe_bytes = args.probe_bytes if args.probe_bytes is not None else int(PROBE_CHUNK_BYTES * args.scale)
     secret, tls = _security(args)
+    advertise = None
+    if args.advertise is not None:
+        ahost, sep, aport = args.advertise.rpartition(":")
+        if not sep or not ahost or not aport.isdigit() or not 0 <= int(aport) < 65536:
+            print(f"wansync: --advertise {args.advertise!r}: expected HOST:PORT", file=sys.stderr)
+            return 2
+        advertise = (ahost.strip("[]"), int(aport))
     agent = Agent(args.node, args.cluster, (host, int(port)), topo, trace=_trace(args, topo),
                   shaped=not args.no_shaping, host=lhost or "127.0.0.1", listen_port=int(lport or 0),
                   rate_shaping=not args.delay_only,
                   probe_bytes=probe_bytes, probe_num=args.probe_num, primary_busy_bound=args.primary_busy_bound,
                   aux_queue_length=args.aux_queue_length, secret=secret, tls=tls,
-                  hold_budget=int(args.hold_budget_mb * (1 << 20)), scheduler_wait_s=args.scheduler_wait)
+                  hold_budget=int(args.hold_budget_mb * (1 << 20)), scheduler_wait_s=args.scheduler_wait,
+                  advertise=advertise)
     try:
         asyncio.run(agent.run())
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why
         print(f"wansync: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the data port: in use, or an address this host does not have
+        print(f"wansync: node {args.node}: cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
 

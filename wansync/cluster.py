@@ -10,6 +10,7 @@ on Ctrl-C and on errors: agents also leave by themselves when their scheduler co
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import statistics
@@ -17,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -56,6 +58,10 @@ class RunConfig:
     out: Path | None = None
     loop: str = DEFAULT_LOOP
     compute_s: float = 0.0
+    compute_model: str | None = None  # a seeded per-node compute model (sim.compute); overrides compute_s
+    progress: str = "bsp"  # scheduler.progress: bsp, ssp (staleness), queue (group)
+    staleness: int = 2
+    group: int = 2
     warmup: int = 1
     hub: int | None = None
     k: int = 2
@@ -166,12 +172,133 @@ def _text_secret(secret: bytes) -> bool:
     return "\0" not in secret.decode()
 
 
+class Agents(Protocol):
+    """Who runs a run's agents: processes started here (`LocalAgents`), processes started elsewhere
+    by hand (`wansync scheduler`), or over SSH (`wansync deploy`). The scheduler side is the same."""
+
+    async def start(self, port: int) -> None:
+        """Start them, now that the scheduler listens on `port` (nothing, if they start elsewhere)."""
+
+    def dead(self) -> list[tuple[int, str]]:
+        """Nodes whose agent process ended, with why (only the ones this launcher can see)."""
+
+    def signal(self, node: int, sig: int) -> None:
+        """Faults kill/freeze: signal node's agent process, wherever it runs (RuntimeError if it cannot)."""
+
+    async def stop(self) -> None:
+        """Reap every agent process on every way out (they also leave when the scheduler goes)."""
+
+
+class LocalAgents:
+    """`wansync run`: one agent process per node on this machine, shaped by the backend."""
+
+    def __init__(self, cfg: RunConfig, cluster: str, env: dict[str, str], backend: AppBackend) -> None:
+        self.cfg, self.cluster, self.env, self.backend = cfg, cluster, env, backend
+        self.procs: list[subprocess.Popen] = []
+
+    async def start(self, port: int) -> None:
+        for n in range(self.cfg.topo.nodes):
+            cmd = self.backend.agent_command(agent_command(self.cfg, n, port, self.cluster), n, port)
+            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=self.env))
+
+    def dead(self) -> list[tuple[int, str]]:
+        return [(i, f"exit {p.returncode}") for i, p in enumerate(self.procs) if p.poll() is not None]
+
+    def signal(self, node: int, sig: int) -> None:
+        if node >= len(self.procs):
+            raise RuntimeError(f"no process for node {node}")
+        os.kill(self.procs[node].pid, sig)
+
+    async def stop(self) -> None:
+        reap(self.procs)
+
+
+CONTROL_PREFIX = "WANSYNC-CTL "  # `wansync scheduler --control-lines`: requests to its launcher, on stdout
+
+
+def control_line(**what: Any) -> None:
+    """One request to the launcher that started this scheduler over SSH (wansync deploy): it signals
+    agents on other hosts, and replays a trace on their NICs from each job's t0."""
+    print(CONTROL_PREFIX + json.dumps(what), flush=True)
+
+
+class _ControlLineBackend(AppBackend):
+    """A scheduler started by `wansync deploy`: tells its launcher when each job starts."""
+
+    def on_job(self, t0: float) -> None:
+        control_line(job_t0=t0)
+
+
+class ExternalAgents:
+    """`wansync scheduler`: agents started elsewhere (by hand, or over SSH by `wansync deploy`); their
+    losses are the scheduler's to see. With control_lines, kill/freeze faults become requests to the
+    launcher on stdout (it signals the process on its host); without, they cannot be done from here."""
+
+    def __init__(self, control_lines: bool = False) -> None:
+        self.control_lines = control_lines
+
+    def backend(self) -> AppBackend:
+        return _ControlLineBackend() if self.control_lines else AppBackend()
+
+    async def start(self, port: int) -> None:
+        pass
+
+    def dead(self) -> list[tuple[int, str]]:
+        return []
+
+    def signal(self, node: int, sig: int) -> None:
+        if not self.control_lines:
+            raise RuntimeError(f"node {node}'s agent runs on another host: `wansync scheduler` cannot signal it "
+                               "(`wansync deploy` can)")
+        control_line(signal=int(sig), node=node)
+
+    async def stop(self) -> None:
+        pass
+
+
+@dataclass
+class Session:
+    """What `conduct` needs besides the run's options: who the cluster is, where the scheduler
+    listens, who runs the agents and who shapes the links."""
+
+    cluster: str
+    secret: bytes | None
+    agents: Agents
+    backend: AppBackend = field(default_factory=AppBackend)
+    host: str | None = None  # None: the backend's (127.0.0.1 for local runs)
+    port: int = 0
+    register_timeout_s: float = 60.0
+    on_listening: Callable[[int], None] | None = None  # told the scheduler's port once it listens
+    on_dashboard: Callable[[str], None] | None = None  # told the dashboard's URL once it serves
+
+
 async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True) -> list[JobState]:
     """Start a scheduler here and one agent process per node, run every scheme in turn, and reap
     everything on the way out, whatever the way out."""
     console = console or Console(stderr=True)
     cluster = "run-" + secrets.token_hex(4)
     secret, agent_env = run_secret(cfg)
+    backend = TcBackend(cfg.topo, cfg.trace, console) if cfg.backend == "tc" else AppBackend()
+    # every agent runs on this machine: say at start when the application backend cannot keep up
+    if cfg.backend == "app" and (forecast := cpu_forecast(cfg.topo, cfg.trace, cfg.schemes, cfg.params, cfg.chunk)):
+        console.print(f"[yellow]{cpu_warning(forecast, root=os.geteuid() == 0)}[/]", soft_wrap=True, highlight=False)
+    agents = LocalAgents(cfg, cluster, agent_env, backend)
+    if cfg.trace is not None and cfg.trace.events:  # the computed trace every local agent loads
+        fd, name = tempfile.mkstemp(prefix="wansync-trace-", suffix=".json")
+        os.close(fd)
+        cfg.trace_file = Path(name)
+        cfg.trace.write(cfg.trace_file)
+    try:
+        return await conduct(cfg, Session(cluster, secret, agents, backend), console, show_table=show_table)
+    finally:
+        if cfg.trace_file is not None:
+            cfg.trace_file.unlink(missing_ok=True)
+
+
+async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_table: bool = True) -> list[JobState]:
+    """Run every scheme on a scheduler with `topo.nodes` registered agents: record, summarize, print.
+    Shared by `wansync run` (agents here), `wansync scheduler` (agents elsewhere) and `wansync deploy
+    --scheduler-here` (agents over SSH); everything it started is stopped on every way out."""
     results = Results(cfg.out)
     results.write({"type": "run", "topology": cfg.topo.name, "nodes": cfg.topo.nodes, "schemes": cfg.schemes,
                    "model": cfg.model, "params": cfg.params, "chunk_params": cfg.chunk, "scale": cfg.scale,
@@ -179,34 +306,30 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
                    "rounds": cfg.rounds, "warmup": cfg.warmup, "loop": cfg.loop, "seed": cfg.seed,
                    "dynamic": cfg.dynamic, "links": cfg.topo.to_dict()["links"],
                    "trace": None if cfg.trace is None else cfg.trace.spec,
-                   "faults": [f.describe() for f in cfg.faults]})
+                   "faults": [f.describe() for f in cfg.faults], "cluster": session.cluster})
     predictor = RoundPredictor(cfg.topo, cfg.trace, primary_busy_bound=cfg.primary_busy_bound,
                                aux_queue_length=cfg.aux_queue_length)
-    sched = Scheduler(cluster, cfg.topo.nodes, predict=predictor.round_s, update_time=cfg.update_time_s * cfg.scale,
-                      update_rate=cfg.update_rate, secret=secret, tls=cfg.tls, heartbeat_timeout=cfg.heartbeat_timeout)
+    sched = Scheduler(session.cluster, cfg.topo.nodes, predict=predictor.round_s,
+                      update_time=cfg.update_time_s * cfg.scale, update_rate=cfg.update_rate, secret=session.secret,
+                      tls=cfg.tls, heartbeat_timeout=cfg.heartbeat_timeout)
     live = LiveState(sched)
     Recorder(results, sched, live)
     progress = RunProgress(console, sched, live)
-    backend = TcBackend(cfg.topo, cfg.trace, console) if cfg.backend == "tc" else AppBackend()
-    if cfg.backend == "app" and (forecast := cpu_forecast(cfg.topo, cfg.trace, cfg.schemes, cfg.params, cfg.chunk)):
-        console.print(f"[yellow]{cpu_warning(forecast, root=os.geteuid() == 0)}[/]", soft_wrap=True, highlight=False)
+    backend, agents = session.backend, session.agents
     sched.subscribe(lambda kind, data: kind == "job" and backend.on_job(data["t0"]))
-    procs: list[subprocess.Popen] = []
     jobs: list[JobState] = []
-    injector = _fault_injector(cfg, sched, procs, results, backend)
-    dashboard = await _start_dashboard(cfg.http, sched, live, console)
-    if cfg.trace is not None and cfg.trace.events:
-        fd, name = tempfile.mkstemp(prefix="wansync-trace-", suffix=".json")
-        os.close(fd)
-        cfg.trace_file = Path(name)
-        cfg.trace.write(cfg.trace_file)
+    injector = _fault_injector(cfg, sched, agents, results, backend)
+    dashboard = None
     try:
+        dashboard = await _start_dashboard(cfg.http, sched, live, console)
+        if dashboard is not None and session.on_dashboard is not None:
+            session.on_dashboard(dashboard.url)
         await backend.setup()
-        port = await sched.start(backend.scheduler_host)
-        for n in range(cfg.topo.nodes):
-            cmd = backend.agent_command(agent_command(cfg, n, port, cluster), n, port)
-            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=agent_env))
-        await wait_or_die(sched.wait_agents(60), procs)
+        port = await sched.start(session.host or backend.scheduler_host, session.port)
+        if session.on_listening is not None:
+            session.on_listening(port)
+        await agents.start(port)
+        await wait_or_die(sched.wait_agents(session.register_timeout_s), agents.dead)
         if injector is not None:
             injector.start()
         with progress:
@@ -216,8 +339,11 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
                     options["hub"] = cfg.hub
                 js = await wait_or_die(sched.run_job(scheme, rounds=cfg.rounds_by_scheme.get(scheme, cfg.rounds),
                                                      params=cfg.params, chunk_params=cfg.chunk,
-                                                     compute_s=cfg.compute_s, options=options, warmup=cfg.warmup),
-                                       procs, survive=True, console=console)
+                                                     compute_s=cfg.compute_s, options=options, warmup=cfg.warmup,
+                                                     progress=cfg.progress, staleness=cfg.staleness,
+                                                     group=cfg.group, compute=cfg.compute_model,
+                                                     seed=cfg.seed),
+                                       agents.dead, survive=True, console=console, total=cfg.topo.nodes)
                 jobs.append(js)
                 summary = summarize(js, cfg)
                 results.write({"type": "job", **summary})
@@ -232,17 +358,15 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
     finally:
         if injector is not None:
             await injector.stop()  # heals what is still active: a frozen agent must be able to exit
-        if cfg.trace_file is not None:
-            cfg.trace_file.unlink(missing_ok=True)
         if dashboard is not None:
             await dashboard.stop()
         await sched.shutdown()
-        reap(procs)
+        await agents.stop()
         backend.teardown()
         results.close()
 
 
-def _fault_injector(cfg: RunConfig, sched: Scheduler, procs: list[subprocess.Popen], results: Results,
+def _fault_injector(cfg: RunConfig, sched: Scheduler, agents: Agents, results: Results,
                     backend: AppBackend) -> FaultInjector | None:
     """Faults of the run, fed the scheduler's job and round events; every step is a `fault` record
     in the results file and an event on the scheduler's timeline (the dashboard shows it)."""
@@ -264,9 +388,8 @@ def _fault_injector(cfg: RunConfig, sched: Scheduler, procs: list[subprocess.Pop
         sched.note_event("fault", **{("fault" if k == "kind" else k): v for k, v in rec.items() if k != "type"})
 
     links = cfg.link_control or backend.link_control() or AppLinkControl(sched.send)
-    injector = FaultInjector(cfg.faults, links=links,
-                             pid_of=lambda n: procs[n].pid if n < len(procs) else None, rate_of=rate_of,
-                             report=report)
+    injector = FaultInjector(cfg.faults, links=links, pid_of=lambda n: None, rate_of=rate_of, report=report,
+                             signal_node=agents.signal)
     sched.subscribe(injector.on_event)
     return injector
 
@@ -298,7 +421,7 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
     lag_busy = max((st.get("loop_lag_busy_p99_s", 0.0) for st in js.stats.values()), default=0.0)
     cpu = {n: st["cpu_s"] / st["wall_s"] if st["wall_s"] else 0.0 for n, st in js.stats.items()}
     preds = [r.prediction_s for r in recs if r.prediction_s is not None]
-    return {"job": js.job, "scheme": js.scheme, "rounds": len(recs), "round_s_median": med,
+    return {"job": js.job, "scheme": js.scheme, "progress": cfg.progress, "rounds": len(recs), "round_s_median": med,
             "prediction_s_median": statistics.median(preds) if preds else None, "round_s_min": min(times),
             "round_s_max": max(times), "algbw_MBps": cfg.params * 4 / med / 1e6,
             "all_exact": all(r.ok and r.digests_agree and r.versions_agree for r in js.records),

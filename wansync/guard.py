@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.rounds import JobState
+from scheduler.tasks import JobState
 
 # The forecast at a run's start (cpu_forecast): what the application backend's agents cost, from
 # scripts/bench/capacity.py on the project's 2-core machine (CREW meshes, app backend): 0.5 ms of CPU

@@ -1,8 +1,13 @@
 """`wansync plot results.jsonl`: PNG figures from a run's results file (matplotlib, Agg backend).
 
 Figures: round time per scheme (box plot and CDF of measured rounds), throughput per link over time
-(from `throughput` records; schema 1 files fall back to passive `link_sample`s), and speedup over
-the star baseline (skipped, with the reason, when the file has no star rounds).
+(from `throughput` records; schema 1 files fall back to passive `link_sample`s), speedup over the
+star baseline (skipped, with the reason, when the file has no star rounds), and task timelines of
+tasks jobs (one bar per task, and each node's parts; not drawn when every job ran BSP rounds).
+
+Schema 3 records every task (`task`); a BSP job's tasks are its rounds, a tasks job's (partial
+reduces the scheduler formed, told by its `job` event's mode) are drawn as tasks only. Schema 1
+and 2 files have `round` records and BSP jobs only.
 """
 
 from __future__ import annotations
@@ -17,10 +22,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: never needs a display, safe in CI and over SSH
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-SUPPORTED_SCHEMAS = (1, 2)
+SUPPORTED_SCHEMAS = (1, 2, 3)
 TOP_LINKS = 10  # more lines than this are unreadable; the rest are drawn thin and grey
 BASELINE = "star"
+TIMELINE_TASKS_MAX = 3000  # bars per job in the task timeline; beyond that the first ones are drawn
+OUTCOME_COLOR = {"exact": "#59a14f", "failed": "#e15759", "aborted": "#9c9c9c"}
 
 
 class PlotError(Exception):
@@ -62,11 +71,20 @@ def plot(path: Path, out_dir: Path | None = None) -> tuple[list[Path], list[str]
     for r in recs:
         by_type[r["type"]].append(r)
     run = by_type["run"][0] if by_type["run"] else {}
+    # schema 3 records every task; a BSP job's are its rounds (older files: `round` records, BSP only)
+    modes = {e["data"]["job"]: e["data"].get("mode", "rounds") for e in by_type["event"]
+             if e.get("kind") == "job" and isinstance(e.get("data"), dict) and "job" in e["data"]}
+    every = by_type["round"] + by_type.pop("task", [])
+    by_type["task"] = [r for r in every if modes.get(r.get("job"), run.get("mode", "rounds")) == "tasks"]
+    by_type["round"] = [r for r in every if modes.get(r.get("job"), run.get("mode", "rounds")) != "tasks"]
     title = (f"{run.get('topology', '?')}, {run.get('nodes', '?')} nodes, {run.get('model', '?')} "
              f"x{run.get('scale', '?')}") if run else path.name
     rounds = [r for r in by_type["round"] if not r.get("warmup")] or by_type["round"]
     written, skipped = [], []
-    for name, fn in (("round_times", _round_times), ("link_throughput", _link_throughput), ("speedup", _speedup)):
+    figures = [("round_times", _round_times), ("link_throughput", _link_throughput), ("speedup", _speedup)]
+    if by_type["task"]:  # a file of BSP jobs only has no task timeline to skip
+        figures.append(("task_timelines", _task_timelines))
+    for name, fn in figures:
         target = out_dir / f"{stem}_{name}.png"
         why = fn(target, title, rounds, by_type)
         if why:
@@ -125,8 +143,8 @@ def _link_throughput(target: Path, title: str, rounds: list[dict[str, Any]], by_
     if not series:
         return "no throughput or link_sample records"
     t0 = min(t for pts in series.values() for t, _ in pts)
-    if by_type["round"]:
-        t0 = min(t0, min(float(r["t_start"]) for r in by_type["round"]))
+    if by_type["round"] or by_type["task"]:
+        t0 = min(t0, min(float(r["t_start"]) for r in by_type["round"] + by_type["task"]))
     # counters are a continuous series (lines); passive samples are discrete chunk measurements (dots)
     style = {"lw": 1.4} if source.startswith("agents") else {"ls": "none", "marker": "o", "ms": 3}
     volume = {k: sum(m for _, m in pts) for k, pts in series.items()}
@@ -154,7 +172,7 @@ def _link_throughput(target: Path, title: str, rounds: list[dict[str, Any]], by_
 def _shade_jobs(ax: Any, rounds: list[dict[str, Any]], by_type: dict, t0: float) -> None:
     """Each scheme's span as a band with its name: throughput reads against the scheme that made it."""
     spans: dict[tuple[int, str], list[float]] = {}
-    for r in by_type["round"]:
+    for r in by_type["round"] + by_type["task"]:
         s = spans.setdefault((r["job"], r["scheme"]), [float(r["t_start"]), float(r["t_end"])])
         s[0], s[1] = min(s[0], float(r["t_start"])), max(s[1], float(r["t_end"]))
     for i, ((_, scheme), (a, b)) in enumerate(sorted(spans.items(), key=lambda kv: kv[1][0])):
@@ -178,6 +196,76 @@ def _speedup(target: Path, title: str, rounds: list[dict[str, Any]], by_type: di
     ax.set_ylabel(f"speedup over {BASELINE} (median round time)")
     ax.set_title(f"Speedup over the {BASELINE} baseline (median {base:.3f} s)\n{title}", fontsize="medium")
     ax.set_ylim(0, max(speed) * 1.18)
+    _save(fig, target)
+    return None
+
+
+def task_outcome(r: dict[str, Any]) -> str:
+    """exact, failed (ended, not exact) or aborted (no attempt could end exact), as the dashboard says."""
+    if r.get("aborted"):
+        return "aborted"
+    return "exact" if r.get("ok") and r.get("digests_agree") else "failed"
+
+
+def overlap_max(spans: list[tuple[float, float]]) -> int:
+    """The most intervals sharing one moment (one ending as another starts does not count)."""
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _task_timelines(target: Path, title: str, rounds: list[dict[str, Any]], by_type: dict) -> str | None:
+    """Per tasks job: one bar per task from its start to its end (coloured by outcome), and per node
+    the parts it ran (agents' own clocks; overlapping parts darken: tasks that shared the agent)."""
+    jobs: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in by_type["task"]:
+        jobs[(r["job"], r["scheme"])].append(r)
+    if not jobs:
+        return "no tasks job in the file (BSP jobs' rounds are in the round-time figure)"
+    fig, axes = plt.subplots(len(jobs), 2, figsize=(13, 3.6 * len(jobs)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]})
+    for (bars, nodes), ((job, scheme), recs) in zip(axes, sorted(jobs.items()), strict=True):
+        recs = sorted(recs, key=lambda r: (float(r["t_start"]), r["task"]))[:TIMELINE_TASKS_MAX]
+        t0 = min(float(r["t_start"]) for r in recs)
+        colors = [OUTCOME_COLOR[task_outcome(r)] for r in recs]
+        starts = [float(r["t_start"]) - t0 for r in recs]
+        widths = [max(float(r["t_end"]) - float(r["t_start"]), 0.0) for r in recs]
+        ys = [r["task"] for r in recs]
+        bars.barh(ys, widths, left=starts, height=0.8, color=colors, linewidth=0)
+        aborted = [(s, y) for s, y, r in zip(starts, ys, recs, strict=True) if r.get("aborted")]
+        if aborted:  # an abandoned task has no span of its own: a mark where it was given up
+            bars.scatter([s for s, _ in aborted], [y for _, y in aborted], marker="x", color=OUTCOME_COLOR["aborted"])
+        bars.yaxis.set_major_locator(MaxNLocator(integer=True))
+        bars.margins(x=0.03)
+        bars.invert_yaxis()
+        bars.set_xlabel("time since the job's first task started (s)")
+        bars.set_ylabel("task")
+        counts = {k: sum(1 for r in recs if task_outcome(r) == k) for k in OUTCOME_COLOR}
+        bars.set_title(f"job {job} ({scheme}): {len(recs)} tasks, "
+                       + ", ".join(f"{n} {k}" for k, n in counts.items() if n), fontsize="medium")
+        bars.legend(handles=[Patch(color=c, label=k) for k, c in OUTCOME_COLOR.items()], fontsize="small",
+                    loc="lower right")
+        bars.grid(axis="x", alpha=0.3)
+        per_node: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for r in recs:
+            for n, (a, b) in (r.get("spans") or {}).items():
+                per_node[int(n)].append((float(a) - t0, float(b) - t0))
+        for n, sp in per_node.items():
+            nodes.broken_barh([(a, max(b - a, 0.0)) for a, b in sp], (n - 0.4, 0.8), color="C0", alpha=0.25,
+                              linewidth=0)
+            nodes.text(1.01, n, f"max {overlap_max(sp)} at once", transform=nodes.get_yaxis_transform(), va="center",
+                       fontsize="x-small", color="0.3")
+        nodes.set_xlim(bars.get_xlim())  # the same clock as the tasks beside it
+        nodes.set_yticks(sorted(per_node))
+        nodes.invert_yaxis()
+        nodes.set_xlabel("time (s)")
+        nodes.set_ylabel("node")
+        nodes.set_title("each node's parts (darker: tasks sharing the agent)", fontsize="medium")
+        nodes.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"Task timelines — {title}")
     _save(fig, target)
     return None
 

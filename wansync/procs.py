@@ -7,29 +7,37 @@ import asyncio
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 
 
-async def wait_or_die(aw: Any, procs: list[subprocess.Popen], *, survive: bool = False,
-                      console: Console | None = None) -> Any:
+async def wait_or_die(aw: Any, dead: Callable[[], list[tuple[int, str]]] | list[subprocess.Popen], *,
+                      survive: bool = False, console: Console | None = None, total: int | None = None) -> Any:
     """Await `aw`; if agent processes die, fail at once instead of hanging, unless `survive` (a
-    running job: the scheduler aborts the round and goes on without them, as long as two remain)."""
+    running job: the scheduler aborts the round and goes on without them, as long as two remain).
+    `dead` lists the nodes whose process ended, with why (or is the list of local processes)."""
+    if isinstance(dead, list):
+        procs = dead
+        total = len(procs) if total is None else total
+
+        def dead() -> list[tuple[int, str]]:
+            return [(i, f"exit {p.returncode}") for i, p in enumerate(procs) if p.poll() is not None]
     task = asyncio.ensure_future(aw)
     told: set[int] = set()
     while True:
         done, _ = await asyncio.wait({task}, timeout=0.5)
         if done:
             return task.result()
-        dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
-        if dead and (not survive or len(procs) - len(dead) < 2):
+        gone = dead()
+        if gone and (not survive or (total is not None and total - len(gone) < 2)):
             task.cancel()
-            raise RuntimeError(f"agent process(es) exited: {', '.join(f'node {i} (exit {rc})' for i, rc in dead)}")
-        for i, rc in dead:
+            raise RuntimeError(f"agent process(es) exited: {', '.join(f'node {i} ({why})' for i, why in gone)}")
+        for i, why in gone:
             if i not in told and console is not None:
                 told.add(i)
-                console.print(f"[yellow]agent {i} exited (code {rc}); the scheduler goes on without it[/]")
+                console.print(f"[yellow]agent {i} exited ({why}); the scheduler goes on without it[/]")
 
 
 def reap(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:

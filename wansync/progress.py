@@ -38,7 +38,7 @@ class RunProgress:
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "job":
             self.tasks[data["job"]] = self.progress.add_task(f"{data['scheme']:>6}", total=data["rounds"], info="")
-        elif kind == "round":
+        elif kind == "task":
             tid = self.tasks.get(data["job"])
             if tid is not None:
                 self.progress.update(tid, advance=1, info=self._info(data, 0.0))

@@ -14,7 +14,9 @@ from typing import Any, TextIO
 from scheduler.live import LiveState
 from scheduler.service import Scheduler
 
-SCHEMA_VERSION = 2  # 2: adds `throughput` and `event` records (README: Results file)
+# 2: adds `throughput` and `event` records; 3: `task` records replace `round` records (a BSP round is
+# the task of that round; README: Results file); later: `agent` records
+SCHEMA_VERSION = 3
 
 
 class Results:
@@ -38,12 +40,13 @@ class Recorder:
 
     def __init__(self, results: Results, sched: Scheduler, live: LiveState) -> None:
         self.results = results
+        self.sched = sched
         sched.subscribe(self._on_event)
         live.listeners.append(self._on_live)
 
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
         write = self.results.write
-        if kind == "round":
+        if kind == "task":
             if data["prediction_s"]:
                 data["prediction_err_pct"] = 100.0 * (data["round_s"] - data["prediction_s"]) / data["prediction_s"]
             write(data)
@@ -53,6 +56,11 @@ class Recorder:
         elif kind == "plan":
             write({"type": "plan", "version": data["version"], "scheme": data["scheme"],
                    "plan": data["plan"].to_wire()})
+        elif kind == "agent":  # registered (or came back): where it is, and its clock against ours
+            a = self.sched.agents.get(data["node"])
+            if a is not None:
+                write({"type": "agent", "node": a.node, "host": a.host, "port": a.port, "pid": a.pid,
+                       "epoch": a.epoch, "clock_offset_s": a.clock_offset, "clock_error_s": a.clock_error})
         elif kind == "timeline":
             write({"type": "event", "kind": data["kind"], "at": data["t"],
                    "data": {k: v for k, v in data.items() if k not in ("t", "kind")}})

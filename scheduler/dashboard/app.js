@@ -6,10 +6,13 @@ const PALETTE = ["#e15759", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2
   "#4e79a7", "#bab0ac"];
 const SERIES_KEEP = 1800;
 const TOP_LINKS = 8;
+const TASKS_KEEP = 2000;  // task records the page keeps (the timeline draws the most recent that fit)
+const TASK_CARDS = 24;  // tasks in flight drawn with their trees; more are listed by id
+const OUTCOME_COLOR = { exact: "#59a14f", failed: "#e15759", aborted: "#bab0ac", running: "#edc948" };
 
 const S = {
   cluster: null, links: [], plan: null, series: {}, rounds: [], timeline: [], t0: null, seq: 0,
-  dirty: false, updates: 0,
+  dirty: false, updates: 0, tasks: [], inflight: { job: null, running: [], waiting: [] },
 };
 
 function el(tag, attrs, parent, text) {
@@ -242,6 +245,116 @@ function drawTimeline() {
   }
 }
 
+// --- tasks: the ones in flight with their trees, and a timeline of recorded ones -------------------
+function outcome(t) {
+  if (t.aborted) return "aborted";
+  return t.ok && t.digests_agree ? "exact" : "failed";
+}
+
+function miniTree(t) {
+  // the task's plan over every node of the cluster: who contributes, aggregates, receives, relays
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("viewBox", "0 0 640 560");
+  svg.setAttribute("class", "mini");
+  const ids = nodeIds(), pos = layout(ids), R = 30;
+  const role = {};
+  for (const n of t.relays) role[n] = "relay";
+  for (const n of t.receivers) role[n] = "receiver";
+  for (const n of t.aggregators) role[n] = "aggregator";
+  for (const n of t.members) role[n] = "member";
+  const defs = el("defs", {}, svg);
+  const m = el("marker", { id: `arrow-t${t.task}`, viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "5",
+    markerHeight: "5", orient: "auto-start-reverse" }, defs);
+  el("path", { d: "M0,0 L10,5 L0,10 z", fill: "#1d2430" }, m);
+  for (const [gi, g] of t.plan.groups.entries()) {
+    if (gi >= 4) break;  // a few trees are readable at this size
+    for (const [child, parent] of Object.entries(g.parent)) {
+      if (parent === null || parent === undefined || !(child in pos) || !(parent in pos)) continue;
+      const [a, b] = shorten(pos[child], pos[parent], R + 4);
+      el("line", { class: "tree-edge", x1: a[0], y1: a[1], x2: b[0], y2: b[1], stroke: PALETTE[gi % PALETTE.length],
+        "marker-end": `url(#arrow-t${t.task})`, "data-child": child, "data-parent": parent }, svg);
+    }
+    if (g.root in pos) el("circle", { cx: pos[g.root][0], cy: pos[g.root][1], r: R + 9, fill: "none",
+      stroke: PALETTE[gi % PALETTE.length], "stroke-width": 3 }, svg);
+  }
+  for (const n of ids) {
+    const g = el("g", { class: "node " + (role[n] || "idle"), "data-node": n }, svg);
+    el("circle", { cx: pos[n][0], cy: pos[n][1], r: R }, g);
+    el("text", { x: pos[n][0], y: pos[n][1] }, g, String(n));
+    el("title", {}, g, `node ${n}: ${role[n] || "no part"}` + (t.reported.includes(n) ? " (done)" : ""));
+  }
+  return svg;
+}
+
+function drawInflight() {
+  const f = S.inflight || { running: [], waiting: [] };
+  const box = document.getElementById("inflight");
+  box.replaceChildren();
+  const now = Date.now() / 1000;
+  for (const t of f.running.slice(0, TASK_CARDS)) {
+    const card = document.createElement("div");
+    card.className = "task-card";
+    card.dataset.task = t.task;
+    const meta = document.createElement("div");
+    meta.className = "meta";
+    meta.textContent = `task ${t.task}` + (t.attempt ? ` (attempt ${t.attempt + 1})` : "") +
+      ` · ${t.scheme} v${t.version} · ${fmt(Math.max(0, now - t.started_t), 1)} s · ` +
+      `${t.members.length} member${t.members.length === 1 ? "" : "s"}` +
+      (t.aggregators.length ? `, aggregators ${t.aggregators.join(" ")}` : "");
+    card.appendChild(meta);
+    card.appendChild(miniTree(t));
+    box.appendChild(card);
+  }
+  const more = f.running.length - TASK_CARDS;
+  if (more > 0) {
+    const p = document.createElement("div");
+    p.textContent = `+${more} more: ` + f.running.slice(TASK_CARDS).map((t) => t.task).join(", ");
+    box.appendChild(p);
+  }
+  document.getElementById("waiting").innerHTML = f.waiting.slice(0, 20).map((t) =>
+    `<li data-task="${t.task}">task ${t.task} waits` + (t.blocked ? `: ${t.blocked}` : t.at_barrier.length ?
+      ` at its barrier (${t.at_barrier.length} ready)` : "") + "</li>").join("");
+  document.getElementById("tasks-label").textContent = f.job === null ? "no task running" :
+    `job ${f.job} (${f.mode}): ${f.running.length} running, ${f.waiting.length} waiting`;
+  document.getElementById("tasks-legend").innerHTML = [["member", "#4e79a7"], ["aggregator (not a member)", "#f28e2b"]]
+    .map(([n, c]) => `<span><span class="sw" style="background:${c}"></span>${n}</span>`).join("") +
+    `<span><span class="sw" style="border:2px solid #1a7f4b"></span>receiver only</span>` +
+    `<span><span class="sw" style="border:2px dashed #999"></span>relay</span><span>arrows: child → parent</span>`;
+}
+
+function drawTaskChart() {
+  const svg = document.getElementById("task-chart");
+  svg.replaceChildren();
+  const W = 1280, H = 200, L = 48, Rm = 10, T = 18, B = 22, now = Date.now() / 1000;
+  const bars = S.tasks.map((t) => ({ t, s: t.t_start, e: Math.max(t.t_end, t.t_start), kind: outcome(t) }));
+  for (const t of (S.inflight || { running: [] }).running) bars.push({ t, s: t.started_t, e: now, kind: "running" });
+  if (!bars.length) return;
+  const tmax = Math.max(...bars.map((b) => b.e)), span = Math.max(10, Math.min(120, tmax - Math.min(...bars.map((b) => b.s))));
+  const tmin = tmax - span, base = t0();
+  const shown = bars.filter((b) => b.e >= tmin).sort((a, b) => a.s - b.s);
+  const lanes = [];  // greedy interval packing: overlapping tasks stack, so the height is the concurrency
+  for (const b of shown) {
+    let i = lanes.findIndex((end) => end <= b.s);
+    if (i < 0) { i = lanes.length; lanes.push(0); }
+    lanes[i] = b.e;
+    b.lane = i;
+  }
+  const X = (x) => L + (W - L - Rm) * (x - tmin) / span;
+  const lh = Math.min(16, (H - T - B) / Math.max(1, lanes.length));
+  const axis = el("g", { class: "axis" }, svg);
+  el("line", { x1: L, x2: W - Rm, y1: H - B, y2: H - B }, axis);
+  for (let k = 0; k <= 6; k++) el("text", { x: X(tmin + span * k / 6), y: H - 6, "text-anchor": "middle" }, axis,
+    fmt(tmin + span * k / 6 - base, 0) + " s");
+  el("text", { x: L, y: 11, "text-anchor": "start" }, axis, `last ${fmt(span, 0)} s: up to ${lanes.length} at once`);
+  for (const b of shown) {
+    const x = X(Math.max(b.s, tmin)), w = Math.max(2, X(b.e) - x);
+    const r = el("rect", { class: "task-bar", "data-task": b.t.task, "data-outcome": b.kind, x, y: T + b.lane * lh,
+      width: w, height: Math.max(1, lh - 1), fill: OUTCOME_COLOR[b.kind] }, svg);
+    el("title", {}, r, `job ${b.t.job} task ${b.t.task} (${b.kind}): members ${b.t.members.join(" ")}` +
+      (b.t.aggregators.length ? `; aggregators ${b.t.aggregators.join(" ")}` : "") + `; ${fmt(b.e - b.s, 3)} s`);
+  }
+}
+
 function drawTable() {
   const tb = document.querySelector("#links-table tbody");
   tb.innerHTML = S.links.map((l) => `<tr data-link="${l.src}-${l.dst}"><td>${l.src} → ${l.dst}</td>` +
@@ -257,7 +370,9 @@ function drawHeader() {
   nodes.textContent = `nodes ${c.up}/${c.expected_nodes} up`;
   nodes.className = "pill " + (c.up === c.expected_nodes ? "good" : "bad");
   const j = c.job;
-  document.getElementById("job").textContent = j ? `job ${j.job}: ${j.scheme} ${j.done}/${j.rounds} rounds` : "no job yet";
+  document.getElementById("job").textContent = !j ? "no job yet" : j.mode === "tasks" ?
+    `job ${j.job}: ${j.scheme} tasks, ${j.done} done, ${c.tasks_in_flight} in flight` :
+    `job ${j.job}: ${j.scheme} ${j.done}/${j.rounds} rounds`;
   document.getElementById("version").textContent = "plan v" + c.plan_version;
   const g = document.getElementById("guard");
   const v = c.guard_verdict || (c.guard_valid === true ? "valid" : c.guard_valid === false ? "invalid" : null);
@@ -267,7 +382,8 @@ function drawHeader() {
     (x.reasons && x.reasons.length ? ` (${x.reasons.join("; ")})` : "")).join("\n");
   const p = S.plan;
   document.getElementById("plan-label").textContent = p ?
-    `plan v${p.version} (${p.scheme}), ${p.groups_total} tree${p.groups_total === 1 ? "" : "s"}, ${p.chunks} chunks` :
+    `plan v${p.version} (${p.scheme}), ${p.groups_total} tree${p.groups_total === 1 ? "" : "s"}, ${p.chunks} chunks` +
+    (j && j.mode === "tasks" ? " — the job's plan; each task runs a plan of its own (Tasks in flight)" : "") :
     "no plan yet";
   const sel = document.getElementById("group-select");
   const want = p ? p.groups.length : 0;
@@ -286,6 +402,8 @@ function render() {
   drawThroughput();
   drawRounds();
   drawTimeline();
+  drawInflight();
+  drawTaskChart();
   drawTable();
 }
 
@@ -296,6 +414,7 @@ function schedule() {
 // --- data ----------------------------------------------------------------------------------------
 function applySnapshot(m) {
   S.cluster = m.cluster; S.links = m.view.links; S.plan = m.plan; S.rounds = m.rounds; S.timeline = m.timeline;
+  S.tasks = m.tasks || []; S.inflight = m.in_flight || S.inflight;
   S.series = {};
   for (const [k, pts] of Object.entries(m.series)) S.series[k] = pts;
   S.seq = m.seq;
@@ -309,11 +428,16 @@ function applyUpdate(m) {
       pts.push([item.t, item.mbps]);
       if (pts.length > SERIES_KEEP) pts.shift();
     } else if (kind === "round") S.rounds.push(item);
+    else if (kind === "task") {
+      S.tasks.push(item);
+      if (S.tasks.length > TASKS_KEEP) S.tasks.shift();
+    }
     else if (kind === "timeline") S.timeline.push(item);
   }
   S.seq = Math.max(S.seq, m.seq);
   S.cluster = m.cluster; S.links = m.links;
   if (m.plan !== undefined) S.plan = m.plan;
+  if (m.in_flight !== undefined) S.inflight = m.in_flight;
 }
 
 function connect() {

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..plan import Job, Plan
 from ..view import NetworkView
-from . import ktree, mst, netstorm, ring, star
+from . import ktree, mst, multicast, netstorm, ring, star
 
 Memory = dict[str, Any]
 Planner = Callable[[NetworkView, Job, Memory], Plan]
@@ -28,6 +28,15 @@ class PlannerSpec:
     options: Mapping[str, Any] = field(default_factory=dict)  # fixed by the scheme (a variant's ablation)
     adaptive: bool = False  # re-planned as the view changes within a job
     refresh_aux: Callable[[NetworkView, Job, Plan], Plan] | None = None  # auxiliary tables between versions
+    one_source: bool = False  # plans one member's multicast to receivers, not a reduce of the members
+
+    def opening(self, job: Job) -> Job:
+        """The job a whole-cluster plan is made for: a one-source scheme's is the lowest member's
+        multicast to every other (what a job shows before its first task); a reduce's is the job."""
+        if not self.one_source or len(job.participants) == 1:
+            return job
+        src, *rest = job.participants
+        return Job(job.params, job.chunk_params, (src,), {**job.options, "receivers": rest})
 
     def plan(self, view: NetworkView, job: Job, memory: Memory | None = None) -> Plan:
         return self.planner(view, job, {} if memory is None else memory)
@@ -49,6 +58,9 @@ register(PlannerSpec("star", _stateless(star.plan)))  # star and ktree keep the 
 register(PlannerSpec("ring", _stateless(ring.plan)))
 register(PlannerSpec("mst", _stateless(mst.plan), adaptive=True))
 register(PlannerSpec("ktree", _stateless(ktree.plan)))
+# one source to a receiver set (SelMcast): l7 = a unicast per receiver, l3 = replicated where routes part
+register(PlannerSpec("mcast", _stateless(multicast.plan), {"mode": "l7"}, one_source=True))
+register(PlannerSpec("mcast-l3", _stateless(multicast.plan), {"mode": "l3"}, one_source=True))
 # NetStorm's ablation ladder: lite = multi-root FAPT planned once; std = + awareness (re-planned as
 # measurements change); pro (plain "netstorm") = + auxiliary paths, refreshed between versions
 register(PlannerSpec("netstorm-lite", netstorm.plan, {"awareness": False, "aux": False}))

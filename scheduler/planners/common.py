@@ -18,16 +18,19 @@ def best_hub(view: NetworkView, participants: Sequence[int]) -> int:
 
 
 def hub_for(view: NetworkView, job: Job) -> int:
+    """The `hub` option (it may be outside the members: it then aggregates without contributing),
+    else the best-connected member."""
     hub = job.options.get("hub")
     if hub is not None:
-        if hub not in job.participants:
-            raise ValueError(f"--hub {hub} is not a participant")
+        if hub not in job.participants and hub not in view.g:
+            raise ValueError(f"--hub {hub} is neither a member nor a node the view knows")
         return int(hub)
     return best_hub(view, job.participants)
 
 
 def single_tree_plan(scheme: str, job: Job, root: int, parent: Mapping[int, int | None]) -> Plan:
-    """Every chunk on one tree (star, mst, ktree): aggregate up, broadcast down the same edges."""
+    """Every chunk on one tree (star, mst, ktree): aggregate up, broadcast down the same edges. Tree
+    nodes outside the members aggregate and replicate without contributing."""
     layout = make_layout(job.params, job.chunk_params)
     group = tree_group(range(len(layout)), root, parent)
     return Plan(0, scheme, tuple(job.participants), {n: 1.0 for n in job.participants}, layout, (group,))

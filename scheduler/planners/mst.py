@@ -15,8 +15,11 @@ from .common import single_tree_plan
 
 
 def plan(view: NetworkView, job: Job) -> Plan:
-    view.require_connected(job.participants)
-    parts = set(job.participants)
+    """Option `aggregators`: nodes outside the members the tree may pass through; those it needs stay
+    inner nodes (they aggregate and replicate without contributing), the rest are pruned."""
+    members = set(job.participants)
+    parts = members | {int(n) for n in job.options.get("aggregators", ())}
+    view.require_connected(parts)
     g = nx.Graph()
     g.add_nodes_from(parts)
     for a, b in view.links():
@@ -25,6 +28,9 @@ def plan(view: NetworkView, job: Job) -> Plan:
     if not nx.is_connected(g):
         raise DisconnectedView("participants are not connected by direct links; mst needs direct links")
     tree = nx.minimum_spanning_tree(g, weight="w", algorithm="kruskal")
+    while leaves := [n for n in tree if tree.degree(n) <= 1 and n not in members and len(tree) > 1]:
+        tree.remove_nodes_from(leaves)  # an aggregator nothing flows through has no part to play
+    parts = set(tree)
     if "root" in job.options:
         root = int(job.options["root"])
     else:

@@ -8,7 +8,8 @@ from .common import hub_for, single_tree_plan
 
 
 def plan(view: NetworkView, job: Job) -> Plan:
-    view.require_connected(job.participants)
+    """The hub may be outside the members (option `hub`): it then only aggregates and sends back."""
     hub = hub_for(view, job)
-    parent = {n: (None if n == hub else hub) for n in job.participants}
+    view.require_connected({*job.participants, hub})
+    parent = {n: (None if n == hub else hub) for n in {*job.participants, hub}}
     return single_tree_plan("star", job, hub, parent)

@@ -321,14 +321,14 @@ class Attacker:
         return 0, False
 
     def relay_frame(self, victim: int, me: int, nxt: int, chunk: int) -> bytes:
-        h = {"t": "CHUNK", "job": FAKE_JOB, "round": 0, "attempt": 0, "version": 1, "chunk": chunk, "kind": "agg",
+        h = {"t": "CHUNK", "job": FAKE_JOB, "task": 0, "attempt": 0, "version": 1, "chunk": chunk, "kind": "agg",
              "origin": me, "contributors": bitmap([me]), "t_send": time.time(), "path": [me, victim, nxt],
              "hop": 0, "off": 0, "total": HUGE_TOTAL, "nbytes": 4}
         return frame(h, b"\0\0\0\0")
 
     def future_frame(self, victim: int, me: int, idx: int, size: int, payload: bytes) -> bytes:
         st = self.state
-        h = {"t": "CHUNK", "job": st["job"], "round": st["round"] + FAR_AHEAD, "attempt": 0,
+        h = {"t": "CHUNK", "job": st["job"], "task": st["round"] + FAR_AHEAD, "attempt": 0,
              "version": st["version"], "chunk": idx, "kind": "agg", "origin": me, "contributors": bitmap([me]),
              "t_send": time.time(), "path": [me, victim], "hop": 0, "off": 0, "total": size, "nbytes": size}
         return frame(h, payload)
@@ -417,7 +417,7 @@ class Attacker:
             drainer.cancel()
         finally:
             close(writer)
-            far = [a for a in acks if a.get("round", 0) >= FAR_AHEAD]
+            far = [a for a in acks if a.get("task", 0) >= FAR_AHEAD]
             self.far_future_acked += len(far)
             if far:
                 self.outcomes["relay_hold"]["far-future frames acknowledged"] += len(far)

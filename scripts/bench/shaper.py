@@ -175,7 +175,7 @@ async def _feed(ov: Overlay, node: int, rnd: int, dst: int, rate_Bps: float, pay
     while not stop.is_set():
         want = 2 + math.ceil(rate_Bps * 0.3 / CHUNK)
         while len(pending) < want:
-            header = {"t": "CHUNK", "job": 1, "round": rnd, "attempt": 0, "version": 0, "chunk": chunk,
+            header = {"t": "CHUNK", "job": 1, "task": rnd, "attempt": 0, "version": 0, "chunk": chunk,
                       "kind": "bcast", "origin": node, "contributors": bytes([1]), "t_send": 0.0}
             tr = ov.send_chunk(header, payload, (node, dst))
             assert tr.done is not None

@@ -209,7 +209,7 @@ async def _overlay_tx(ctrl: Connection, port: int, segment: int, shaped: bool) -
         ov.forget_before(1, rnd)
         view = payload[:frame]
         c0, t0 = cpu_s(), time.perf_counter()
-        transfers = [ov.send_chunk({"t": "CHUNK", "job": 1, "round": rnd, "attempt": 0, "version": 0,
+        transfers = [ov.send_chunk({"t": "CHUNK", "job": 1, "task": rnd, "attempt": 0, "version": 0,
                                     "chunk": i, "kind": "bcast", "origin": 0, "contributors": b"\x01",
                                     "t_send": 0.0}, view, (0, 1))
                      for i in range(total // frame)]

@@ -1,0 +1,252 @@
+"""Every task this node has a part in, several at once: TASK in, the chunk engine, TASK_DONE out.
+
+A TASK names the members (they contribute), the receivers (they get the result) and the plan
+version; this node may be any of them, or only aggregate, replicate or relay. A member contributes
+what the BSP loop prepared for that iteration, or else the synthetic workload's contribution for
+it; a receiver checks its result against the exact (weighted) sum of the members' contributions.
+Each task is exact or aborted on its own: an ABORT ends only its attempt here.
+
+The BSP loop (agents/rounds.py) waits on `outcome(job, round)` for the task that synchronizes its
+round; tasks nobody waits for (partial reduces the scheduler forms, a node that only aggregates)
+just run and report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from overlay.clock import SyncedClock
+from overlay.messages import Record, Task, TaskDone
+from overlay.peers import Overlay
+from scheduler.plan import Plan
+
+from .engine import ChunkEngine, TaskAborted
+from .workload import contribution, expected
+
+log = logging.getLogger("wansync.agent")
+
+
+class Skipped(Exception):
+    """The task for this round formed without this node (it rejoined too late for it)."""
+
+
+@dataclass
+class Outcome:
+    """What a receiver holds when its part of a task is done."""
+
+    task: int
+    attempt: int
+    plan: Plan
+    result: np.ndarray
+    ok: bool
+    error: str
+
+
+@dataclass
+class Prepared:
+    """What the BSP loop readied for a round: its contribution and when it said READY."""
+
+    contribution: np.ndarray
+    t_ready: float
+    t_compute: float
+
+
+class TaskRunner:
+    def __init__(self, node: int, engine: ChunkEngine, overlay: Overlay, clock: SyncedClock,
+                 plans: dict[int, Plan], *, send: Callable[[Record], None],
+                 flush_samples: Callable[[], None]) -> None:
+        self.node = node
+        self.engine = engine
+        self.overlay = overlay
+        self.clock = clock
+        self.plans = plans  # every version this node holds (shared with the engine)
+        self.send = send
+        self.flush_samples = flush_samples
+        self.prepared: dict[tuple[int, int], Prepared] = {}  # (job, round) -> the loop's contribution
+        self._waiting: dict[tuple[int, int], asyncio.Future] = {}  # (job, round) -> the loop's outcome
+        self._running: dict[tuple[int, int], asyncio.Task] = {}  # (job, task) -> this node's part
+        self._round_of: dict[tuple[int, int], int] = {}  # (job, task) -> the round it synchronizes
+        self.done_attempt: dict[tuple[int, int], int] = {}  # (job, task) -> attempt this node finished
+        self.next_attempt: dict[tuple[int, int], int] = {}  # (job, task) -> attempt to run next
+        self._ended: dict[int, asyncio.Future] = {}  # job -> set by JOB_END
+        self.go: dict[int, int] = {}  # job -> highest iteration a GO allows (SSP)
+        self._go_event: dict[int, asyncio.Event] = {}
+        self.go_wait_s = 0.0  # time this worker waited for a GO (SSP's bound holding it back)
+        self.dropped: dict[tuple[int, int], set[int]] = {}  # (job, task) -> receivers dropped from it
+
+    async def allowed(self, job: int, rnd: int) -> None:
+        """Until a GO allows iteration `rnd` (SSP); counts the time this worker waited."""
+        if self.go.get(job, -1) >= rnd:
+            return
+        t = time.time()
+        ev = self._go_event.setdefault(job, asyncio.Event())
+        while self.go.get(job, -1) < rnd:
+            ev.clear()
+            await ev.wait()
+        self.go_wait_s += time.time() - t
+
+    def on_go(self, job: int, upto: int) -> None:
+        self.go[job] = max(self.go.get(job, -1), upto)
+        ev = self._go_event.get(job)
+        if ev is not None:
+            ev.set()
+
+    async def idle(self, job: int) -> None:
+        """Until no task of `job` runs here (this worker's last contributions have left)."""
+        while running := [t for (j, _), t in self._running.items() if j == job]:
+            await asyncio.wait(running)
+
+    def on_drop(self, job: int, task: int, attempt: int, node: int, replicates: bool) -> None:
+        """DROP: `node` leaves the receivers of a running task. Here: if this is that node, nothing of
+        the task is applied (it keeps replicating for others if it must); if this node sends or
+        relays to it, it stops — unless it replicates for others."""
+        self.dropped.setdefault((job, task), set()).add(node)
+        for st in self.engine.tasks.values():
+            if st.key[:3] == (job, task, attempt):
+                self.engine.drop_receiver(st, node)
+        if node != self.node and not replicates:
+            self.overlay.abort_to(job, task, node)
+
+    async def job_over(self, job: int) -> None:
+        """Until the scheduler ends a job whose tasks it formed (JOB_END)."""
+        fut = self._ended.setdefault(job, asyncio.get_running_loop().create_future())
+        await fut
+
+    def end_job(self, job: int) -> None:
+        fut = self._ended.setdefault(job, asyncio.get_running_loop().create_future())
+        if not fut.done():
+            fut.set_result(None)
+
+    # --- what the BSP loop asks -----------------------------------------------------------------------
+    def outcome(self, job: int, rnd: int) -> asyncio.Future:
+        """The future result of the task for `rnd` (TaskAborted, Skipped or an Outcome)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[(job, rnd)] = fut
+        return fut
+
+    # --- what the scheduler says ----------------------------------------------------------------------
+    def on_task(self, msg: Task, plan: Plan | None) -> None:
+        """TASK, with its plan already checked (None: this node holds that version)."""
+        if msg.skip:
+            self._wake(msg.job, msg.round, Skipped(f"round {msg.round} formed without node {self.node}"))
+            return
+        if plan is not None:
+            self.plans[msg.version] = plan.with_version(msg.version)
+        if msg.settled is not None:  # tasks below it are over everywhere: their duplicate keys are of no use
+            self.overlay.forget_before(msg.job, msg.settled - 1)
+        self.engine.avoid_links(msg.avoid or ())
+        self.engine.note_task(msg.job, msg.task, msg.settled)
+        if self.node not in self.plans[msg.version].nodes:
+            return  # only a relay on a route the plan's edges take: the overlay passes its frames on
+        key = (msg.job, msg.task)
+        self._round_of[key] = msg.round
+        old = self._running.pop(key, None)
+        if old is not None:
+            old.cancel()
+        t = asyncio.create_task(self._run(msg, self.plans[msg.version]), name=f"task {key}")
+        self._running[key] = t
+        t.add_done_callback(lambda _t, key=key: self._running.pop(key, None) if self._running.get(key) is _t
+                            else None)
+
+    def on_abort(self, job: int, task: int, attempt: int) -> None:
+        """ABORT: drop the attempt everywhere here. The BSP loop asks again; if this node had already
+        finished that round (others had not), it goes back and redoes it."""
+        key = (job, task)
+        self.next_attempt[key] = max(self.next_attempt.get(key, 0), attempt + 1)
+        self.overlay.abort(job, task, attempt)
+        self.engine.abort(job, task, attempt)
+        rnd = self._round_of.get(key, task)
+        # wake the job loop if it waits for this round, or (having finished it) for the next one
+        waiting = [rnd] + ([rnd + 1] if self.done_attempt.get(key, attempt + 1) <= attempt else [])
+        for r in waiting:
+            self._wake(job, r, TaskAborted(f"job {job} task {task} attempt {attempt} aborted"))
+
+    def abandon(self) -> None:
+        """The scheduler went away or fenced us: every task in flight is dropped."""
+        for t in list(self._running.values()):
+            t.cancel()
+        for st in list(self.engine.tasks.values()):
+            self.overlay.abort(st.job)
+            self.engine.abort(st.job, st.task, st.attempt)
+            self.engine.end_task(st)
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.cancel()
+
+    # --- one task, this node's part -------------------------------------------------------------------
+    async def _run(self, msg: Task, plan: Plan) -> None:
+        job, key = msg.job, (msg.job, msg.task)
+        member = self.node in plan.participants
+        mine = (msg.iters or {}).get(self.node, msg.round)  # the iteration this node's contribution comes from
+        prep = self.prepared.get((job, mine)) if member else None
+        t_wait = time.time() - prep.t_ready if prep is not None else None  # READY -> TASK: the barrier
+        t_compute = prep.t_compute if prep is not None else 0.0
+        contrib = None
+        if member:
+            contrib = prep.contribution if prep is not None else await asyncio.to_thread(
+                contribution, mine, 0, self.node, plan.params)
+        t_start = self.clock.now()
+        try:
+            st = self.engine.begin_task(job, msg.task, msg.attempt, plan, contrib)
+        except ValueError as exc:  # the plan gives this node no part: the scheduler's bug, said plainly
+            log.error("node %d: task %d of job %d: %s", self.node, msg.task, job, exc)
+            return
+        for gone in self.dropped.get(key, ()):  # dropped before this node began its part
+            self.engine.drop_receiver(st, gone)
+        error = ""
+        try:
+            result = await st.done
+            ok = True
+        except TaskAborted:
+            self.engine.end_task(st)
+            return  # the scheduler hands out the next attempt (or the loop asks again)
+        except Exception as exc:  # a TaskError: reported, never silently wrong
+            result, ok, error = st.result if st.receiver else None, False, str(exc)
+        t_end = self.clock.now()
+        self.engine.end_task(st)
+        digest = None
+        if st.receiver and result is not None:
+            if ok:  # numpy and blake2b release the GIL: verify off the loop, which still forwards chunks
+                ok, error = await asyncio.to_thread(self._verify, result, msg, plan)
+            digest = await asyncio.to_thread(_digest, result)
+        if member and ok:
+            self.prepared.pop((job, mine), None)  # its contribution is in (a retry would draw it again)
+        self.flush_samples()
+        self.send(TaskDone(node=self.node, job=job, task=msg.task, attempt=msg.attempt, version=plan.version,
+                           ok=ok, t_start=t_start, t_end=t_end, t_compute=t_compute, digest=digest, t_wait=t_wait,
+                           error=error or None))
+        self.done_attempt[key] = msg.attempt
+        if st.receiver and result is not None:
+            self._wake(job, mine if member else msg.round, Outcome(msg.task, msg.attempt, plan, result, ok, error))
+
+    def _verify(self, result: np.ndarray, msg: Task, plan: Plan) -> tuple[bool, str]:
+        """Exact check against the closed-form (weighted) sum of the members' contributions, each from
+        its own iteration."""
+        iters = msg.iters or {}
+        want = expected(msg.round, 0, plan.participants, plan.params, plan.weights,
+                        iters={m: iters.get(m, msg.round) for m in plan.participants})
+        if not np.array_equal(result, want):
+            error = f"{int(np.count_nonzero(result != want))} elements differ from the exact sum"
+            log.error("node %d task %d: %s", self.node, msg.task, error)
+            return False, error
+        return True, ""
+
+    def _wake(self, job: int, rnd: int, what: Outcome | Exception) -> None:
+        fut = self._waiting.pop((job, rnd), None)
+        if fut is None or fut.done():
+            return
+        if isinstance(what, Exception):
+            fut.set_exception(what)
+        else:
+            fut.set_result(what)
+
+
+def _digest(result: np.ndarray) -> bytes:
+    return hashlib.blake2b(memoryview(result).cast("B"), digest_size=16).digest()

@@ -1,0 +1,29 @@
+"""BSP: one task per round, "everyone contributes, everyone receives", formed once every member is
+READY for it; the first READY freezes the round's plan version (the scheduler's barrier)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..tasks import JobState, TaskRecord
+from . import Control
+
+
+class Bsp:
+    name = "bsp"
+    rule = "result"
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def start(self, ctl: Control, js: JobState) -> None:
+        pass
+
+    def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
+        ctl.barrier_ready(js, rnd, node, have)
+
+    def task_done(self, ctl: Control, js: JobState, rec: TaskRecord) -> None:
+        pass
+
+    def lost(self, ctl: Control, js: JobState, node: int) -> None:
+        pass  # the barrier re-plans for the living (the scheduler's abort and retry)
