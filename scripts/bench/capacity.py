@@ -281,10 +281,11 @@ def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> li
 
 
 def round_starts(js: Any, records: list[Any]) -> list[dict[int, float]]:
-    """Per round, when each agent started it (its ROUND_DONE's t_start) after the first one did."""
+    """Per round, when each agent started it (its TASK_DONE's t_start) after the first one did."""
     out = []
     for rec in records:
-        done = getattr(js.by_round.get(rec.round), "done", {}) if hasattr(js, "by_round") else {}
+        task = js.tasks.get(rec.task)
+        done = task.done if task is not None else {}
         starts = {int(n): float(m.t_start) for n, m in done.items() if getattr(m, "t_start", None) is not None}
         if starts:
             first = min(starts.values())
@@ -424,7 +425,7 @@ async def _stream_lateness(seconds: float = 2.0) -> tuple[float, float, int]:
     pending: set[asyncio.Future] = set()
     while time.monotonic() < t_end:
         while len(pending) < 2 + int(STREAM_MBPS * MBIT * 0.05 / len(payload)):
-            tr = a.send_chunk({"t": "CHUNK", "job": 1, "round": 0, "attempt": 0, "version": 0, "chunk": chunk,
+            tr = a.send_chunk({"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 0, "chunk": chunk,
                                "kind": "bcast", "origin": 0, "contributors": bytes([1]), "t_send": 0.0},
                               payload, (0, 1))
             assert tr.done is not None
