@@ -14,9 +14,7 @@ still runs in the namespaces and removes them and the bridge.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -24,6 +22,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .tc import free_subnet
 
 SSHD = "/usr/sbin/sshd"
 NET = "10.81."  # 10.81.k.0/24: the first k no address of this machine is in
@@ -63,12 +63,10 @@ def _run(cmd: list[str], stdin: str | None = None) -> str:
 
 
 def _free_net() -> str:
-    used = {ipaddress.ip_interface(a).network for a in re.findall(r"inet (\S+)", _run(["ip", "-4", "-o", "addr"]))}
-    for k in range(256):
-        net = ipaddress.ip_network(f"{NET}{k}.0/24")
-        if not any(net.overlaps(u) for u in used):
-            return f"{NET}{k}."
-    raise StandinError(f"no free {NET}k.0/24 for the stand-in hosts' bridge")
+    net = free_subnet(NET)
+    if net is None:
+        raise StandinError(f"no free {NET}k.0/24 for the stand-in hosts' bridge")
+    return net
 
 
 class StandinHosts:

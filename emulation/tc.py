@@ -147,14 +147,22 @@ def enter_netns(name: str) -> None:
         os.close(fd)
 
 
-def _free_control_net() -> str:
-    """The first 10.254.k.0/24 no address of the root namespace is in (runs may overlap in time)."""
+def free_subnet(prefix: str) -> str | None:
+    """The first `prefix`k.0/24 (prefix like "10.254.") no address of the root namespace is in, as
+    "prefix"k."; None if all 256 are taken (runs may overlap in time, so each picks its own)."""
     used = {ipaddress.ip_interface(a).network for a in re.findall(r"inet (\S+)", _run(["ip", "-4", "-o", "addr"]))}
     for k in range(256):
-        net = ipaddress.ip_network(f"10.254.{k}.0/24")
+        net = ipaddress.ip_network(f"{prefix}{k}.0/24")
         if not any(net.overlaps(u) for u in used):
-            return f"10.254.{k}."
-    raise TcError("no free 10.254.k.0/24 for the control bridge")
+            return f"{prefix}{k}."
+    return None
+
+
+def _free_control_net() -> str:
+    net = free_subnet("10.254.")
+    if net is None:
+        raise TcError("no free 10.254.k.0/24 for the control bridge")
+    return net
 
 
 class TcNetwork:

@@ -138,17 +138,23 @@ def preset(spec: str) -> Topology:
         raise TopologyError(f"topology: unknown preset {name!r} in {spec!r}; presets: {', '.join(presets())}")
     factor = 1.0
     for opt in opts:
-        key, _, val = opt.partition("=")
-        try:
-            if key != "x":
-                raise ValueError
-            factor = float(val)
-        except ValueError:
-            raise TopologyError(f"topology: {spec!r}: option {opt!r} is not x=FACTOR") from None
-        if not factor > 0:
-            raise TopologyError(f"topology: {spec!r}: x must be positive, got {factor}")
+        factor = _x_option(spec, opt)
     topo = load(PRESETS / f"{name}.toml")
     return topo if factor == 1.0 else topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
+
+
+def _x_option(spec: str, opt: str) -> float:
+    """One `x=F` option: a finite, positive rate multiplier, or an error naming the option."""
+    key, _, val = opt.partition("=")
+    try:
+        if key != "x":
+            raise ValueError
+        factor = float(val)
+    except ValueError:
+        raise TopologyError(f"topology: {spec!r}: option {opt!r} is not x=FACTOR") from None
+    if not (factor > 0 and factor < float("inf")):
+        raise TopologyError(f"topology: {spec!r}: x must be a finite positive number, got {factor}")
+    return factor
 
 
 def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
@@ -157,18 +163,10 @@ def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
     factor = 1.0
     rest = []
     for part in parts:
-        key, eq, val = part.partition("=")
-        if not eq:
+        if "=" not in part:
             rest.append(part)
             continue
-        try:
-            if key != "x":
-                raise ValueError
-            factor = float(val)
-        except ValueError:
-            raise TopologyError(f"topology: {spec!r}: option {part!r} is not x=FACTOR") from None
-        if not (factor > 0 and factor < float("inf")):
-            raise TopologyError(f"topology: {spec!r}: x must be positive, got {factor}")
+        factor = _x_option(spec, part)
     if len(rest) > 1:
         raise TopologyError(f"topology: cannot parse {spec!r}; use hetero[:lo-hi][:x=F]")
     return (rest[0] if rest else ""), factor

@@ -103,6 +103,6 @@ def from_spec(spec: str) -> Topology:
     if opts:
         raise TopologyError(f"topology: unknown option(s) {sorted(opts)} in {spec!r}")
     if not (factor > 0 and np.isfinite(factor)):
-        raise TopologyError(f"topology: {spec!r}: x must be positive, got {factor}")
+        raise TopologyError(f"topology: {spec!r}: x must be a finite positive number, got {factor}")
     topo = waxman(nodes, seed=seed) if name == "waxman" else crew_mesh(nodes, seed=seed)
     return topo if factor == 1.0 else topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
