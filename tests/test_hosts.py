@@ -377,11 +377,13 @@ def test_accept_new_host_keys_writes_known_hosts(hosts: standin.StandinHosts, tm
 
 
 def _block(hosts: standin.StandinHosts, i: int, port: int) -> subprocess.Popen:
-    """A listener on host i's port, as another program holding it would be."""
+    """A listener on host i's port, as another program holding it would be: it holds the port until
+    its stdin closes (or it is killed)."""
     p = subprocess.Popen(hosts.exec_prefix(i) + [sys.executable, "-c",
-                         "import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+                         "import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
                          "socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen();"
-                         " print('ready', flush=True); time.sleep(600)", str(port)], stdout=subprocess.PIPE, text=True)
+                         " print('ready', flush=True); sys.stdin.read()", str(port)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
 

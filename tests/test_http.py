@@ -1,6 +1,7 @@
 """Dashboard HTTP API, WebSocket and Prometheus metrics, checked against a real cluster over loopback TCP."""
 
 import asyncio
+import functools
 import json
 import re
 import subprocess
@@ -51,15 +52,21 @@ def metrics(text):
     return out
 
 
+async def fetch(http: aiohttp.ClientSession, url: str, path: str, status: int = 200, *, json_only: bool = False):
+    """GET url+path, asserting its status; the JSON body (required with json_only), else the text."""
+    async with http.get(url.rstrip("/") + path) as r:
+        assert r.status == status, (path, r.status, await r.text())
+        if json_only or r.content_type == "application/json":
+            return await r.json()
+        return await r.text()
+
+
 async def test_api_and_metrics_describe_the_running_cluster():
     topo = uniform(4, 30).scaled(0.01)  # ~0.1 s per tree edge and direction: rounds span several points
     sched, live, server, url, tasks, agents = await start(topo, "h1", step_s=0.25)
     try:
         async with aiohttp.ClientSession() as http:
-            async def get(path, status=200):
-                async with http.get(url.rstrip("/") + path) as r:
-                    assert r.status == status, (path, r.status, await r.text())
-                    return await r.json() if r.content_type == "application/json" else await r.text()
+            get = functools.partial(fetch, http, url)
 
             before = await get("/api/cluster")
             assert before["up"] == 4 and before["job"] is None
@@ -249,10 +256,7 @@ async def test_api_tasks_shows_tasks_in_flight_with_their_trees_then_their_recor
     sched, live, server, url, tasks, agents = await start(topo, "h3", step_s=0.25)
     try:
         async with aiohttp.ClientSession() as http:
-            async def get(path, status=200):
-                async with http.get(url.rstrip("/") + path) as r:
-                    assert r.status == status, (path, r.status, await r.text())
-                    return await r.json()
+            get = functools.partial(fetch, http, url, json_only=True)
 
             async with http.ws_connect(url + "ws") as ws:
                 first = await ws.receive_json(timeout=30)
