@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NodeId = int
+MAX_WEIGHT = 1e6  # a tree's weight is a relative share: (0, MAX_WEIGHT]
+PRIORITIES = 8  # strict priority levels 0..7, higher first
 
 
 class PlanError(ValueError):
@@ -58,6 +60,20 @@ class ChunkGroup:
     # per tree edge (child->parent when pushing, parent->child when pulling): relay routes that may
     # carry a share of its chunks; relays only forward (NetStorm §VI)
     aux: Mapping[tuple[NodeId, NodeId], tuple[tuple[NodeId, ...], ...]] = field(default_factory=dict)
+    # how this tree shares the links it uses with other trees and tasks (overlay.classes): a weight
+    # (weighted fair share), a priority (strict: higher first), a deadline (earliest first, among
+    # equal priorities; seconds after the task started), and per tree edge a rate (Mbit/s) its sender
+    # paces this tree's chunks to (the scheduler assigns them where senders meet at a receiver's
+    # downlink, which no sender alone can share out). All defaults: plain round-robin, as before.
+    weight: float = 1.0
+    priority: int = 0
+    deadline_s: float | None = None
+    rates: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
+
+    @property
+    def classed(self) -> bool:
+        """The tree asks for more than plain round-robin (its chunks carry a traffic class)."""
+        return self.weight != 1.0 or self.priority != 0 or self.deadline_s is not None or bool(self.rates)
 
     def agg_children(self, node: NodeId) -> tuple[NodeId, ...]:
         return tuple(sorted(c for c, p in self.parent.items() if p == node))
@@ -211,6 +227,20 @@ class Plan:
                 raise PlanError(f"{where}: node {n} is a leaf of the broadcast tree but no receiver: it "
                                 "would get the final value for nothing (a replicating node needs children)")
         link_set = set(links) if links is not None else None
+        w = g.weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or not 0 < w <= MAX_WEIGHT:
+            raise PlanError(f"{where}: weight {w!r} is not a share in (0, {MAX_WEIGHT:g}]")
+        if isinstance(g.priority, bool) or not isinstance(g.priority, int) or not 0 <= g.priority < PRIORITIES:
+            raise PlanError(f"{where}: priority {g.priority!r} is not a level 0..{PRIORITIES - 1}")
+        dl = g.deadline_s
+        if dl is not None and (isinstance(dl, bool) or not isinstance(dl, int | float) or not math.isfinite(dl)
+                               or dl <= 0):
+            raise PlanError(f"{where}: deadline {dl!r} is not a finite number of seconds > 0")
+        for (a, b), mbps in g.rates.items():
+            if g.parent.get(a) != b and b not in g.children.get(a, ()):
+                raise PlanError(f"{where}: a rate for {a}->{b}, which is not a tree edge")
+            if isinstance(mbps, bool) or not isinstance(mbps, int | float) or not math.isfinite(mbps) or mbps <= 0:
+                raise PlanError(f"{where}: rate {mbps!r} for {a}->{b} is not a finite Mbit/s > 0")
         for (a, b), routes in g.aux.items():
             if g.parent.get(a) != b and b not in g.children.get(a, ()):
                 raise PlanError(f"{where}: auxiliary routes for {a}->{b}, which is not a tree edge")
@@ -228,11 +258,7 @@ class Plan:
             "version": self.version, "scheme": self.scheme, "participants": list(self.participants),
             "weights": [[n, w] for n, w in sorted(self.weights.items())],
             "layout": [list(x) for x in self.layout],
-            "groups": [{"chunks": list(g.chunks), "root": g.root,
-                        "parent": [[n, -1 if p is None else p] for n, p in sorted(g.parent.items())],
-                        "children": [[n, list(k)] for n, k in sorted(g.children.items())],
-                        "aux": aux_to_wire(g.aux)}
-                       for g in self.groups],
+            "groups": [group_to_wire(g) for g in self.groups],
             "multicast": None if self.multicast is None
             else [[s, list(r)] for s, r in sorted(self.multicast.items())],
             "receivers": None if self.receivers is None else list(self.receivers),
@@ -241,13 +267,7 @@ class Plan:
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> Plan:
         try:
-            groups = tuple(
-                ChunkGroup(
-                    chunks=tuple(g["chunks"]), root=g["root"],
-                    parent={n: (None if p == -1 else p) for n, p in g["parent"]},
-                    children={n: tuple(k) for n, k in g["children"]},
-                    aux=aux_from_wire(g.get("aux", [])))
-                for g in d["groups"])
+            groups = tuple(group_from_wire(g) for g in d["groups"])
             mc, recv = d.get("multicast"), d.get("receivers")
             return cls(version=d["version"], scheme=d["scheme"], participants=tuple(d["participants"]),
                        weights={n: float(w) for n, w in d["weights"]},
@@ -256,6 +276,40 @@ class Plan:
                        receivers=None if recv is None else tuple(recv))
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"malformed plan on the wire: {exc!r}") from None
+
+
+def group_to_wire(g: ChunkGroup) -> dict[str, Any]:
+    """A group's wire form; sharing fields only where they differ from plain round-robin (plans of
+    schemes that share nothing keep their size and compare equal to older ones)."""
+    d: dict[str, Any] = {"chunks": list(g.chunks), "root": g.root,
+                         "parent": [[n, -1 if p is None else p] for n, p in sorted(g.parent.items())],
+                         "children": [[n, list(k)] for n, k in sorted(g.children.items())],
+                         "aux": aux_to_wire(g.aux)}
+    if g.weight != 1.0:
+        d["weight"] = g.weight
+    if g.priority:
+        d["priority"] = g.priority
+    if g.deadline_s is not None:
+        d["deadline_s"] = g.deadline_s
+    if g.rates:
+        d["rates"] = [[a, b, r] for (a, b), r in sorted(g.rates.items())]
+    return d
+
+
+def group_from_wire(g: Mapping[str, Any]) -> ChunkGroup:
+    dl = g.get("deadline_s")
+    return ChunkGroup(chunks=tuple(g["chunks"]), root=g["root"],
+                      parent={n: (None if p == -1 else p) for n, p in g["parent"]},
+                      children={n: tuple(k) for n, k in g["children"]},
+                      aux=aux_from_wire(g.get("aux", [])), weight=float(g.get("weight", 1.0)),
+                      priority=g.get("priority", 0), deadline_s=None if dl is None else float(dl),
+                      rates={(a, b): float(r) for a, b, r in g.get("rates", [])})
+
+
+def with_sharing(plan: Plan, *, weight: float = 1.0, priority: int = 0, deadline_s: float | None = None) -> Plan:
+    """The plan with every tree given the same class (a task-level share, priority or deadline)."""
+    return dataclasses.replace(plan, groups=tuple(
+        dataclasses.replace(g, weight=weight, priority=priority, deadline_s=deadline_s) for g in plan.groups))
 
 
 AuxTable = Mapping[tuple[NodeId, NodeId], tuple[tuple[NodeId, ...], ...]]

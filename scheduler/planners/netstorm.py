@@ -16,6 +16,7 @@ job's planner memory (scheduler.planners.PlannerSpec).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -88,7 +89,7 @@ def with_aux(group: ChunkGroup, table: dict[tuple[int, int], list[tuple[int, ...
         for a, b in ((c, p), (p, c)):
             if table.get((a, b)):
                 aux[(a, b)] = tuple(table[(a, b)])
-    return ChunkGroup(group.chunks, group.root, group.parent, group.children, aux)
+    return dataclasses.replace(group, aux=aux)
 
 
 def allocate(layout: Sequence[tuple[int, int]], roots: Sequence[int], q: dict[int, float]) -> dict[int, list[int]]:
