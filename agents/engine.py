@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import numpy as np
 
 from overlay.budget import MemoryBudget
 from overlay.burstlog import BurstLog
+from overlay.classes import MBIT, TrafficClass
 from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int, chunk_header
 from overlay.peers import HoldRefused, Overlay
 from overlay.routing import Routes
@@ -81,6 +83,7 @@ class TaskState:
     agg_bytes: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
     final_bytes: list[int] = field(default_factory=list)
     started: bool = False
+    t_begin: float = 0.0  # when this node began it, on the wire clock (a class's deadline counts from it)
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     @property
@@ -207,6 +210,7 @@ class ChunkEngine:
                        bitmap_int(bitmap(plan.participants)), waiting,
                        [(1 << me) if member else 0] * len(plan.layout), pending=pending,
                        final_bytes=[0] * len(plan.layout))
+        st.t_begin = self.overlay.clock() if self.overlay is not None else time.time()
         self.tasks[st.key] = st
         self.top[job] = max(self.top.get(job, task), task)
         for h, data in self._unstash(st.key):
@@ -469,8 +473,16 @@ class ChunkEngine:
         assert self.overlay is not None
         header = chunk_header(job=st.job, task=st.task, attempt=st.attempt, version=st.plan.version, chunk=c,
                               kind=kind, origin=self.node, contributors=bitmap_bytes(contributors))
+        gi = st.chunk_group[c]
+        group = st.plan.groups[gi]
+        rate_Bps = None
+        if group.classed:  # its tree shares links by its class (overlay.classes), at every hop
+            dl = None if group.deadline_s is None else st.t_begin + group.deadline_s
+            header["cls"] = TrafficClass(group.weight, group.priority, dl).to_wire(gi)
+            mbps = group.rates.get((self.node, dst))
+            rate_Bps = None if mbps is None else mbps * MBIT
         path = self.routes.route(self.node, dst)
-        aux = self.aux_for(st.plan, st.chunk_group[c]).get((self.node, dst))
+        aux = self.aux_for(st.plan, gi).get((self.node, dst))
         if aux and self.overlay.in_transit(path) >= self.primary_busy_bound:
             # the primary is busy: the first auxiliary route with room takes it (source-routed, relays
             # only forward); when every one is full the chunk queues on the primary after all
@@ -480,7 +492,7 @@ class ChunkEngine:
                     self.aux_bytes += data.nbytes
                     break
         self.sent_bytes += data.nbytes
-        self.overlay.send_chunk(header, memoryview(data).cast("B"), path)
+        self.overlay.send_chunk(header, memoryview(data).cast("B"), path, rate_Bps=rate_Bps)
 
     def _fail(self, st: TaskState, exc: Exception) -> None:
         log.error("node %d task %s: %s", self.node, st.key, exc)

@@ -4,8 +4,8 @@ A link carries several flows at once (one per origin -> destination of its trans
 chunks, chunks it relays for others). Each flow queues its transfers in order; every turn a flow
 earns one quantum of bytes and sends segments while its credit lasts, so flows share the link fairly
 in bytes although single-hop segments are larger than relayed ones. This is the one place that
-decides how a link is shared: weighted shares and strict priority between flows plug in here (which
-flow gets the next turn and how much credit it earns), not in the sender that writes the bytes.
+decides how one traffic class's flows share a link; weighted shares, deadlines and strict priority
+between classes are one level up (overlay.classes), not in the sender that writes the bytes.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class DeficitRoundRobin(Generic[T]):
         self._order: deque[Hashable] = deque()  # flows with queued transfers, the current turn first
         self._deficit: dict[Hashable, int] = {}  # bytes each flow may still send this turn
         self._turn: Hashable | None = None  # the flow whose turn has begun (it earned its quantum)
+
+    def __bool__(self) -> bool:
+        """Some transfer is queued (sent in full or not)."""
+        return bool(self._order)
 
     def enqueue(self, item: T) -> None:
         """Queue a transfer behind the others of its flow (a new flow takes the last turn)."""

@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .classes import MAX_WEIGHT, NO_DEADLINE, PRIORITIES
+
 MAX_NODE = 1 << 16
 MAX_ITEMS = 1 << 16  # entries of a list or map inside one control message
 MAX_TEXT = 4096  # characters of a free-text field (an error message, a host name)
@@ -140,3 +142,18 @@ def plain(v: Any, depth: int = 0) -> int:
     if v is None or isinstance(v, bool) or is_num(v) or (isinstance(v, str) and len(v) <= MAX_TEXT):
         return 0
     raise Bad(f"{type(v).__name__} value {v!r:.40} is not a finite number, bool, null or short text")
+
+
+def traffic_class(v: Any) -> None:
+    """A chunk's class (overlay.classes): [tree, weight in (0, MAX_WEIGHT], priority 0..7, deadline]."""
+    if not isinstance(v, list | tuple) or len(v) != 4:
+        raise Bad(f"{v!r} is not [tree, weight, priority, deadline]")
+    tree, weight, prio, deadline = v
+    if not is_int(tree) or not 0 <= tree < MAX_ITEMS:
+        raise Bad(f"tree {tree!r} is not an index 0..{MAX_ITEMS - 1}")
+    if not is_num(weight) or not 0 < weight <= MAX_WEIGHT:
+        raise Bad(f"weight {weight!r} is not a share in (0, {MAX_WEIGHT:g}]")
+    if not is_int(prio) or not 0 <= prio < PRIORITIES:
+        raise Bad(f"priority {prio!r} is not a level 0..{PRIORITIES - 1}")
+    if not is_num(deadline) or (deadline < 0 and deadline != NO_DEADLINE):
+        raise Bad(f"deadline {deadline!r} is not a time >= 0 (or {NO_DEADLINE:g}: none)")

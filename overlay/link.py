@@ -3,8 +3,10 @@
 Transfers (chunks, own or relayed) are cut into segments: relayed ones into at most
 `segment_bytes` (cut-through at every relay), single-hop ones into about 25 ms of link time
 (fewer headers where the rate is high). A `LinkSender` composes two parts:
-- the flow scheduler (`overlay.drr`): per-flow queues served by deficit round-robin, so flows that
-  share the link share it fairly in bytes; it decides which segment goes next;
+- the class scheduler (`overlay.classes`): traffic classes by priority, deadline and weighted share
+  (one default class unless a plan asks for more), each a set of per-flow queues served by deficit
+  round-robin (`overlay.drr`), so flows share the link fairly in bytes; it decides which segment
+  goes next, and paces a class to a scheduler-assigned rate where one is set;
 - the delay line (`overlay.delayline`), when a pacer (the emulated WAN) is attached: pieces released
   by the pacer, written by one timer on schedule, with the fidelity books; on a kernel-shaped link
   (tc backend) it sizes the queues below the round-robin from the kernel's rate instead.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import math
 import time
 from collections import deque
@@ -25,9 +28,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .classes import DEFAULT, ClassScheduler, TrafficClass
 from .codec import FrameProtocol, encode
 from .delayline import DelayLine, Pacer
-from .drr import DeficitRoundRobin
 
 SEGMENT_BYTES = 64 * 1024
 WRITE_PIECE = 256 * 1024  # largest single write on an unshaped link
@@ -73,6 +76,9 @@ class Transfer:
     done: asyncio.Future | None = None  # resolved on the hop ack
     total: int = -1  # bytes of the whole chunk (default: the payload's length)
     on_release: Callable[[], None] | None = None  # acked or cancelled: the sender holds it no longer
+    cls: Hashable = None  # its traffic class's key on the link (overlay.classes); None: the default
+    tclass: TrafficClass = DEFAULT
+    rate_Bps: float | None = None  # paced to at most this on its first hop (a scheduler-assigned rate)
 
     def __post_init__(self) -> None:
         if self.total < 0:
@@ -125,7 +131,7 @@ class LinkSender:
         self.meter = LinkMeter()
         self.conn: FrameProtocol | None = None
         self.unacked: dict[tuple, Transfer] = {}
-        self.flows: DeficitRoundRobin[Transfer] = DeficitRoundRobin()
+        self.flows: ClassScheduler[Transfer] = ClassScheduler()
         self.line = DelayLine(pacer) if pacer is not None else None  # the emulated wire, if paced
         self._control: deque[dict[str, Any]] = deque()
         self._wake = asyncio.Event()
@@ -277,7 +283,7 @@ class LinkSender:
                     self._set_idle(True)
                     self._wake.clear()
                     if not self._control:
-                        await self._wake.wait()
+                        await self._wait_wake(self.flows.wake_at)
                     continue
                 self._set_idle(False)
                 tr, seg = nxt
@@ -305,6 +311,14 @@ class LinkSender:
                     self.meter.chunks += 1
             except (ConnectionError, RuntimeError):
                 self.detach(conn)
+
+    async def _wait_wake(self, until: float | None) -> None:
+        """Until there is more to send, or a paced class has its tokens again (monotonic `until`)."""
+        if until is None:
+            await self._wake.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(0.0, until - time.monotonic()))
 
     def _set_idle(self, idle: bool) -> None:
         if idle != self._idle:

@@ -445,6 +445,8 @@ class Chunk(Record):
     off: int = _count()
     total: int = _count()
     nbytes: int = _count()
+    # its traffic class, if its tree has one (overlay.classes): [tree, weight, priority, deadline]
+    cls: list[Any] | None = f(fc.traffic_class, optional=True)
 
     @staticmethod
     def cross_check(h: dict[str, Any], peer: object) -> None:

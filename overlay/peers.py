@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from .auth import HANDSHAKE_TIMEOUT_S, AuthError, Handshake, TlsFiles
 from .budget import MemoryBudget
 from .burstlog import BurstLog
+from .classes import TrafficClass
 from .codec import DISCARD, MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol, _Discard
 from .link import SEGMENT_BYTES, Blocks, LinkSender, Pacer, Transfer
 from .messages import ProtocolError, ack_for, chunk_key
@@ -220,14 +221,18 @@ class Overlay:
             self._up[peer].set()
 
     # --- sending ---------------------------------------------------------------------------------
-    def send_chunk(self, header: dict[str, Any], payload: memoryview, path: tuple[int, ...]) -> Transfer:
-        """Start a chunk transfer from this node along `path` (path[0] is this node)."""
+    def send_chunk(self, header: dict[str, Any], payload: memoryview, path: tuple[int, ...], *,
+                   rate_Bps: float | None = None) -> Transfer:
+        """Start a chunk transfer from this node along `path` (path[0] is this node). A header with a
+        traffic class (`cls`) shares every link of the path by it; `rate_Bps` paces this flow to a
+        scheduler-assigned rate on its first hop (overlay.classes)."""
         if path[0] != self.node or len(path) < 2:
             raise ValueError(f"path {path} does not start at node {self.node}")
         if path[1] not in self.senders:
             raise ValueError(f"node {path[1]} is not a neighbour of {self.node}")
         h = dict(header, path=list(path), hop=0, total=len(payload))
-        tr = Transfer(key=chunk_key(h), header=h, payload=payload, ready=len(payload), flow=(path[0], path[-1]))
+        tr = Transfer(key=chunk_key(h), header=h, payload=payload, ready=len(payload), flow=(path[0], path[-1]),
+                      **_class_of(h, rate_Bps))
         tr.done = asyncio.get_running_loop().create_future()
         path = tuple(path)
         self._in_transit[path] = self._in_transit.get(path, 0) + 1
@@ -386,7 +391,8 @@ class Overlay:
             rh = {k: v for k, v in h.items() if k not in ("off", "nbytes", "t_send", "t")}
             rh.update(t="CHUNK", hop=hop + 1)
             rx.relay = Transfer(key=key, header=rh, payload=Blocks(), ready=0, flow=(path[0], path[-1]),
-                                total=h["total"], on_release=lambda rx=rx: self._relay_released(rx))
+                                total=h["total"], on_release=lambda rx=rx: self._relay_released(rx),
+                                **_class_of(h, None))
             self.senders[nxt].send(rx.relay)
         rx.src = peer
         return "relay", (key, rx, None, skip)
@@ -626,3 +632,16 @@ class _PeerConn:
             log.warning("node %d: %s", self.overlay.node, error)
             self.overlay.note_error(error)
         self.overlay._detach(self.peer, self.proto)
+
+
+def _class_of(h: Mapping[str, Any], rate_Bps: float | None) -> dict[str, Any]:
+    """A transfer's traffic class on a link, from its header: (job, task, attempt, tree), and the
+    destination too where it is paced (a paced flow is a class of its own); none: the default."""
+    v = h.get("cls")
+    if v is None:
+        return {}
+    tree, tclass = TrafficClass.from_wire(v)
+    key: tuple = (h["job"], h["task"], h["attempt"], tree)
+    if rate_Bps is not None:
+        key += (h["path"][-1],)
+    return {"cls": key, "tclass": tclass, "rate_Bps": rate_Bps}

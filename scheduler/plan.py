@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from overlay.classes import MAX_WEIGHT, PRIORITIES
+
 NodeId = int
-MAX_WEIGHT = 1e6  # a tree's weight is a relative share: (0, MAX_WEIGHT]
-PRIORITIES = 8  # strict priority levels 0..7, higher first
 
 
 class PlanError(ValueError):

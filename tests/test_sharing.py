@@ -1,0 +1,181 @@
+"""Link sharing between traffic classes on real sockets: weighted shares, strict priority, deadlines,
+per-flow rates, kept by relays too; judged in bytes delivered at the receiver, never by a clock."""
+
+import asyncio
+import dataclasses
+
+import pytest
+from harness import LocalNet
+from test_overlay import header, line
+from waiting import until
+
+from overlay.classes import NO_DEADLINE
+from overlay.messages import ProtocolError, validate
+from scheduler.plan import Job, Plan, PlanError, with_sharing
+from scheduler.planners import PLANNERS
+from scheduler.view import NetworkView
+
+CHUNK = 128 * 1024
+CHUNKS = 24  # per class: 3 MiB, about 0.6 s alone on a 40 Mbit/s link
+
+
+class ClassSink:
+    """Bytes delivered per tree (the class's first field), and what the others held when one completed."""
+
+    def __init__(self, totals: dict[int, int]):
+        self.totals = totals
+        self.got = dict.fromkeys(totals, 0)
+        self.at_done: dict[int, dict[int, int]] = {}  # tree -> everyone's bytes when its last byte came
+        self.at_first: dict[int, dict[int, int]] = {}  # tree -> everyone's bytes when its first byte came
+
+    def chunk_buffer(self, h):
+        return None
+
+    def chunk_segment(self, h, payload):
+        tree = h["cls"][0] if "cls" in h else -1
+        if self.got[tree] == 0:
+            self.at_first[tree] = dict(self.got)
+        self.got[tree] += len(payload)
+        if self.got[tree] == self.totals[tree]:
+            self.at_done[tree] = dict(self.got)
+
+    def done(self) -> bool:
+        return all(self.got[t] == n for t, n in self.totals.items())
+
+
+def send_class(ov, tree: int | None, *, weight=1.0, prio=0, deadline=NO_DEADLINE, path=(0, 1), rate_Bps=None,
+               chunks=CHUNKS, first=0):
+    data = memoryview(bytearray(CHUNK))
+    extra = {} if tree is None else {"cls": [tree, weight, prio, deadline]}
+    return [ov.send_chunk(header(chunk=first + i, task=0 if tree is None else tree, **extra), data, path,
+                          rate_Bps=rate_Bps)
+            for i in range(chunks)]
+
+
+@pytest.mark.parametrize("path", [(0, 1), (0, 1, 2)], ids=["one hop", "relayed"])
+async def test_weights_3_to_1_share_the_link_3_to_1_in_bytes(path):
+    """Relayed: the bottleneck is the relay's link 1->2, so the relay must keep the classes too."""
+    rates = {(0, 1): 40.0} if len(path) == 2 else {(0, 1): 400.0, (1, 2): 40.0}
+    async with LocalNet(shaped_line(len(path), rates), shaped=True) as net:
+        sink = ClassSink({0: CHUNK * CHUNKS, 1: CHUNK * CHUNKS})
+        net.overlays[path[-1]].sink = sink
+        if len(path) == 3:
+            net.engines[1].open_job(1)  # the relay expects job 1's traffic
+        trs = send_class(net.overlays[0], 0, weight=3.0, path=path) + send_class(net.overlays[0], 1, path=path)
+        await until(sink.done, "both classes delivered")
+        await asyncio.wait_for(asyncio.gather(*(t.done for t in trs)), 30)
+        heavy, light = sink.at_done[0][0], sink.at_done[0][1]  # when the heavy class's last byte came
+        assert abs(heavy / light / 3 - 1) <= 0.10, sink.at_done
+
+
+async def test_strict_priority_starves_the_low_class_while_the_high_one_has_data_and_not_after():
+    async with LocalNet(shaped_line(2, {(0, 1): 40.0}), shaped=True) as net:
+        sink = ClassSink({0: CHUNK * CHUNKS, 1: CHUNK * CHUNKS})
+        net.overlays[1].sink = sink
+        low = send_class(net.overlays[0], 0, prio=0)
+        # the low class alone first: it has the link
+        await until(lambda: sink.got[0] >= 4 * CHUNK, "the low class to send alone")
+        high = send_class(net.overlays[0], 1, prio=3)
+        await until(lambda: 1 in sink.at_done, "the high class delivered")
+        # from the high class's first byte to its last, the low one got at most what was already
+        # below the scheduler (in the emulated wire) when the high one arrived
+        during = sink.at_done[1][0] - sink.at_first[1][0]
+        assert during <= 2 * CHUNK, (during, sink.at_first, sink.at_done)
+        assert sink.at_done[1][0] < CHUNK * CHUNKS  # the low class was not finished: it was held back
+        await until(sink.done, "the low class to finish once the high one is done")
+        await asyncio.wait_for(asyncio.gather(*(t.done for t in low + high)), 30)
+
+
+async def test_earliest_deadline_goes_first_among_equal_priorities():
+    async with LocalNet(shaped_line(2, {(0, 1): 40.0}), shaped=True) as net:
+        sink = ClassSink({0: CHUNK * CHUNKS, 1: CHUNK * CHUNKS})
+        net.overlays[1].sink = sink
+        trs = (send_class(net.overlays[0], 0, weight=5.0, deadline=2000.0)
+               + send_class(net.overlays[0], 1, deadline=1000.0))  # later deadline but heavier: EDF wins
+        await until(sink.done, "both classes delivered")
+        await asyncio.wait_for(asyncio.gather(*(t.done for t in trs)), 30)
+        assert sink.at_done[1][0] <= CHUNK, sink.at_done  # the late one waited for the early one
+
+
+async def test_a_paced_flow_keeps_to_its_rate_and_leaves_the_rest_to_others():
+    """A class paced to 4 Mbit/s beside an unpaced one on a 40 Mbit/s link: about a tenth of the
+    bytes while both send (unpaced, it would take half)."""
+    async with LocalNet(shaped_line(2, {(0, 1): 40.0}), shaped=True) as net:
+        sink = ClassSink({-1: CHUNK * CHUNKS, 0: CHUNK * CHUNKS // 2})
+        net.overlays[1].sink = sink
+        paced = send_class(net.overlays[0], 0, chunks=CHUNKS // 2, rate_Bps=4e6 / 8)
+        free = send_class(net.overlays[0], None, first=100)
+        await until(lambda: -1 in sink.at_done, "the unpaced class delivered")
+        share = sink.at_done[-1][0] / (sink.at_done[-1][0] + sink.at_done[-1][-1])
+        assert share <= 0.2, sink.at_done
+        await asyncio.wait_for(asyncio.gather(*(t.done for t in paced + free)), 60)
+
+
+@pytest.mark.parametrize("cls, field_bad", [
+    ([0, 0.0, 0, NO_DEADLINE], "weight"), ([0, 2e6, 0, NO_DEADLINE], "weight"), ([0, 1.0, 8, NO_DEADLINE], "priority"),
+    ([0, 1.0, -1, NO_DEADLINE], "priority"), ([0, 1.0, 0, -5.0], "deadline"), ([0, 1.0, 0], "tree, weight"),
+    ([-1, 1.0, 0, NO_DEADLINE], "tree"), ([0, True, 0, NO_DEADLINE], "weight"), ([0, 1.0, 0, float("nan")], "deadline"),
+])
+def test_a_malformed_traffic_class_is_refused(cls, field_bad):
+    h = header(path=[0, 1], hop=0, off=0, total=4, nbytes=4, t_send=0.0, cls=cls)
+    with pytest.raises(ProtocolError, match=field_bad) as err:
+        validate(h, peer=0)
+    assert err.value.field == "cls"
+    validate(header(path=[0, 1], hop=0, off=0, total=4, nbytes=4, t_send=0.0, cls=[0, 3.0, 7, 12.5]), peer=0)
+
+
+def test_plan_sharing_is_validated_and_survives_the_wire():
+    topo = line(4)
+    base = PLANNERS["mst"](NetworkView(topo.links), Job(4000, 1000, (0, 1, 2, 3))).with_version(1)
+    g = base.groups[0]
+    edge = next((n, p) for n, p in g.parent.items() if p is not None)
+    good = dataclasses.replace(base, groups=(dataclasses.replace(g, weight=3.0, priority=2, deadline_s=1.5,
+                                                                 rates={edge: 12.0}),))
+    good.validate(topo.links)
+    back = Plan.from_wire(good.to_wire())
+    assert back == good and back.groups[0].classed
+    assert "weight" not in base.to_wire()["groups"][0]  # plain round-robin: the wire form is as before
+    for bad, why in [({"weight": 0.0}, "weight"), ({"weight": float("inf")}, "weight"), ({"priority": 8}, "priority"),
+                     ({"priority": 1.5}, "priority"), ({"deadline_s": 0.0}, "deadline"),
+                     ({"rates": {(0, 3): 5.0}}, "not a tree edge"), ({"rates": {edge: -1.0}}, "rate")]:
+        with pytest.raises(PlanError, match=why):
+            dataclasses.replace(base, groups=(dataclasses.replace(g, **bad),)).validate(topo.links)
+    assert all(x.weight == 2.0 and x.priority == 1 for x in with_sharing(base, weight=2.0, priority=1).groups)
+
+
+async def test_a_classed_plan_sums_exactly_and_its_chunks_carry_their_class():
+    """Two trees of one all-reduce weighted 3:1: the round is exact (the harness checks every
+    receiver against its own sum) and every chunk on the wire said its tree's class."""
+    topo = line(3, rate=200.0)
+    async with LocalNet(topo, shaped=True) as net:
+        base = PLANNERS["mst"](NetworkView(topo.links), Job(200_000, 10_000, (0, 1, 2))).with_version(1)
+        g = base.groups[0]
+        half = len(g.chunks) // 2
+        plan = dataclasses.replace(base, groups=(
+            dataclasses.replace(g, chunks=g.chunks[:half], weight=3.0),
+            dataclasses.replace(g, chunks=g.chunks[half:], priority=1, deadline_s=5.0)))
+        plan.validate(topo.links)
+        seen: list[list] = []
+        for ov in net.overlays.values():
+            for s in ov.senders.values():
+                orig = s.send
+
+                def spy(tr, orig=orig):
+                    seen.append(tr.header.get("cls"))
+                    orig(tr)
+                s.send = spy
+        await net.run_round(plan)
+        assert seen and all(c is not None for c in seen)
+        assert {(c[0], c[1], c[2]) for c in seen} == {(0, 3.0, 0), (1, 1.0, 1)}
+        assert all(c[3] == NO_DEADLINE for c in seen if c[0] == 0) and all(c[3] > 0 for c in seen if c[0] == 1)
+
+
+def shaped_line(n: int, rates: dict[tuple[int, int], float]):
+    topo = line(n, rate=1000.0)
+    links = dict(topo.links)
+    for (a, b), mbps in rates.items():
+        links[(a, b)] = dataclasses.replace(links[(a, b)], rate_mbps=mbps)
+    return dataclasses.replace(topo, links=links)
+
+
+
