@@ -84,6 +84,11 @@ class TaskState:
     final_bytes: list[int] = field(default_factory=list)
     started: bool = False
     t_begin: float = 0.0  # when this node began it, on the wire clock (a class's deadline counts from it)
+    rx_bytes: int = 0  # data bytes of this task received here (partial sums and final values)
+    # when its part here was done: the bytes received of each other task of its job then in flight
+    # here (how links were shared between them, in bytes: scripts/bench/tasks.py's share figure)
+    beside: dict[int, int] = field(default_factory=dict)
+    on_done: Callable[[TaskState], None] | None = None
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     @property
@@ -93,6 +98,8 @@ class TaskState:
     def _duty_done(self) -> None:
         self.pending -= 1
         if self.pending == 0 and not self.done.done():
+            if self.on_done is not None:
+                self.on_done(self)
             self.done.set_result(self.result if self.receiver else None)
 
 
@@ -211,6 +218,7 @@ class ChunkEngine:
                        [(1 << me) if member else 0] * len(plan.layout), pending=pending,
                        final_bytes=[0] * len(plan.layout))
         st.t_begin = self.overlay.clock() if self.overlay is not None else time.time()
+        st.on_done = self._note_beside
         self.tasks[st.key] = st
         self.top[job] = max(self.top.get(job, task), task)
         for h, data in self._unstash(st.key):
@@ -229,6 +237,10 @@ class ChunkEngine:
         if st.pending == 0 and not st.done.done():  # nothing to do here (a member that is no tree node)
             st.done.set_result(st.result if receiver else None)
         return st
+
+    def _note_beside(self, st: TaskState) -> None:
+        st.beside = {o.task: o.rx_bytes for o in self.tasks.values()
+                     if o.job == st.job and o.task != st.task and o.rx_bytes and not o.done.done()}
 
     def end_task(self, st: TaskState) -> None:
         self.tasks.pop(st.key, None)
@@ -415,6 +427,7 @@ class ChunkEngine:
 
     # --- internals -------------------------------------------------------------------------------------
     def _segment(self, st: TaskState, h: dict[str, Any], payload: memoryview) -> None:
+        st.rx_bytes += h["nbytes"]
         c = h["chunk"]
         off, n = st.plan.layout[c]
         lo = off + h["off"] // 4

@@ -221,7 +221,7 @@ class TaskRunner:
         self.flush_samples()
         self.send(TaskDone(node=self.node, job=job, task=msg.task, attempt=msg.attempt, version=plan.version,
                            ok=ok, t_start=t_start, t_end=t_end, t_compute=t_compute, digest=digest, t_wait=t_wait,
-                           error=error or None))
+                           error=error or None, beside=st.beside or None))
         self.done_attempt[key] = msg.attempt
         if st.receiver and result is not None:
             self._wake(job, mine if member else msg.round, Outcome(msg.task, msg.attempt, plan, result, ok, error))

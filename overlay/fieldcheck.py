@@ -109,6 +109,13 @@ def counters(v: Any) -> None:
         count(n)
 
 
+def task_counters(v: Any) -> None:
+    """task id -> a count (bytes): both non-negative ints."""
+    for k, n in _items(v, "tasks").items():
+        count(k)
+        count(n)
+
+
 def peers(v: Any) -> None:
     for k, addr in _items(v, "peers").items():
         node_key(k)

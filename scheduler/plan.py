@@ -227,15 +227,7 @@ class Plan:
                 raise PlanError(f"{where}: node {n} is a leaf of the broadcast tree but no receiver: it "
                                 "would get the final value for nothing (a replicating node needs children)")
         link_set = set(links) if links is not None else None
-        w = g.weight
-        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or not 0 < w <= MAX_WEIGHT:
-            raise PlanError(f"{where}: weight {w!r} is not a share in (0, {MAX_WEIGHT:g}]")
-        if isinstance(g.priority, bool) or not isinstance(g.priority, int) or not 0 <= g.priority < PRIORITIES:
-            raise PlanError(f"{where}: priority {g.priority!r} is not a level 0..{PRIORITIES - 1}")
-        dl = g.deadline_s
-        if dl is not None and (isinstance(dl, bool) or not isinstance(dl, int | float) or not math.isfinite(dl)
-                               or dl <= 0):
-            raise PlanError(f"{where}: deadline {dl!r} is not a finite number of seconds > 0")
+        check_sharing(g.weight, g.priority, g.deadline_s, where)
         for (a, b), mbps in g.rates.items():
             if g.parent.get(a) != b and b not in g.children.get(a, ()):
                 raise PlanError(f"{where}: a rate for {a}->{b}, which is not a tree edge")
@@ -304,6 +296,19 @@ def group_from_wire(g: Mapping[str, Any]) -> ChunkGroup:
                       aux=aux_from_wire(g.get("aux", [])), weight=float(g.get("weight", 1.0)),
                       priority=g.get("priority", 0), deadline_s=None if dl is None else float(dl),
                       rates={(a, b): float(r) for a, b, r in g.get("rates", [])})
+
+
+def check_sharing(weight: Any, priority: Any, deadline_s: Any, where: str = "sharing") -> None:
+    """Raise PlanError unless these make a traffic class (overlay.classes)."""
+    w = weight
+    if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or not 0 < w <= MAX_WEIGHT:
+        raise PlanError(f"{where}: weight {w!r} is not a share in (0, {MAX_WEIGHT:g}]")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority < PRIORITIES:
+        raise PlanError(f"{where}: priority {priority!r} is not a level 0..{PRIORITIES - 1}")
+    dl = deadline_s
+    if dl is not None and (isinstance(dl, bool) or not isinstance(dl, int | float) or not math.isfinite(dl)
+                           or dl <= 0):
+        raise PlanError(f"{where}: deadline {dl!r} is not a finite number of seconds > 0")
 
 
 def with_sharing(plan: Plan, *, weight: float = 1.0, priority: int = 0, deadline_s: float | None = None) -> Plan:

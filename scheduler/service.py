@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgpack
@@ -63,7 +63,7 @@ from overlay.routing import NoRoute, Routes, adjacency
 from . import planners
 from . import progress as progress_models
 from .liveness import Liveness
-from .plan import Job, Plan, PlanError, aux_to_wire
+from .plan import Job, Plan, PlanError, aux_to_wire, check_sharing, with_sharing
 from .registry import AgentInfo, Registry
 from .server import ControlServer
 from .tasks import JobState, RoundRecord, Task, TaskRecord
@@ -297,18 +297,24 @@ class Scheduler:
 
     async def run_task(self, js: JobState, members: Iterable[int], receivers: Iterable[int] | None = None, *,
                        options: dict[str, Any] | None = None, weights: dict[int, float] | None = None,
-                       max_attempts: int = 4) -> TaskRecord:
+                       max_attempts: int = 4, sharing: Mapping[str, Any] | None = None) -> TaskRecord:
         """One partial reduce of `js`: the exact (weighted) sum of `members` to `receivers` (default the
         members), planned by the job's scheme with `options` (e.g. aggregators outside the members).
         Runs beside every other task in flight; a failure retries or re-plans only this task. Returns
-        its record (`aborted` if no attempt could end exact within `max_attempts`)."""
+        its record (`aborted` if no attempt could end exact within `max_attempts`). `sharing`: how its
+        trees share links with other tasks ({weight, priority, deadline_s}: overlay.classes)."""
         if js.mode != "tasks":
             raise RuntimeError(f"job {js.job} runs rounds of its own (BSP); tasks are formed in a tasks job")
         members, receivers = tuple(sorted(set(members))), None if receivers is None else tuple(sorted(set(receivers)))
         self._check_task(members, receivers, options or {}, weights)
+        if sharing:
+            unknown = set(sharing) - {"weight", "priority", "deadline_s"}
+            if unknown:
+                raise ValueError(f"sharing: unknown {sorted(unknown)} (weight, priority, deadline_s)")
+            check_sharing(sharing.get("weight", 1.0), sharing.get("priority", 0), sharing.get("deadline_s"))
         t = self.form(js, members, receivers, None,
                       options={**(options or {}), **({"weights": weights} if weights else {}),
-                               "max_attempts": max_attempts})
+                               **({"sharing": dict(sharing)} if sharing else {}), "max_attempts": max_attempts})
         return await t.finished
 
     def _check_task(self, members: tuple[int, ...], receivers: tuple[int, ...] | None, options: dict[str, Any],
@@ -427,7 +433,7 @@ class Scheduler:
         receivers = None if t.receivers is None else tuple(n for n in t.receivers if n in self.agents)
         if not members or receivers == ():
             raise Unplannable(f"task {t.id}: no live member or receiver left")
-        options = {k: v for k, v in t.options.items() if k not in ("weights", "max_attempts")}
+        options = {k: v for k, v in t.options.items() if k not in ("weights", "max_attempts", "sharing")}
         if receivers is not None:
             options["receivers"] = list(receivers)  # planners that build to the receivers (multicast) see them
         if "aggregators" in options:
@@ -442,6 +448,8 @@ class Scheduler:
         if weights is not None or receivers is not None:
             plan = dataclasses.replace(plan, receivers=receivers, weights={
                 n: float((weights or {}).get(n, plan.weights[n])) for n in plan.participants})
+        if t.options.get("sharing"):
+            plan = with_sharing(plan, **t.options["sharing"])
         t.version = self._publish(plan).version
         return t.version
 
