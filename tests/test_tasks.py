@@ -172,6 +172,10 @@ async def test_every_planner_runs_a_partial_reduce_exactly(scheme):
     ((0, 1), {"weights": {0: -1.0}}, "weights: node 0 has weight -1.0"),
     ((0, 1), {"weights": {2: 1.0}}, "weights: node 2 is not a member"),
     ((), {}, "members: a task needs at least one member"),
+    ((0, 1), {"sharing": {"weight": 0}}, "sharing: weight 0 is not a share"),
+    ((0, 1), {"sharing": {"priority": 9}}, "sharing: priority 9 is not a level"),
+    ((0, 1), {"sharing": {"deadline_s": -1.0}}, "sharing: deadline -1.0 is not"),
+    ((0, 1), {"sharing": {"share": 2}}, "sharing: unknown ['share']"),
 ])
 async def test_a_task_that_cannot_mean_anything_is_refused_naming_the_field_and_others_run_on(members, kwargs,
                                                                                                 message):

@@ -58,17 +58,27 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agents.workload import chunk_params, model_params  # noqa: E402
+from emulation.simnet import sim_network  # noqa: E402
 from emulation.topology import Topology, internet2  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler.live import LiveState  # noqa: E402
+from scheduler.plan import Plan  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState, TaskRecord  # noqa: E402
+from sim import MEASURED, SimNetwork, TaskRun, simulate_tasks  # noqa: E402
 from wansync.cluster import RunConfig, agent_command  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402
 from wansync.procs import reap  # noqa: E402
 from wansync.results import Recorder, Results  # noqa: E402
 
 SCHEMES = ["star", "mst"]
+# the blind simulator's cases (after the phases): bursts of tasks started together, replayed by sim
+# from the plans and the configured topology alone, each task's time compared with the live one
+BURSTS = 2  # bursts of partial reduces (mst with aggregators) and of multicasts
+BURST_TASKS = 3  # partial reduces at once per burst
+SHARE_WEIGHTS = (3.0, 1.0)  # two multicasts over the same route at once, weighted 3:1
+SHARE_PAIRS = 2
+SHARE_PARAMS = 1 << 21  # 8 MiB per task: ~40 segments of the light class by the heavy one's end
 # each phase's share of the time budget: the partial reduces first, then multicast, SSP, ready queue
 PHASES = {"star": 0.3, "mst": 0.3, "mcast": 0.15, "ssp": 0.125, "queue": 0.125}
 STALENESS, GROUP = 2, 3
@@ -236,6 +246,7 @@ class TasksBench:
         self.procs: dict[int, subprocess.Popen] = {}
         self.rng = random.Random(args.seed)
         self.phases: list[Phase] = []
+        self.sim_rows: list[tuple[str, int, float, float, float]] = []
 
     def spawn(self, node: int, port: int) -> None:
         cfg = RunConfig(topology="internet2", topo=self.topo, schemes=SCHEMES, model=self.args.model,
@@ -272,7 +283,7 @@ class TasksBench:
                 waited.cancel()
                 watch.result()
             waited.result()
-            for name, share in PHASES.items():
+            for name, share in ({} if a.only_cases else PHASES).items():
                 seconds = a.minutes * 60 * share
                 phase = (self.phase(name, seconds) if name in SCHEMES else self.multicast_phase(seconds)
                          if name == "mcast" else self.progress_phase(name, seconds))
@@ -282,6 +293,12 @@ class TasksBench:
                     drive.cancel()
                     watch.result()
                 drive.result()
+            drive = asyncio.create_task(self.sim_cases())
+            await asyncio.wait({drive, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                drive.cancel()
+                watch.result()
+            drive.result()
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -406,6 +423,75 @@ class TasksBench:
         for ask in ph.asks:
             self.judge(ask)
 
+    async def sim_cases(self) -> None:
+        """Bursts of tasks started together, each judged exact like every other task, then replayed
+        by the simulator blind (plans, configured topology, the live start times as arrivals):
+        partial reduces with aggregators, multicasts (l7 and l3), and pairs of multicasts over one
+        route weighted 3:1, whose delivered bytes also give the share figure."""
+        nodes = list(range(self.topo.nodes))
+        for name, params in (("burst-reduce", self.params), ("burst-mcast", self.params), ("share", SHARE_PARAMS)):
+            ph = Phase(name)
+            self.phases.append(ph)
+            scheme = "mst" if name == "burst-reduce" else "mcast"
+            js = ph.js = self.sched.open_tasks(scheme, params=params, chunk_params=self.chunk, in_flight=16)
+            t0 = time.time()
+            for b in range(SHARE_PAIRS if name == "share" else BURSTS):
+                if name == "burst-reduce":
+                    asks = [pick("mst", self.topo, self.adj, self.rng) for _ in range(BURST_TASKS)]
+                    for x in asks:
+                        x.weights = None
+                elif name == "burst-mcast":
+                    srcs = self.rng.sample(nodes, 3)
+                    asks = [Ask("mcast", [src], sorted(self.rng.sample([n for n in nodes if n != src], 4)),
+                                {"mode": ("l7", "l3")[(i + b) % 2]}, None) for i, src in enumerate(srcs)]
+                else:
+                    src, dst = self.rng.choice(sorted(self.topo.links))
+                    asks = [Ask("mcast", [src], [dst], {"mode": "l7", "sharing": {"weight": w}}, None)
+                            for w in SHARE_WEIGHTS]
+                ph.asks += asks
+                await asyncio.gather(*(self.ask_one(js, x) for x in asks))
+                ph.notes.setdefault("bursts", []).append(asks)
+            ph.seconds = time.time() - t0
+            await self.close(ph)
+
+    async def ask_one(self, js: JobState, ask: Ask) -> None:
+        ask.t_asked = time.time()
+        opts = {k: v for k, v in ask.options.items() if k != "sharing"}
+        try:
+            ask.rec = await asyncio.wait_for(
+                self.sched.run_task(js, ask.members, ask.receivers, options=opts, sharing=ask.options.get("sharing")),
+                GRACE_S * 2)
+        except TimeoutError:
+            ask.verdict, ask.why = "hung", f"not recorded within {GRACE_S * 2:.0f} s"
+        ask.t_back = time.time()
+
+    def sim_figures(self) -> dict[str, Any]:
+        """Per case, each task's live time against the simulator's; the share pairs' delivered bytes."""
+        net = sim_network(self.topo)
+        cases: dict[str, list[float]] = {}
+        rows = []
+        share_err: list[float] = []
+        for ph in self.phases:
+            for asks in ph.notes.get("bursts", []):
+                recs = [x.rec for x in asks if x.verdict == "ok" and x.rec is not None]
+                if len(recs) != len(asks):
+                    continue  # a burst with a task not exact is not a fair case
+                pred = predict_burst([(r.task, self.sched.plans[r.version], r.t_start) for r in recs], net)
+                for r in recs:
+                    err = 100 * (pred[r.task] - r.round_s) / r.round_s
+                    cases.setdefault(ph.scheme, []).append(abs(err))
+                    rows.append((ph.scheme, r.task, r.round_s, pred[r.task], err))
+                if ph.scheme == "share":
+                    share_err.append(share_error(asks))
+        per_case = {name: statistics.median(errs) for name, errs in cases.items()}
+        every = [e for errs in cases.values() for e in errs]
+        self.sim_rows = rows
+        return {"share_error_pct": max(share_err) if share_err else None, "share_pairs": len(share_err),
+                "sim_vs_live_median_err_pct": statistics.median(every) if every else None,
+                "sim_vs_live_max_err_pct": max(per_case.values()) if per_case else None,
+                "sim_vs_live_task_max_err_pct": max(every) if every else None,
+                "sim_vs_live_by_case": per_case}
+
     async def close(self, ph: Phase) -> None:
         """End a tasks job (its agents send their stats) and judge its tasks."""
         assert ph.js is not None
@@ -494,11 +580,19 @@ class TasksBench:
             "tasks_per_s": len(done) / seconds if seconds else 0.0,
             "task_s_median": statistics.median(times) if times else None, "task_s_p95": pct(times, 95),
             "in_flight": self.args.in_flight, "seconds": round(seconds, 1), "scale": self.args.scale,
-            "params": self.params, **self.progress_figures(),
+            "params": self.params, **self.progress_figures(), **self.sim_figures(),
             "by_scheme": by_scheme, "by_size": by_size,
             **live_guard([ph.js for ph in self.phases if ph.js is not None])}
         self.tables(asks, res)
         return res
+
+    def sim_table(self) -> None:
+        t = Table(title="the blind simulator's cases: each task live vs predicted (started together)")
+        for col in ("case", "task", "live s", "sim s", "error %"):
+            t.add_column(col, justify="right")
+        for case, task, live, sim, err in self.sim_rows:
+            t.add_row(case, str(task), f"{live:.3f}", f"{sim:.3f}", f"{err:+.1f}")
+        Console(width=140).print(t)
 
     def progress_figures(self) -> dict[str, Any]:
         """Multicast deliveries (the mcast and SSP phases: one per receiver, exact or not), SSP's bound
@@ -556,6 +650,7 @@ class TasksBench:
         for size, s in res["by_size"].items():
             t.add_row(str(size), str(s["tasks"]), str(s["ok"]), _f(s["task_s_median"]), _f(s["task_s_p95"]))
         con.print(t)
+        self.sim_table()
         bad = [x for x in asks if x.verdict not in ("ok",)]
         if bad:
             t = Table(title=f"tasks not exact ({len(bad)}; first 20)")
@@ -572,6 +667,34 @@ class TasksBench:
             if not isinstance(v, dict):
                 s.add_row(k, _f(v) if isinstance(v, float) else str(v))
         con.print(s)
+
+
+def share_error(asks: list[Ask]) -> float:
+    """Worst deviation of delivered bytes from the configured shares, in % of each share, at the
+    moment the first of the pair was done at the receiver (the other's bytes then, as it reported)."""
+    recs = [x.rec for x in asks]
+    assert all(r is not None for r in recs)
+    weights = [x.options["sharing"]["weight"] for x in asks]
+    first = min(range(len(asks)), key=lambda i: recs[i].t_end)  # type: ignore[union-attr]
+    dst = asks[first].want_receivers[0]
+    got = []
+    for i, r in enumerate(recs):
+        if i == first:
+            got.append(r.bytes)  # type: ignore[union-attr]
+        else:
+            beside = recs[first].beside.get(dst, {})  # type: ignore[union-attr]
+            got.append(beside.get(r.task, 0))  # type: ignore[union-attr]
+    total, wsum = sum(got), sum(weights)
+    return max(100 * abs(g / total - w / wsum) / (w / wsum) for g, w in zip(got, weights, strict=True))
+
+
+def predict_burst(tasks: list[tuple[int, Plan, float]], net: SimNetwork) -> dict[int, float]:
+    """Each task's predicted time (first start to last receiver), all replayed at once from their
+    live start times, blind: the plans and the configured network, the data plane's own costs."""
+    t0 = min(t for _, _, t in tasks)
+    runs = [TaskRun(key, plan, start - t0) for key, plan, start in tasks]
+    out = simulate_tasks(runs, net, costs=MEASURED)
+    return {key: out.tasks[key].end_s - (start - t0) for key, _, start in tasks}
 
 
 def _f(x: float | None) -> str:
@@ -591,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="model bytes and delays (default 0.01: ~1 MB tensors, a task takes ~0.2-1 s)")
     ap.add_argument("--out", type=Path, default=None, help="also write a results file (schema 3: task records)")
     ap.add_argument("--agent-logs", type=Path, default=None, help="each agent's stderr to DIR/agentN.log")
+    ap.add_argument("--only-cases", action="store_true", help="only the simulator's cases (bursts, share pairs)")
     ap.add_argument("-v", "--verbose", action="store_true", help="also informational logs on stderr")
     args = ap.parse_args(argv)
     if args.minutes is None:
