@@ -10,6 +10,7 @@ which engine ran.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from scheduler.plan import Plan
@@ -17,11 +18,23 @@ from scheduler.plan import Plan
 from .costs import MEASURED, NONE, WanCosts
 from .exact import Exact, exact_cost_s
 from .fluid import run_fluid
-from .model import FLOAT32, MBIT, Model, RoundPrediction, SimNetwork, SimulationStalled, max_min_rates
+from .model import (
+    FLOAT32,
+    MBIT,
+    Model,
+    RoundPrediction,
+    SimNetwork,
+    SimulationStalled,
+    TaskPrediction,
+    TaskRun,
+    TasksPrediction,
+    max_min_rates,
+)
 from .network import make_network
 
 __all__ = ["EXACT_BUDGET_S", "FLOAT32", "MBIT", "MEASURED", "NONE", "Mode", "RoundPrediction", "SimNetwork",
-           "SimulationStalled", "WanCosts", "make_network", "max_min_rates", "simulate"]
+           "SimulationStalled", "TaskPrediction", "TaskRun", "TasksPrediction", "WanCosts", "make_network",
+           "max_min_rates", "simulate", "simulate_tasks"]
 
 EXACT_BUDGET_S = 2.0  # auto mode: the exact engine's estimated run time it may spend
 
@@ -35,17 +48,30 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
 
     mode: `exact` (event driven), `fluid` (static shares, for 1,000-node scale), or `auto`, which
     runs `exact` unless its estimated cost exceeds EXACT_BUDGET_S, and always for plans with
-    auxiliary routes (fluid cannot model their dispatch and refuses them).
+    auxiliary routes or traffic classes (fluid cannot model them and refuses them).
     primary_busy_bound, aux_queue_length: NetStorm's PRIMARY_BUSY_BOUND and AUXILIARY_QUEUE_LENGTH,
     as the agents run them (agents.engine.ChunkEngine); they only matter for auxiliary routes.
     costs: what live rounds pay outside link transfer (sim/costs.py; MEASURED for this data plane,
     NONE for links alone).
     """
-    m = Model(plan, net, start_s, segment_bytes, costs)
+    m = Model([TaskRun(0, plan, start_s)], net, start_s, segment_bytes, costs)
     if mode == "auto":
-        mode = "exact" if m.has_aux or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
+        mode = "exact" if m.has_aux or m.classed or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":
-        return Exact(m, primary_busy_bound, aux_queue_length).run()
+        pred = Exact(m, primary_busy_bound, aux_queue_length).run()
+        task = pred.tasks[0]
+        return RoundPrediction(max(task.node_done_s.values()) - start_s, task.node_done_s, pred.link_bytes,
+                               pred.link_busy_s, "exact", pred.aux_bytes)
     if mode == "fluid":
         return run_fluid(m)
     raise ValueError(f"mode must be auto, exact or fluid, got {mode!r}")
+
+
+def simulate_tasks(tasks: Sequence[TaskRun], net: SimNetwork, *, segment_bytes: int = 65536,
+                   primary_busy_bound: int = 2, aux_queue_length: int = 5, costs: WanCosts = NONE) -> TasksPrediction:
+    """Replay concurrent tasks on one network with the exact engine: they share links and node caps at
+    once, each from its own start (and its members' ready times), with traffic classes (model.py, sharing.py)."""
+    if not tasks:
+        raise ValueError("no tasks to simulate")
+    m = Model(tasks, net, segment=segment_bytes, costs=costs)
+    return Exact(m, primary_busy_bound, aux_queue_length).run()

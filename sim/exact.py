@@ -9,12 +9,14 @@ beyond seconds: `exact_cost_s` estimates it so `simulate(mode="auto")` can pick 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable
 
 import numpy as np
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
-from .model import MBIT, Model, RoundPrediction, SimulationStalled, max_min_rates
+from .model import MBIT, Model, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction, max_min_rates
+from .sharing import class_rates
 
 _INF = float("inf")
 # event kinds, in the order they are handled when times tie
@@ -41,22 +43,19 @@ class Exact:
     def __init__(self, m: Model, busy_bound: int = 2, queue_length: int = 5) -> None:
         self.m = m
         self.busy_bound, self.queue_length = busy_bound, queue_length
-        nk = len(m.key_path)
-        nf = len(m.fifo_of)
-        n = len(m.nodes)
         self.cap = list(m.cap)
-        self.busy = [False] * nk
-        self.rate = [0.0] * nk
-        self.left = [0.0] * nk  # bytes of the head transfer still to send, as of since[k]
-        self.since = [0.0] * nk
-        self.head: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)] * nk
-        self.version = [0] * nk
-        # per FIFO (origin, destination, first hop): (ready, chunk, kind, key); one key active at a time
-        self.queue: list[list[tuple[float, int, int, int]]] = [[] for _ in range(nf)]
-        self.fifo_busy = [False] * nf
-        self.wake_at = [_INF] * nf
-        self.key_bytes = [0] * nk
-        self.in_transit = [0] * nk  # of counted keys only
+        self.busy: list[bool] = []
+        self.rate: list[float] = []
+        self.left: list[float] = []  # bytes of the head transfer still to send, as of since[k]
+        self.since: list[float] = []
+        self.head: list[tuple[float, int, int, int]] = []
+        self.version: list[int] = []
+        # per FIFO (class, origin, destination, first hop): (ready, chunk, kind, key); one key active at a time
+        self.queue: list[list[tuple[float, int, int, int]]] = []
+        self.fifo_busy: list[bool] = []
+        self.wake_at: list[float] = []
+        self.key_bytes: list[int] = []
+        self.in_transit: list[int] = []  # of counted keys only
         self.sends: dict[int, tuple[int, int, int]] = {}  # pending _SEND: seq -> (primary key, kind, group)
         self.seq = 0
         self.aux_bytes = 0
@@ -66,41 +65,103 @@ class Exact:
         self.events: list[tuple[float, int, int, int]] = []
         self.changed: set[int] = set()
         self.changed_res: set[int] = set()
-        self.done = [m.start] * n
-        self.finals = [0] * n
-        self.pending: list[list[int]] = [[] for _ in m.chunk_bytes]
-        self.arrived: list[list[float]] = [[] for _ in m.chunk_bytes]
-
-    def run(self) -> RoundPrediction:
-        m = self.m
-        n = len(m.nodes)
-        start_at = m.start_at  # every node's own contribution is there once it began
-        for g in m.plan.groups:
-            for c in g.chunks:
-                self.pending[c] = list(m.nkids[m.group_of[c]])
-                self.arrived[c] = list(start_at)
-        for c in range(len(m.chunk_bytes)):  # leaves hand out their chunks in chunk order
-            g_idx = m.group_of[c]
-            kids = m.nkids[g_idx]
-            for v in range(n):  # nodes only on the broadcast side (multicast receivers) hand out nothing
-                if kids[v] == 0 and (m.agg_key[g_idx][v] >= 0 or v == m.root[g_idx]):
-                    self._ready(v, c, g_idx, start_at[v])
+        self.now = m.t0
+        # per task: when each node index got its last chunk's final value, how many it got, and how many
+        # (receiver, chunk) finals are still to come
+        self.done: list[list[float]] = []
+        self.finals: list[list[int]] = []
+        self.missing: list[int] = []
+        self.is_receiver: list[list[bool]] = []
+        self.task_bytes: list[dict[int, int]] = []  # per task: key -> bytes
+        self.ended: list[tuple[int, float]] = []  # (task, end) found since advance() last returned
+        self.pending: list[list[int]] = []
+        self.arrived: list[list[float]] = []
         for i, ev in enumerate(m.later_events):
             heapq.heappush(self.events, (ev[0], _RATE, i, 0))
-        self._loop()
-        stuck = [m.nodes[v] for v in range(n) if self.finals[v] < len(m.chunk_bytes)]
-        if stuck:
-            raise SimulationStalled(f"nodes {stuck[:8]} never received every chunk (a rate stayed at 0)")
+        for t_idx in range(len(m.tasks)):
+            self._start(t_idx)
+
+    def add(self, task: TaskRun) -> int:
+        """A task joining the run (job mode); it must start no earlier than the engine's clock."""
+        if task.start_s < self.now:
+            raise ValueError(f"task {task.key!r} starts at {task.start_s}, before the clock ({self.now})")
+        t_idx = self.m.add_task(task)
+        self._start(t_idx)
+        return t_idx
+
+    def _start(self, t_idx: int) -> None:
+        m = self.m
+        n = len(m.nodes)
+        grow = len(m.key_path) - len(self.busy)
+        self.busy += [False] * grow
+        self.rate += [0.0] * grow
+        self.left += [0.0] * grow
+        self.since += [0.0] * grow
+        self.head += [(0.0, 0, 0, 0)] * grow
+        self.version += [0] * grow
+        self.key_bytes += [0] * grow
+        self.in_transit += [0] * grow
+        grow = len(m.fifo_of) - len(self.queue)
+        self.queue += [[] for _ in range(grow)]
+        self.fifo_busy += [False] * grow
+        self.wake_at += [_INF] * grow
+        task = m.tasks[t_idx]
+        start_at = m.begin[t_idx]  # every node's own contribution is there once it began
+        self.done.append([task.start_s] * n)
+        self.finals.append([0] * n)
+        recv = [False] * n
+        for r in task.plan.receiver_set:
+            recv[m.ix[r]] = True
+        self.is_receiver.append(recv)
+        self.missing.append(sum(recv) * len(task.plan.layout))
+        self.task_bytes.append({})
+        base = m.chunk_base[t_idx]
+        nchunks = len(task.plan.layout)
+        for c in range(base, base + nchunks):
+            self.pending.append(list(m.nkids[m.group_of[c]]))
+            self.arrived.append(list(start_at))
+        for c in range(base, base + nchunks):  # leaves hand out their chunks in chunk order
+            g_idx = m.group_of[c]
+            kids = m.nkids[g_idx]
+            agg = m.agg_key[g_idx]
+            for v in range(n):  # nodes only on the broadcast side (multicast receivers) hand out nothing
+                if kids[v] == 0 and (agg[v] >= 0 or v == m.root[g_idx]):
+                    self._ready(v, c, g_idx, start_at[v])
+
+    def run(self) -> TasksPrediction:
+        """Every task to the end."""
+        self.advance(_INF, stop_at_end=False)
+        return self.result()
+
+    def result(self) -> TasksPrediction:
+        m = self.m
+        for t_idx, task in enumerate(m.tasks):
+            if self.missing[t_idx]:
+                stuck = [m.nodes[v] for v, r in enumerate(self.is_receiver[t_idx])
+                         if r and self.finals[t_idx][v] < len(task.plan.layout)]
+                raise SimulationStalled(f"task {task.key!r}: receivers {stuck[:8]} never received every chunk "
+                                        "(a rate stayed at 0)")
         link_of_res = {r: link for link, r in m.res_of_link.items()}
         busy = {link_of_res[r]: s for r, s in enumerate(self.res_busy) if s > 0}
-        done = {m.nodes[v]: d for v, d in enumerate(self.done)}
-        return RoundPrediction(max(self.done) - m.start, done, m.link_bytes(self.key_bytes), busy, "exact",
-                               self.aux_bytes)
+        out = {}
+        for t_idx, task in enumerate(m.tasks):
+            full = len(task.plan.layout)
+            done = {m.nodes[v]: d for v, d in enumerate(self.done[t_idx]) if self.finals[t_idx][v] == full}
+            recv = {r: done[r] for r in task.plan.receiver_set}
+            kb = [0] * len(m.key_path)
+            for k, b in self.task_bytes[t_idx].items():
+                kb[k] = b
+            out[task.key] = TaskPrediction(task.start_s, max(recv.values()), recv, done, m.link_bytes(kb))
+        return TasksPrediction(out, m.link_bytes(self.key_bytes), busy, "exact", self.aux_bytes)
 
-    def _loop(self) -> None:
+    def advance(self, until: float, stop_at_end: bool = True) -> list[tuple[Hashable, float]]:
+        """Handle every event up to `until` (inclusive); with stop_at_end, stop after the first instant
+        at which some task's end became known. Returns (task key, end) of tasks whose end became known
+        (an end may lie a little ahead of the clock: arrivals are resolved when their transfer ends)."""
         events, version, wake_at = self.events, self.version, self.wake_at
-        while events:
+        while events and events[0][0] <= until and not (stop_at_end and self.ended):
             t = events[0][0]
+            self.now = t
             while events and events[0][0] <= t:
                 _, kind, k, ver = heapq.heappop(events)
                 if kind == _DONE:
@@ -120,6 +181,10 @@ class Exact:
                     self.changed_res.add(r)
             if self.changed or self.changed_res:
                 self._reallocate(t)
+        if until < _INF and not (stop_at_end and self.ended):
+            self.now = max(self.now, until)
+        ended, self.ended = self.ended, []
+        return [(self.m.tasks[i].key, e) for i, e in ended]
 
     # chunk logic
     def _ready(self, v: int, c: int, g: int, t: float) -> None:
@@ -130,9 +195,16 @@ class Exact:
             self._send(self.m.agg_key[g][v], t, c, _AGG, g)
 
     def _final(self, v: int, c: int, g: int, t: float) -> None:
-        if t > self.done[v]:
-            self.done[v] = t
-        self.finals[v] += 1
+        t_idx = self.m.group_task[g]
+        done = self.done[t_idx]
+        if t > done[v]:
+            done[v] = t
+        self.finals[t_idx][v] += 1
+        if self.is_receiver[t_idx][v]:
+            self.missing[t_idx] -= 1
+            if not self.missing[t_idx]:
+                recv = self.is_receiver[t_idx]
+                self.ended.append((t_idx, max(d for d, r in zip(done, recv, strict=True) if r)))
         for k in self.m.bcast_keys[g][v]:
             self._send(k, t, c, _BCAST, g)
 
@@ -213,6 +285,8 @@ class Exact:
         _, c, kind, _ = self.head[k]
         size = m.chunk_bytes[c]
         self.key_bytes[k] += size
+        tb = self.task_bytes[m.chunk_task[c]]
+        tb[k] = tb.get(k, 0) + size
         hops = len(m.key_path[k]) - 1
         arrive = t + m.key_delay[k]
         if hops > 1:  # cut-through: each relay waits for one segment before passing it on
@@ -274,8 +348,12 @@ class Exact:
             else:
                 shared.extend(comp)
         keys = single
-        new = [min([cap[r] for r in key_res[k]]) for k in single]
-        if shared:  # one water-filling for all shared components: max-min decomposes over them
+        key_cap = self.m.key_cap
+        new = [min(key_cap[k], *[cap[r] for r in key_res[k]]) for k in single]
+        if shared and self.m.classed:  # classes (weights, priorities, deadlines, rates): sim/sharing.py
+            keys = keys + shared
+            new.extend(class_rates(self.m, shared, cap).tolist())
+        elif shared:  # one water-filling for all shared components: max-min decomposes over them
             keys = keys + shared
             pair_flow, res_ids = self.m.pairs(shared)
             uniq, pair_res = np.unique(res_ids, return_inverse=True)

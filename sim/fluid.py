@@ -6,7 +6,8 @@ one-tree plans whose routes cross; for plans of many groups it is slower than ex
 streams share it evenly instead of taking turns at full rate: +20..30 % measured with 25..70
 chunks per group, far more with only a couple). It refuses plans with auxiliary routes: their
 dispatch depends on every earlier send's hop ack across all groups at that node, in time order,
-which a per-group vectorized FIFO recursion cannot reproduce.
+which a per-group vectorized FIFO recursion cannot reproduce. For the same reason it refuses
+concurrent tasks and traffic classes (sim/sharing.py): those are the exact engine's.
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ def run_fluid(m: Model) -> RoundPrediction:
     """FLUID_PASSES passes, each re-solving the shares from where the previous one found keys active."""
     if m.has_aux:
         raise NotImplementedError("the fluid engine does not model auxiliary-route dispatch: use exact")
+    if len(m.tasks) != 1 or m.classed:
+        raise NotImplementedError("the fluid engine replays one task of plain round-robin sharing: use exact "
+                                  "for concurrent tasks and traffic classes (weights, priorities, deadlines, rates)")
     sim = Fluid(m)
     pred = sim.run()
     for _ in range(FLUID_PASSES - 1 if m.key_path else 0):

@@ -22,17 +22,18 @@ The simulator models what the live data plane does, and nothing fitted to live r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduler.plan import Plan
+from scheduler.plan import ChunkGroup, Plan
 
 from .costs import NONE, WanCosts
 
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
 FLOAT32 = 4
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -58,21 +59,48 @@ class RoundPrediction:
     aux_bytes: int = 0  # bytes senders put on auxiliary routes (each transfer once, not per link)
 
 
+@dataclass
+class TaskPrediction:
+    """One task of a multi-task replay; times absolute (the clock of start_s and the trace)."""
+
+    start_s: float
+    end_s: float  # the last receiver holds the full result
+    receiver_done_s: dict[int, float]
+    node_done_s: dict[int, float]  # every node that got the full result (receivers, replicating nodes, roots)
+    link_bytes: dict[tuple[int, int], int]  # this task's bytes per directed link, relayed ones included
+
+    @property
+    def round_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class TasksPrediction:
+    tasks: dict[Hashable, TaskPrediction]  # by TaskRun.key
+    link_bytes: dict[tuple[int, int], int]  # all tasks
+    link_busy_s: dict[tuple[int, int], float]
+    mode: str = "exact"
+    aux_bytes: int = 0
+
+
 class SimulationStalled(RuntimeError):
     """Work remained but nothing could make progress (a link or cap at rate 0 for good)."""
 
 
-def max_min_rates(pair_flow: np.ndarray, pair_res: np.ndarray, capacity: np.ndarray, nflows: int) -> np.ndarray:
+def max_min_rates(pair_flow: np.ndarray, pair_res: np.ndarray, capacity: np.ndarray, nflows: int,
+                  weights: np.ndarray | None = None) -> np.ndarray:
     """Max-min fair rates by progressive filling: every unfrozen flow grows by the same step until a
     resource saturates, whose flows then freeze. (pair_flow[i], pair_res[i]) says flow uses resource.
-    Frozen pairs are dropped as it goes, so big instances get cheaper with every level."""
+    Frozen pairs are dropped as it goes, so big instances get cheaper with every level.
+    weights: weighted max-min instead (flow f grows by weights[f] per step; all > 0)."""
     rate = np.zeros(nflows)
     left = np.asarray(capacity, dtype=float).copy()
     nres = len(left)
     level = 0.0
     pf, pr = np.asarray(pair_flow), np.asarray(pair_res)
+    w = None if weights is None else np.asarray(weights, dtype=float)
     while len(pf):
-        count = np.bincount(pr, minlength=nres)
+        count = np.bincount(pr, minlength=nres) if w is None else np.bincount(pr, weights=w[pf], minlength=nres)
         used = np.flatnonzero(count)
         share = np.maximum(left[used], 0.0) / count[used]
         step = float(share.min())
@@ -82,26 +110,121 @@ def max_min_rates(pair_flow: np.ndarray, pair_res: np.ndarray, capacity: np.ndar
         full[used[share <= step * (1 + 1e-12) + 1e-15]] = True
         done = np.zeros(nflows, dtype=bool)
         done[pf[full[pr]]] = True
-        rate[done] = level
+        rate[done] = level if w is None else level * w[done]
         live = ~done[pf]
         pf, pr = pf[live], pr[live]
     return rate
 
 
-class Model:
-    """What both engines share: resources (links, then node caps) and flow keys, as dense ints."""
+@dataclass(frozen=True)
+class TaskRun:
+    """One synchronization task to replay: its plan, when it starts, and (optionally) when each member's
+    contribution is ready (absolute, same clock as start_s; default: the start)."""
 
-    def __init__(self, plan: Plan, net: SimNetwork, start: float, segment: int, costs: WanCosts = NONE) -> None:
-        if plan.multicast is not None:
-            raise NotImplementedError("multicast (SelMcast) plans are not simulated yet")
-        self.plan, self.net, self.start, self.segment, self.costs = plan, net, start, segment, costs
-        self.nodes = list(plan.nodes)  # relays, outside aggregators and receivers move bytes too
+    key: Hashable
+    plan: Plan
+    start_s: float = 0.0
+    ready_s: Mapping[int, float] | None = None
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    """How a class's transfers share a link: strict priority, then earliest absolute deadline, then weight."""
+
+    weight: float = 1.0
+    priority: int = 0
+    deadline: float = float("inf")  # absolute (task start + deadline_s); none: after every deadline
+
+    @property
+    def level(self) -> tuple[int, float]:
+        """Sort key of its level: higher priority first, then earlier deadline."""
+        return (-self.priority, self.deadline)
+
+
+DEFAULT_CLASS = TrafficClass()
+
+
+class Model:
+    """What both engines share: resources (links, then node caps), flow keys and traffic classes as
+    dense ints, over one or more tasks. Nodes, groups and chunks of all tasks are numbered together
+    (in the order tasks were added); `plan`, `start` and `start_at` describe the first task (the
+    one-task case). Job mode adds tasks while the exact engine runs (`add_task`); every node a later
+    task may use must then be named up front (`nodes`)."""
+
+    def __init__(self, tasks: Sequence[TaskRun] | Plan, net: SimNetwork, start: float = 0.0, segment: int = 65536,
+                 costs: WanCosts = NONE, *, nodes: Iterable[int] = ()) -> None:
+        if isinstance(tasks, Plan):
+            tasks = [TaskRun(0, tasks, start)]
+        self.net, self.segment, self.costs = net, segment, costs
+        self.nodes = sorted({n for t in tasks for n in t.plan.nodes} | set(nodes))  # aggregators, receivers too
         self.ix = {n: i for i, n in enumerate(self.nodes)}
-        # when each participant begins (the barrier's replies reach them one by one, then its setup)
-        self.start_at = [start + off for off in costs.start_offsets(len(self.nodes))]
-        self.chunk_bytes = [n * FLOAT32 for _, n in plan.layout]
+        self.t0 = min((t.start_s for t in tasks), default=start)  # the trace's state then: starting capacity
         self._build_resources()
-        self._build_keys()
+        self._init_tables()
+        for t in tasks:
+            self.add_task(t)
+        if self.tasks:
+            self.plan, self.start, self.start_at = self.tasks[0].plan, self.tasks[0].start_s, self.begin[0]
+
+    def _init_tables(self) -> None:
+        self.tasks: list[TaskRun] = []
+        self.task_ix: dict[Hashable, int] = {}
+        # per task, per node index: when the node begins (the barrier's replies reach a task's nodes
+        # one by one, then its setup), and for a member, not before its contribution is ready
+        self.begin: list[list[float]] = []
+        self.groups: list[ChunkGroup] = []
+        self.group_task: list[int] = []
+        self.chunk_bytes: list[int] = []
+        self.chunk_task: list[int] = []
+        self.chunk_base: list[int] = []  # per task: global index of its chunk 0
+        self.key_of: dict[tuple[int, int, int], int] = {}
+        self.key_of_path: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.path_info: dict[tuple[int, ...], tuple[tuple[int, ...], float, float]] = {}
+        self.fifo_of: dict[tuple[int, int, int, int], int] = {}
+        self.classes: list[TrafficClass] = [DEFAULT_CLASS]
+        self.key_path: list[tuple[int, ...]] = []
+        self.key_res: list[tuple[int, ...]] = []
+        self.key_delay: list[float] = []
+        self.key_dst: list[int] = []
+        self.key_ack: list[float] = []  # from a transfer's last byte leaving to its hop ack arriving back
+        self.key_fifo: list[int] = []
+        self.key_class: list[int] = []
+        self.key_cap: list[float] = []  # bytes/s the sender paces the key to (ChunkGroup.rates), else inf
+        self.counted: list[bool] = []  # keys whose in-transit count some auxiliary dispatch reads
+        self.group_of: list[int] = []  # per chunk
+        self.agg_key: list[list[int]] = []  # per group, per node index: key to the agg parent (-1 at root)
+        self.bcast_keys: list[list[tuple[int, ...]]] = []  # per group, per node index
+        self.nkids: list[list[int]] = []  # per group, per node index: aggregation children to wait for
+        self.root: list[int] = []
+        # NetStorm auxiliary routes: per group, primary key of a tree edge -> its auxiliary keys
+        self.aux_keys: list[dict[int, tuple[int, ...]]] = []
+
+    def add_task(self, task: TaskRun) -> int:
+        """Number the task's groups, chunks and keys after the others'; its index."""
+        if task.key in self.task_ix:
+            raise ValueError(f"task key {task.key!r} is taken")
+        plan = task.plan
+        missing = set(plan.nodes) - set(self.ix)
+        if missing:
+            raise ValueError(f"task {task.key!r} uses nodes {sorted(missing)[:8]} the model was not given")
+        t_idx = len(self.tasks)
+        at = [task.start_s] * len(self.nodes)
+        for node, off in zip(plan.nodes, self.costs.start_offsets(len(plan.nodes)), strict=True):
+            at[self.ix[node]] = task.start_s + off
+        for node, ready in (task.ready_s or {}).items():
+            if node not in plan.participants:
+                raise ValueError(f"task {task.key!r}: ready_s names {node}, which is no member")
+            at[self.ix[node]] = max(at[self.ix[node]], ready)
+        self.tasks.append(task)
+        self.task_ix[task.key] = t_idx
+        self.begin.append(at)
+        self.chunk_base.append(len(self.chunk_bytes))
+        self.chunk_bytes.extend(k * FLOAT32 for _, k in plan.layout)
+        self.chunk_task.extend([t_idx] * len(plan.layout))
+        self.group_of.extend([0] * len(plan.layout))
+        for g in plan.groups:
+            self._add_group(t_idx, g)
+        return t_idx
 
     def _build_resources(self) -> None:
         net = self.net
@@ -114,35 +237,33 @@ class Model:
         for t, a, b, mbps in net.events:  # the trace's state at start_s is the starting capacity
             if (a, b) not in self.res_of_link:
                 raise ValueError(f"trace event at {t} s for {a}->{b}, which is not a link")
-            if t <= self.start:
+            if t <= self.t0:
                 cap[self.res_of_link[(a, b)]] = mbps * MBIT
         self.up_res = {n: self._add(cap, m) for n, m in net.uplink_mbps.items()}
         self.down_res = {n: self._add(cap, m) for n, m in net.downlink_mbps.items()}
         self.cap = cap
-        self.later_events = sorted((e for e in net.events if e[0] > self.start), key=lambda e: e[0])
+        self.later_events = sorted((e for e in net.events if e[0] > self.t0), key=lambda e: e[0])
 
     @staticmethod
     def _add(cap: list[float], mbps: float) -> int:
         cap.append(mbps * MBIT)
         return len(cap) - 1
 
-    def _key(self, u: int, v: int) -> int:
-        """The key of a logical transfer u->v on its static route."""
-        k = self.key_of.get((u, v))
+    def _key(self, u: int, v: int, cls: int = 0) -> int:
+        """The key of a logical transfer u->v of class `cls` on its static route."""
+        k = self.key_of.get((cls, u, v))
         if k is not None:
             return k
         path = tuple(self.net.route(u, v))
         if len(path) < 2 or path[0] != u or path[-1] != v:
             raise ValueError(f"route({u}, {v}) returned {path}, not a path from {u} to {v}")
-        k = self.key_of[(u, v)] = self._path_key(path)
+        k = self.key_of[(cls, u, v)] = self._path_key(path, cls)
         return k
 
-    def _path_key(self, path: tuple[int, ...]) -> int:
-        """One key per path (the static route of a pair, or an auxiliary route). Keys whose paths
-        share origin, destination and first hop share one FIFO, as in the live LinkSender."""
-        k = self.key_of_path.get(path)
-        if k is not None:
-            return k
+    def _path_info(self, path: tuple[int, ...]) -> tuple[tuple[int, ...], float, float]:
+        """Resources a path uses, its delay (each node on the way handles a chunk) and its hop ack's time:
+        the first hop has the whole chunk one link delay after its last byte left, and its ACK needs
+        the reverse link's delay to come back."""
         res: list[int] = []
         delay = 0.0
         for a, b in zip(path, path[1:], strict=False):
@@ -150,70 +271,88 @@ class Model:
             if r is None:
                 raise ValueError(f"route {path} uses {a}->{b}, which is not a link")
             res.append(r)
-            delay += self.net.delays_s.get((a, b), 0.0) + self.costs.hop_s  # each node on the way handles it
+            delay += self.net.delays_s.get((a, b), 0.0) + self.costs.hop_s
             if a in self.up_res:
                 res.append(self.up_res[a])
             if b in self.down_res:
                 res.append(self.down_res[b])
+        ack = (self.net.delays_s.get((path[0], path[1]), 0.0) + self.net.delays_s.get((path[1], path[0]), 0.0)
+               + self.costs.ack_s)
+        return tuple(dict.fromkeys(res)), delay, ack
+
+    def _path_key(self, path: tuple[int, ...], cls: int = 0) -> int:
+        """One key per class and path (the static route of a pair, or an auxiliary route). Keys of one
+        class whose paths share origin, destination and first hop share one FIFO, as in the live
+        LinkSender; each class has FIFOs of its own."""
+        k = self.key_of_path.get((cls, path))
+        if k is not None:
+            return k
+        if path not in self.path_info:
+            self.path_info[path] = self._path_info(path)
+        res, delay, ack = self.path_info[path]
         k = len(self.key_path)
-        self.key_of_path[path] = k
+        self.key_of_path[(cls, path)] = k
         self.key_path.append(path)
-        self.key_res.append(tuple(dict.fromkeys(res)))
+        self.key_res.append(res)
         self.key_delay.append(delay)
         self.key_dst.append(self.ix[path[-1]])
-        # the hop ack: the first hop has the whole chunk one link delay after its last byte left,
-        # and its ACK needs the reverse link's delay to come back
-        self.key_ack.append(self.net.delays_s.get((path[0], path[1]), 0.0)
-                            + self.net.delays_s.get((path[1], path[0]), 0.0) + self.costs.ack_s)
-        self.key_fifo.append(self.fifo_of.setdefault((path[0], path[-1], path[1]), len(self.fifo_of)))
+        self.key_ack.append(ack)
+        self.key_class.append(cls)
+        self.key_cap.append(_INF)
+        self.counted.append(False)
+        self.key_fifo.append(self.fifo_of.setdefault((cls, path[0], path[-1], path[1]), len(self.fifo_of)))
         return k
 
-    def _build_keys(self) -> None:
-        """Flow keys of every tree edge, and per group and node which keys its chunks leave on."""
-        self.key_of: dict[tuple[int, int], int] = {}
-        self.key_of_path: dict[tuple[int, ...], int] = {}
-        self.fifo_of: dict[tuple[int, int, int], int] = {}
-        self.key_path: list[tuple[int, ...]] = []
-        self.key_res: list[tuple[int, ...]] = []
-        self.key_delay: list[float] = []
-        self.key_dst: list[int] = []
-        self.key_ack: list[float] = []  # from a transfer's last byte leaving to its hop ack arriving back
-        self.key_fifo: list[int] = []
+    def _class_of(self, g_idx: int) -> int:
+        """Unclassed trees of every task share the default class 0; a classed tree is a class of its own."""
+        g = self.groups[g_idx]
+        if not g.classed:
+            return 0
+        t = self.tasks[self.group_task[g_idx]]
+        dl = _INF if g.deadline_s is None else t.start_s + g.deadline_s
+        self.classes.append(TrafficClass(g.weight, g.priority, dl))
+        return len(self.classes) - 1
+
+    def _add_group(self, t_idx: int, g: ChunkGroup) -> None:
+        """Flow keys of every tree edge of g, and per node which keys its chunks leave on."""
         n = len(self.nodes)
-        self.group_of = [0] * len(self.chunk_bytes)
-        self.agg_key: list[list[int]] = []  # per group, per node index: key to the agg parent (-1 at root)
-        self.bcast_keys: list[list[tuple[int, ...]]] = []  # per group, per node index
-        self.nkids: list[list[int]] = []  # per group, per node index: aggregation children to wait for
-        self.root: list[int] = []
-        # NetStorm auxiliary routes: per group, primary key of a tree edge -> its auxiliary keys
-        self.aux_keys: list[dict[int, tuple[int, ...]]] = []
-        for g_idx, g in enumerate(self.plan.groups):
-            for c in g.chunks:
-                self.group_of[c] = g_idx
-            agg = [-1] * n
-            kids = [0] * n
-            for node, parent in g.parent.items():
-                if parent is not None:
-                    agg[self.ix[node]] = self._key(node, parent)
-                    kids[self.ix[parent]] += 1
-            bc: list[tuple[int, ...]] = [()] * n
-            for node, children in g.children.items():
-                bc[self.ix[node]] = tuple(self._key(node, ch) for ch in children)
-            self.agg_key.append(agg)
-            self.bcast_keys.append(bc)
-            self.nkids.append(kids)
-            self.root.append(self.ix[g.root])
-            aux: dict[int, tuple[int, ...]] = {}
-            for (a, b), routes in g.aux.items():
-                if routes:
-                    aux[self._key(a, b)] = tuple(self._path_key(tuple(r)) for r in routes)
-            self.aux_keys.append(aux)
-        # keys whose in-transit count some dispatch decision reads: sends on them are counted
-        self.counted = [False] * len(self.key_path)
-        for aux in self.aux_keys:
-            for k, routes in aux.items():
-                for x in (k, *routes):
-                    self.counted[x] = True
+        g_idx = len(self.groups)
+        self.groups.append(g)
+        self.group_task.append(t_idx)
+        base = self.chunk_base[t_idx]
+        for c in g.chunks:
+            self.group_of[base + c] = g_idx
+        cls = self._class_of(g_idx)
+        agg = [-1] * n
+        kids = [0] * n
+        for node, parent in g.parent.items():
+            if parent is not None:
+                agg[self.ix[node]] = self._key(node, parent, cls)
+                kids[self.ix[parent]] += 1
+        bc: list[tuple[int, ...]] = [()] * n
+        for node, children in g.children.items():
+            bc[self.ix[node]] = tuple(self._key(node, ch, cls) for ch in children)
+        self.agg_key.append(agg)
+        self.bcast_keys.append(bc)
+        self.nkids.append(kids)
+        self.root.append(self.ix[g.root])
+        aux: dict[int, tuple[int, ...]] = {}
+        for (a, b), routes in g.aux.items():
+            if routes:
+                aux[self._key(a, b, cls)] = tuple(self._path_key(tuple(r), cls) for r in routes)
+        self.aux_keys.append(aux)
+        for (a, b), mbps in g.rates.items():  # the pacing caps each route of the edge on its own
+            k = self._key(a, b, cls)
+            for x in (k, *aux.get(k, ())):
+                self.key_cap[x] = min(self.key_cap[x], mbps * MBIT)
+        for k, routes in aux.items():
+            for x in (k, *routes):
+                self.counted[x] = True
+
+    @property
+    def classed(self) -> bool:
+        """Some tree asks for more than plain round-robin (weights, priorities, deadlines or rates)."""
+        return len(self.classes) > 1
 
     @property
     def has_aux(self) -> bool:
@@ -227,7 +366,7 @@ class Model:
 
     def transfers_per_key(self) -> np.ndarray:
         count = np.zeros(len(self.key_path), dtype=np.int64)
-        for g_idx, g in enumerate(self.plan.groups):
+        for g_idx, g in enumerate(self.groups):
             for k in self.agg_key[g_idx]:
                 if k >= 0:
                     count[k] += len(g.chunks)

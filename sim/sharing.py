@@ -1,0 +1,95 @@
+"""How busy flow keys share resources when traffic classes differ: the data plane's link scheduler at
+flow level.
+
+A directed link is written by one sender, which picks the next segment from the class with the highest
+priority that has bytes ready, then the earliest absolute deadline, then by weighted fair queuing in
+bytes; inside a class its flow keys take turns. At flow level, per link: priority levels (priority,
+then deadline) are filled in order, each level weighted max-min on the capacity the levels above
+left; a key's weight is its class's weight over the number of busy keys of its class on its first
+link (the sender's own round-robin among them). A tree edge's `rates` cap its keys (the sender paces).
+
+Node uplink/downlink caps: the data plane orders nothing there, every flow crossing one is equal
+(the caps' token buckets serve whoever writes). Modelled by alternating: links by class (as above)
+under per-key caps, then the node caps plain max-min with those link rates as demands; a key the
+node caps hold back gets that as its cap and the links are solved again, until nothing changes (a
+few rounds; it then keeps the last feasible answer). So priority and weights hold where the classes
+meet on a link, and where they only meet at a node cap (senders writing to one receiver) they share
+equally unless the scheduler's `rates` say otherwise, as live.
+
+With a single class among the keys this is the plain max-min over every resource (what the simulator
+always did), with the rate caps as one more resource per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .model import max_min_rates
+
+if TYPE_CHECKING:
+    from .model import Model
+
+NODE_ROUNDS = 8  # alternations between the links' classes and the node caps
+
+
+def class_rates(m: Model, keys: Sequence[int], cap: Sequence[float]) -> np.ndarray:
+    """Rates (bytes/s) of the busy `keys`, which share resources with each other (cap: per resource)."""
+    n = len(keys)
+    pf, pr = m.pairs(keys)
+    capacity = np.asarray(cap, dtype=float)
+    kcap = np.fromiter((m.key_cap[k] for k in keys), dtype=float, count=n)
+    cls = np.fromiter((m.key_class[k] for k in keys), dtype=np.int64, count=n)
+    if len(np.unique(cls)) == 1:
+        return _capped(pf, pr, capacity, n, kcap)
+    first = np.fromiter((m.key_res[k][0] for k in keys), dtype=np.int64, count=n)
+    _, inv, count = np.unique(cls * len(capacity) + first, return_inverse=True, return_counts=True)
+    weight = np.fromiter((m.classes[c].weight for c in cls), dtype=float, count=n) / count[inv]
+    ranks = {lv: i for i, lv in enumerate(sorted({m.classes[c].level for c in set(cls.tolist())}))}
+    level = np.fromiter((ranks[m.classes[c].level] for c in cls), dtype=np.int64, count=n)
+    link = pr < m.nlinks
+    if link.all():
+        return _leveled(pf, pr, capacity, n, kcap, level, weight)
+    lf, lr, nf, nr = pf[link], pr[link], pf[~link], pr[~link]
+    node_cap = np.full(n, np.inf)
+    y = np.zeros(n)
+    for _ in range(NODE_ROUNDS):
+        x = _leveled(lf, lr, capacity, n, np.minimum(kcap, node_cap), level, weight)
+        y = _capped(nf, nr, capacity, n, x)
+        held = np.where(y < x * (1 - 1e-9), y, np.inf)
+        if np.array_equal(held, node_cap):
+            break
+        node_cap = held
+    return y
+
+
+def _capped(pf: np.ndarray, pr: np.ndarray, capacity: np.ndarray, n: int, kcap: np.ndarray,
+            weight: np.ndarray | None = None) -> np.ndarray:
+    """(Weighted) max-min over the resources the pairs name, each finite kcap one more resource."""
+    uniq, res = np.unique(pr, return_inverse=True)
+    caps = [capacity[uniq]]
+    capped = np.flatnonzero(np.isfinite(kcap))
+    if len(capped):
+        pf = np.concatenate([pf, capped])
+        res = np.concatenate([res, len(uniq) + np.arange(len(capped))])
+        caps.append(kcap[capped])
+    return max_min_rates(pf, res, np.concatenate(caps), n, weight)
+
+
+def _leveled(pf: np.ndarray, pr: np.ndarray, capacity: np.ndarray, n: int, kcap: np.ndarray, level: np.ndarray,
+             weight: np.ndarray) -> np.ndarray:
+    """Levels filled in order (0 first), each weighted max-min on what the levels before it left."""
+    rate = np.zeros(n)
+    left = capacity.copy()
+    for lv in np.unique(level):
+        members = np.flatnonzero(level == lv)
+        local = np.full(n, -1)
+        local[members] = np.arange(len(members))
+        mask = local[pf] >= 0
+        sub_f, sub_r = local[pf[mask]], pr[mask]
+        r = _capped(sub_f, sub_r, np.maximum(left, 0.0), len(members), kcap[members], weight[members])
+        rate[members] = r
+        left -= np.bincount(sub_r, weights=r[sub_f], minlength=len(left))
+    return rate
