@@ -85,9 +85,11 @@ class TaskState:
     started: bool = False
     t_begin: float = 0.0  # when this node began it, on the wire clock (a class's deadline counts from it)
     rx_bytes: int = 0  # data bytes of this task received here (partial sums and final values)
-    # when its part here was done: the bytes received of each other task of its job then in flight
-    # here (how links were shared between them, in bytes: scripts/bench/tasks.py's share figure)
-    beside: dict[int, int] = field(default_factory=dict)
+    # the bytes received here of each other task of its job in flight here, when this task's first
+    # byte came and when its part here was done: how links were shared between them, in bytes
+    # (scripts/bench/tasks.py's share figure)
+    beside: dict[int, list[int]] = field(default_factory=dict)  # task -> [bytes at our first byte, at our end]
+    _first: dict[int, int] | None = None  # the others' bytes when this task's first byte came
     on_done: Callable[[TaskState], None] | None = None
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -238,9 +240,13 @@ class ChunkEngine:
             st.done.set_result(st.result if receiver else None)
         return st
 
+    def _others(self, st: TaskState) -> dict[int, int]:
+        return {o.task: o.rx_bytes for o in self.tasks.values()
+                if o.job == st.job and o.task != st.task and o.rx_bytes and not o.done.done()}
+
     def _note_beside(self, st: TaskState) -> None:
-        st.beside = {o.task: o.rx_bytes for o in self.tasks.values()
-                     if o.job == st.job and o.task != st.task and o.rx_bytes and not o.done.done()}
+        first = st._first or {}
+        st.beside = {t: [first.get(t, 0), n] for t, n in self._others(st).items()}
 
     def end_task(self, st: TaskState) -> None:
         self.tasks.pop(st.key, None)
@@ -427,6 +433,8 @@ class ChunkEngine:
 
     # --- internals -------------------------------------------------------------------------------------
     def _segment(self, st: TaskState, h: dict[str, Any], payload: memoryview) -> None:
+        if st._first is None:
+            st._first = self._others(st)
         st.rx_bytes += h["nbytes"]
         c = h["chunk"]
         off, n = st.plan.layout[c]

@@ -110,10 +110,13 @@ def counters(v: Any) -> None:
 
 
 def task_counters(v: Any) -> None:
-    """task id -> a count (bytes): both non-negative ints."""
-    for k, n in _items(v, "tasks").items():
+    """task id -> [count, count] (bytes at two moments): non-negative ints."""
+    for k, pair_ in _items(v, "tasks").items():
         count(k)
-        count(n)
+        if not isinstance(pair_, list | tuple) or len(pair_) != 2:
+            raise Bad(f"task {k}: {pair_!r} is not [bytes, bytes]")
+        count(pair_[0])
+        count(pair_[1])
 
 
 def peers(v: Any) -> None:

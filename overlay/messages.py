@@ -246,8 +246,8 @@ class TaskDone(Record):
     digest: bytes | None = f(fc.text(64), optional=True)  # receivers only
     t_wait: float | None = f(optional=True)
     error: str | None = f(fc.text(), optional=True)
-    # task -> bytes of it this node had received when its part of this task was done (link sharing)
-    beside: dict[int, int] | None = f(fc.task_counters, optional=True)
+    # task -> [bytes of it received here when this task's first byte came, when its part was done]
+    beside: dict[int, list[int]] | None = f(fc.task_counters, optional=True)
 
 
 @message

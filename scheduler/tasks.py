@@ -56,8 +56,9 @@ class TaskRecord:
     spans: dict[int, list[float]] = field(default_factory=dict)
     iters: dict[int, int] = field(default_factory=dict)  # member -> the iteration its contribution came from
     dropped: list[int] = field(default_factory=list)  # receivers that left while it ran (a multicast shrinks)
-    # node -> task -> bytes of that task the node had received when its part of this one was done
-    beside: dict[int, dict[int, int]] = field(default_factory=dict)
+    # node -> task -> [bytes of that task the node had received when this one's first byte came, when
+    # its part of this one was done]
+    beside: dict[int, dict[int, list[int]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "task", **{k: v for k, v in self.__dict__.items()}}
@@ -147,7 +148,7 @@ class Task:
             members=sorted(members), receivers=sorted(recv),
             aggregators=sorted(set(plan.nodes) - members - recv), bytes=plan.params * 4,
             spans={n: [m.t_start, m.t_end] for n, m in sorted(got.items())},
-            beside={n: {int(k): v for k, v in m.beside.items()} for n, m in sorted(got.items()) if m.beside},
+            beside={n: {int(k): list(v) for k, v in m.beside.items()} for n, m in sorted(got.items()) if m.beside},
             iters={m: self.iters.get(m, self.round) for m in plan.participants}, dropped=sorted(self.dropped))
 
 

@@ -179,3 +179,13 @@ def shaped_line(n: int, rates: dict[tuple[int, int], float]):
 
 
 
+
+
+@pytest.mark.parametrize("beside", [{1: 5}, {1: [5]}, {1: [-1, 5]}, {-2: [0, 5]}, {1: [0, 1.5]}])
+def test_a_task_done_with_malformed_shares_is_refused(beside):
+    h = {"t": "TASK_DONE", "node": 1, "job": 1, "task": 0, "attempt": 0, "version": 1, "ok": True,
+         "t_start": 0.0, "t_end": 1.0, "t_compute": 0.0}
+    validate(dict(h, beside={3: [0, 4096]}), peer=1)
+    with pytest.raises(ProtocolError) as err:
+        validate(dict(h, beside=beside), peer=1)
+    assert err.value.field == "beside"
