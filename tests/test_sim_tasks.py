@@ -15,6 +15,8 @@ from emulation.topology import Topology
 from scheduler.plan import ChunkGroup, Job, Plan, make_layout, tree_group, with_sharing
 from scheduler.planners import multicast
 from sim import MBIT, TaskRun, make_network, simulate, simulate_tasks
+from sim.compute import ComputeModel
+from sim.job import Bsp, Queue, Ssp, simulate_job
 from wansync.predict import oracle_view
 
 RATE = 80.0  # Mbit/s
@@ -193,3 +195,75 @@ def test_fluid_refuses_what_it_cannot_model_and_auto_picks_exact():
     with pytest.raises(NotImplementedError, match="exact"):
         simulate(plan, line(2), mode="fluid")
     assert simulate(plan, line(2)).mode == "exact"
+
+
+# --- job mode ---------------------------------------------------------------------------------------
+
+def reduce_at_min(members: tuple[int, ...], receivers: tuple[int, ...], params: int = CHUNK) -> Plan:
+    """One chunk, summed at the lowest member (a star), sent from there to the other receivers."""
+    root = min(members)
+    kids = tuple(r for r in receivers if r != root)
+    group = ChunkGroup((0,), root, {m: None if m == root else root for m in members}, {root: kids} if kids else {})
+    return Plan(0, "star", members, dict.fromkeys(members, 1.0), make_layout(params, params), (group,),
+                receivers=receivers).validate()
+
+
+def tiny(members, receivers):
+    return reduce_at_min(members, receivers, 1000)
+
+
+FAST = make_network({(a, b): 8e6 for a in range(3) for b in range(3) if a != b})  # 4 KB in 4 ns
+
+
+def per_node(tmp_path, seconds: dict[int, float]) -> ComputeModel:
+    path = tmp_path / "compute.csv"
+    path.write_text("".join(f"{n},0,{s}\n" for n, s in seconds.items()))
+    return ComputeModel(f"csv:{path}")
+
+
+def test_bsp_job_by_hand():
+    # 2 workers on one link, 1 MB (tau = 0.1 s), compute 0.2 s. Round k's task starts once both are
+    # READY, at 0.2 + 0.4k: root 0 holds the sum tau later, 1 the result 2 tau later, and each computes
+    # on from there; 1 is READY last, so rounds are 0.4 s apart. Within 1.95 s: 0 holds results at
+    # 0.3 + 0.4k (k = 0..4), 1 at 0.4 + 0.4k (k = 0..3); the fifth task is under way.
+    pred = simulate_job(Bsp(), reduce_at_min, ComputeModel("constant:0.2"), [0, 1], line(2), 1.95)
+    assert pred.iterations == {0: 5, 1: 4}
+    assert pred.computed == {0: 5, 1: 5}
+    assert [t.start_s for t in pred.tasks] == pytest.approx([0.2, 0.6, 1.0, 1.4, 1.8])
+    assert [t.end_s for t in pred.tasks[:4]] == pytest.approx([0.4, 0.8, 1.2, 1.6])
+    assert pred.tasks[4].end_s is None
+
+
+@pytest.mark.parametrize(("staleness", "fast_iters"), [(0, 4), (1, 5)])
+def test_ssp_job_by_hand(tmp_path, staleness, fast_iters):
+    # worker 0 computes 1 s per iteration, worker 1 0.1 s; multicasts take ~0. Slow 0's iterations
+    # are done at 1, 2, 3 s. s = 0 (lockstep): 1 does iteration 0 at 0.1, then k at k + 0.1 once 0's
+    # k - 1 is done: 0.1, 1.1, 2.1, 3.1 -> 4 by 3.5 s. s = 1: 1 may run one ahead of 0's done count:
+    # 0.1, 0.2, then 1.1, 2.1, 3.1 -> 5.
+    pred = simulate_job(Ssp(staleness), tiny, per_node(tmp_path, {0: 1.0, 1: 0.1}), [0, 1], FAST, 3.5)
+    assert pred.iterations == {0: 3, 1: fast_iters}
+    assert all(t.members != t.receivers and len(t.members) == 1 for t in pred.tasks)  # multicasts to the other
+
+
+def test_queue_job_by_hand(tmp_path):
+    # p = 2; computing takes 0.1, 0.2, 0.35 s (workers 0, 1, 2); reduces take ~0. READY order: 0 (0.1),
+    # 1 (0.2) -> {0,1}; 0 (0.3), 2 (0.35) -> {0,2}; 1 (0.4), 0 (0.45) -> {0,1}; 0 (0.55), 1 (0.65)
+    # -> {0,1}; 2 (0.7), 0 (0.75) -> {0,2}. Within 0.8 s: 0 in 5 reduces, 1 in 3, 2 in 2.
+    pred = simulate_job(Queue(2), tiny, per_node(tmp_path, {0: 0.1, 1: 0.2, 2: 0.35}), [0, 1, 2], FAST, 0.8)
+    assert [t.members for t in pred.tasks] == [(0, 1), (0, 2), (0, 1), (0, 1), (0, 2)]
+    assert [t.start_s for t in pred.tasks] == pytest.approx([0.2, 0.35, 0.45, 0.65, 0.75])
+    assert pred.iterations == {0: 5, 1: 3, 2: 2}
+    # one round each: 0 and 1 go together; 2, the last to come, goes alone rather than wait for ever
+    last = simulate_job(Queue(2), tiny, per_node(tmp_path, {0: 0.1, 1: 0.2, 2: 0.35}), [0, 1, 2], FAST, 1.0,
+                        rounds=1)
+    assert [t.members for t in last.tasks] == [(0, 1), (2,)]
+    assert last.iterations == {0: 1, 1: 1, 2: 1}
+
+
+def test_ssp_worker_waits_for_its_own_multicast(tmp_path):
+    # worker 1 computes 0.1 s, its multicast to 0 takes tau = 0.1 s (1 MB on 80 Mbit/s); 0 computes
+    # 10 s, so with s = 5 only 1's own multicasts hold it: one iteration per 0.2 s, done at 0.2, 0.4,
+    # ..., 1.0 -> 5 within 1.05 s (computing back to back it would have 6 multicasts over by 0.7 s)
+    pred = simulate_job(Ssp(5), reduce_at_min, per_node(tmp_path, {0: 10.0, 1: 0.1}), [0, 1], line(2), 1.05)
+    assert pred.iterations == {0: 0, 1: 5}
+    assert [t.end_s for t in pred.tasks] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
