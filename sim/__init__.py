@@ -1,11 +1,16 @@
-"""Flow-level simulator: replays a Plan on plain network data and predicts its round time.
+"""Flow-level simulator: replays plans on plain network data and predicts their times, blind.
 
 Its own package so that the scheduler (deadlines, on its view), the emulator (on a configured
 topology) and the CLI can all use it; it knows only the Plan types and the one min-hop router.
-model.py says what is simulated, exact.py and fluid.py are the two engines, network.py builds the
-input from plain data. `simulate(mode="auto")` runs the exact engine whenever its estimated cost is
-small, and always for plans with auxiliary routes (fluid refuses them); RoundPrediction.mode says
-which engine ran.
+model.py says what is simulated, sharing.py how traffic classes share links, exact.py and fluid.py
+are the two engines, network.py builds the input from plain data, job.py drives jobs.
+
+- `simulate(plan)`: one round of one plan. mode="auto" runs the exact engine whenever its estimated
+  cost is small, and always for plans with auxiliary routes or traffic classes (fluid refuses them);
+  RoundPrediction.mode says which engine ran.
+- `simulate_tasks([TaskRun, ...])`: concurrent tasks (arrivals, ready times, multicast, partial
+  reduces, traffic classes) in the exact engine; per task its end and receivers' done times.
+- `simulate_job(policy, plan_for, ...)` (policies in job.py): BSP, SSP or a ready queue forming tasks over a budget.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from scheduler.plan import Plan
 from .costs import MEASURED, NONE, WanCosts
 from .exact import Exact, exact_cost_s
 from .fluid import run_fluid
+from .job import JobPrediction, simulate_job
 from .model import (
     FLOAT32,
     MBIT,
@@ -32,9 +38,9 @@ from .model import (
 )
 from .network import make_network
 
-__all__ = ["EXACT_BUDGET_S", "FLOAT32", "MBIT", "MEASURED", "NONE", "Mode", "RoundPrediction", "SimNetwork",
-           "SimulationStalled", "TaskPrediction", "TaskRun", "TasksPrediction", "WanCosts", "make_network",
-           "max_min_rates", "simulate", "simulate_tasks"]
+__all__ = ["EXACT_BUDGET_S", "FLOAT32", "MBIT", "MEASURED", "NONE", "JobPrediction", "Mode", "RoundPrediction",
+           "SimNetwork", "SimulationStalled", "TaskPrediction", "TaskRun", "TasksPrediction", "WanCosts",
+           "make_network", "max_min_rates", "simulate", "simulate_job", "simulate_tasks"]
 
 EXACT_BUDGET_S = 2.0  # auto mode: the exact engine's estimated run time it may spend
 

@@ -73,7 +73,8 @@ class Exact:
         self.missing: list[int] = []
         self.is_receiver: list[list[bool]] = []
         self.task_bytes: list[dict[int, int]] = []  # per task: key -> bytes
-        self.ended: list[tuple[int, float]] = []  # (task, end) found since advance() last returned
+        # (task, receiver's node index or -1 for the task's end, time) found since advance() last returned
+        self.ended: list[tuple[int, int, float]] = []
         self.pending: list[list[int]] = []
         self.arrived: list[list[float]] = []
         for i, ev in enumerate(m.later_events):
@@ -154,10 +155,11 @@ class Exact:
             out[task.key] = TaskPrediction(task.start_s, max(recv.values()), recv, done, m.link_bytes(kb))
         return TasksPrediction(out, m.link_bytes(self.key_bytes), busy, "exact", self.aux_bytes)
 
-    def advance(self, until: float, stop_at_end: bool = True) -> list[tuple[Hashable, float]]:
+    def advance(self, until: float, stop_at_end: bool = True) -> list[tuple[Hashable, int | None, float]]:
         """Handle every event up to `until` (inclusive); with stop_at_end, stop after the first instant
-        at which some task's end became known. Returns (task key, end) of tasks whose end became known
-        (an end may lie a little ahead of the clock: arrivals are resolved when their transfer ends)."""
+        at which a receiver's or a task's end became known. Returns what became known: (task key,
+        receiver, time it holds the full result) and (task key, None, the task's end). A time may lie
+        ahead of the clock (arrivals are resolved when their transfer ends), never behind it."""
         events, version, wake_at = self.events, self.version, self.wake_at
         while events and events[0][0] <= until and not (stop_at_end and self.ended):
             t = events[0][0]
@@ -184,7 +186,8 @@ class Exact:
         if until < _INF and not (stop_at_end and self.ended):
             self.now = max(self.now, until)
         ended, self.ended = self.ended, []
-        return [(self.m.tasks[i].key, e) for i, e in ended]
+        m = self.m
+        return [(m.tasks[i].key, None if v < 0 else m.nodes[v], e) for i, v, e in ended]
 
     # chunk logic
     def _ready(self, v: int, c: int, g: int, t: float) -> None:
@@ -199,12 +202,15 @@ class Exact:
         done = self.done[t_idx]
         if t > done[v]:
             done[v] = t
-        self.finals[t_idx][v] += 1
+        finals = self.finals[t_idx]
+        finals[v] += 1
         if self.is_receiver[t_idx][v]:
             self.missing[t_idx] -= 1
+            if finals[v] == len(self.m.tasks[t_idx].plan.layout):
+                self.ended.append((t_idx, v, done[v]))
             if not self.missing[t_idx]:
                 recv = self.is_receiver[t_idx]
-                self.ended.append((t_idx, max(d for d, r in zip(done, recv, strict=True) if r)))
+                self.ended.append((t_idx, -1, max(d for d, r in zip(done, recv, strict=True) if r)))
         for k in self.m.bcast_keys[g][v]:
             self._send(k, t, c, _BCAST, g)
 

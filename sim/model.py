@@ -17,7 +17,14 @@ The simulator models what the live data plane does, and nothing fitted to live r
 - NetStorm's auxiliary routes (ChunkGroup.aux) are dispatched as agents.engine.ChunkEngine._send
   does, when the chunk is ready: once `primary_busy_bound` transfers on the primary path are in
   transit (queued, sending, or waiting for the first hop's ack), the first auxiliary route with
-  fewer than `aux_queue_length` in transit takes the chunk, relayed like any other route.
+  fewer than `aux_queue_length` in transit takes the chunk, relayed like any other route;
+- several tasks at once (TaskRun: a plan, its start, its members' ready times): they share links and
+  node caps; a node that only aggregates or replicates begins at the task's start; a task ends when
+  its last receiver holds the full result;
+- traffic classes (ChunkGroup's weight, priority, deadline_s, rates): a classed tree is a class of
+  its own, every unclassed transfer is in the default class, so unclassed tasks share one FIFO per
+  (origin, destination, first hop) as they do live; each class has FIFOs of its own. How classes
+  share a resource: sharing.py.
 """
 
 from __future__ import annotations
