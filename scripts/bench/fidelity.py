@@ -2,7 +2,11 @@
 
 For each baseline scheme on internet2 (static) and on a 9-node hetero mesh, with the default
 event loop, runs real clusters in interleaved repeats and compares each round's measured time
-with the prediction the simulator made from the plan and the configured topology alone.
+with the prediction the simulator made from the plan and the configured topology alone. Then the
+concurrent-task cases of scripts/bench/tasks.py (`--only-cases`: bursts of partial reduces with
+aggregators, bursts of multicasts, pairs of multicasts over one route weighted 3:1), each task's
+live time against the simulator's replay of the whole burst; each case's median error joins the
+scheme cases in the median and max.
 Prints a table; the last line is one JSON object of headline figures.
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import itertools
 import json
@@ -17,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -62,6 +68,23 @@ def ranking_agrees(live: dict[str, float], sim: dict[str, float]) -> tuple[bool,
         if (dl > TIE_PCT and ds < -TIE_PCT) or (dl < -TIE_PCT and ds > TIE_PCT):
             bad.append(f"{a}/{b}: live {dl:+.1f}% sim {ds:+.1f}%")
     return not bad, bad
+
+
+def task_cases(seed: int) -> dict[str, Any]:
+    """scripts/bench/tasks.py's simulator cases on internet2 x0.01 (its own cluster); its tables go
+    to stderr, its figures come back."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import tasks as tasks_bench
+
+    args = argparse.Namespace(quick=True, minutes=0.0, in_flight=5, seed=seed, model="resnet50", scale=0.01,
+                              out=None, agent_logs=None, verbose=False, only_cases=True)
+    bench = tasks_bench.TasksBench(args)
+    with contextlib.redirect_stdout(sys.stderr):
+        res = asyncio.run(bench.run())
+    LIVE_JOBS.extend(ph.js for ph in bench.phases if ph.js is not None)
+    if res["tasks_wrong"] or res["tasks_hung"]:
+        raise SystemExit(f"task cases: {res['tasks_wrong']} wrong, {res['tasks_hung']} hung")
+    return res
 
 
 def big_simulation() -> dict[str, float]:
@@ -111,6 +134,11 @@ def main() -> None:
         order_s = " < ".join(sorted(sim_m, key=sim_m.get))
         print(f"  ranking live: {order_l}; simulated: {order_s}; "
               f"{'agree' if ok else 'DISAGREE: ' + '; '.join(bad)} (ties within {TIE_PCT}%)")
+    cases = task_cases(1)
+    for case, err in cases["sim_vs_live_by_case"].items():
+        errors.append(err)
+        print(f"tasks      {case:<13} median |error| over its tasks {err:5.1f} %")
+    print(f"  3:1 share pairs: delivered bytes off the configured shares by at most {cases['share_error_pct']:.1f} %")
     big = big_simulation()
     print("\n1,000-node Waxman, alexnet: plan + simulate " + ", ".join(f"{k} {v:.2f} s" for k, v in big.items()))
     print(json.dumps({
@@ -118,6 +146,8 @@ def main() -> None:
         "sim_vs_live_max_err_pct": round(max(errors), 2),
         "ranking_agrees": all(verdicts.values()),
         "sim_1000_nodes_s": round(max(big.values()), 2),
+        "tasks_cases_err_pct": {k: round(v, 2) for k, v in cases["sim_vs_live_by_case"].items()},
+        "share_error_pct": cases["share_error_pct"],
         "repeats": repeats, "rounds": rounds, "scale": scale,
         **live_guard(LIVE_JOBS),
     }))

@@ -19,6 +19,13 @@ Then the units SelMcast, selective reduce and CREW build on, live on the same ag
   queue   a job of iterations under a ready queue (P-Reduce, p = 3), the same compute model: the first
           p ready workers form a partial reduce of their own iterations' contributions
 
+Then the blind simulator's cases (`--only-cases`: these alone): per case a warm-up burst, then
+bursts of tasks started together — 3 partial reduces (mst with aggregators), 3 multicasts (l7, l3),
+and 2 pairs of 8 MiB multicasts over one route weighted 3:1 (`sharing`) — each task's live time
+against sim.simulate_tasks replaying its burst from the plans and the configured topology alone
+(the live start times as arrivals). The pairs also give the share figure: the bytes of each
+delivered while both were received (the receiver's own counts, TASK_DONE `beside`) against 3:1.
+
 Every task is judged here, not only by the agents' own check: each receiver's digest must equal the
 digest of the exact (weighted) sum this script computes from the contributions' closed form, the
 members and receivers must be those asked for. Overlap: on each agent, from the spans the agents
@@ -28,7 +35,9 @@ timed with their synced clocks, the most tasks whose parts ran at the same momen
 
 Prints tables; the last stdout line is one JSON object (tasks_started, tasks_ok_pct, tasks_wrong,
 tasks_aborted, concurrent_overlap_max, live_guard_valid, multicast_deliveries, multicast_wrong,
-ssp_violations, ready_tasks, ...). Every task of every phase counts in the tasks_* figures.
+ssp_violations, ready_tasks, share_error_pct, sim_vs_live_median_err_pct (over every compared task),
+sim_vs_live_max_err_pct (the worst case's median), ...). Every task of every phase counts in the
+tasks_* figures.
 """
 
 from __future__ import annotations
