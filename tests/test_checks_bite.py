@@ -12,6 +12,7 @@ allocation), never through the product. Forged frames over real TCP are in test_
 from __future__ import annotations
 
 import math
+import time
 from fractions import Fraction
 from typing import Any
 
@@ -38,8 +39,10 @@ class _Wire:
 
     def __init__(self) -> None:
         self.sent: list[tuple[dict[str, Any], tuple[int, ...]]] = []
+        self.clock = time.time
 
-    def send_chunk(self, header: dict[str, Any], payload: memoryview, path: tuple[int, ...]) -> None:
+    def send_chunk(self, header: dict[str, Any], payload: memoryview, path: tuple[int, ...], *,
+                   rate_Bps: float | None = None) -> None:
         self.sent.append((dict(header), tuple(path)))
 
     def in_transit(self, path: tuple[int, ...]) -> int:
