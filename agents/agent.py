@@ -38,6 +38,7 @@ from overlay.messages import (
     Job,
     JobEnd,
     Peers,
+    Rates,
     Record,
     Register,
     Shutdown,
@@ -120,7 +121,8 @@ class Agent:
         self._handlers: dict[type[Record], Callable[[Any], str | None]] = {
             Shutdown: lambda _msg: "shutdown", Peers: self._on_peers, Fence: self._on_fence, Job: self._on_job,
             JobEnd: lambda msg: self.runner.end_job(msg.job), Task: self._on_task, AuxUpdate: self._on_aux_update,
-            Emu: self._on_emu, Abort: self._on_abort, Go: lambda msg: self.runner.on_go(msg.job, msg.upto),
+            Rates: self._on_rates, Emu: self._on_emu, Abort: self._on_abort,
+            Go: lambda msg: self.runner.on_go(msg.job, msg.upto),
             Drop: lambda msg: self.runner.on_drop(msg.job, msg.task, msg.attempt, msg.node,
                                                    bool(msg.replicates))}
 
@@ -199,7 +201,9 @@ class Agent:
                               neighbors=self.topo.neighbors(self.node), pid=os.getpid(), seen_job=self._seen[0],
                               seen_version=max(self.plans, default=self._seen[1]),
                               clock_offset=self.clock.offset if synced else None,
-                              clock_error=self.clock.error_bound if synced else None).wire())
+                              clock_error=self.clock.error_bound if synced else None,
+                              uplink_mbps=self.topo.uplink_mbps.get(self.node),
+                              downlink_mbps=self.topo.downlink_mbps.get(self.node)).wire())
             # only now do heartbeats, counters and samples go out on it: before REGISTER each of them is
             # a protocol error at the scheduler, and a clock exchange that a loaded machine makes slow
             # (seconds) used to reach the limit of 16 and lose the agent before it ever registered
@@ -267,6 +271,9 @@ class Agent:
         if plan is None and not msg.skip and msg.version not in self.plans:
             raise ValueError(f"task {msg.task} uses plan v{msg.version}, which this node does not hold")
         self.runner.on_task(msg, plan)
+
+    def _on_rates(self, msg: Rates) -> None:
+        self.engine.set_rates(msg.job, msg.task, msg.attempt, msg.rates)
 
     def _on_aux_update(self, msg: AuxUpdate) -> None:
         self.engine.set_aux(msg.version, tuple(aux_from_wire(g) for g in msg.groups))

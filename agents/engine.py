@@ -108,6 +108,7 @@ class TaskState:
 # Bytes this node may hold for others: frames for tasks it has not begun, and chunks it relays.
 # Over budget a frame is refused unacknowledged and resent later.
 HOLD_BUDGET = 256 << 20
+MAX_RATE_TABLES = 1024  # task attempts whose RATES this node keeps (those that began are dropped at their end)
 PRIMARY_BUSY_BOUND = 2  # NetStorm's best setting (Fig. 17)
 AUXILIARY_QUEUE_LENGTH = 5
 
@@ -144,6 +145,9 @@ class ChunkEngine:
         self.on_error: Callable[[TaskKey, Exception], None] | None = None
         self.plans: dict[int, Plan] = {}  # every version this node holds (the agent fills it)
         self.aborted: dict[tuple[int, int], int] = {}  # (job, task) -> highest aborted attempt
+        # per-flow rates the scheduler assigned (RATES, scheduler.sharing), by task attempt: (tree,
+        # this node, destination) -> bytes/s, 0 = held; they override a plan's own `rates`
+        self.rate_tables: dict[tuple[int, int, int], dict[tuple[int, int, int], float]] = {}
         # auxiliary tables pushed by AUX_UPDATE after a version was published: version -> per group
         self.aux_tables: dict[int, tuple[AuxTable, ...]] = {}
 
@@ -159,6 +163,20 @@ class ChunkEngine:
             return
         adj = {n: {m for m in peers if tuple(sorted((n, m))) not in avoid} for n, peers in self._all_routes.adj.items()}
         self.routes = Routes(adj)
+
+    def set_rates(self, job: int, task: int, attempt: int, rates: Iterable[Sequence[Any]]) -> None:
+        """Per-flow rates for this node's flows of a task attempt ([tree, a, b, Mbit/s], a == this
+        node; others are not ours and ignored), kept for chunks not sent yet and applied at once to
+        those queued. They may come before the task begins here (they go out just before TASK)."""
+        table = self.rate_tables.setdefault((job, task, attempt), {})
+        while len(self.rate_tables) > MAX_RATE_TABLES:  # tasks that never began here: oldest first
+            self.rate_tables.pop(next(iter(self.rate_tables)))
+        for tree, a, b, mbps in rates:
+            if a != self.node:
+                continue
+            table[(tree, a, b)] = mbps * MBIT
+            if self.overlay is not None:
+                self.overlay.set_flow_rate(job, task, attempt, tree, b, mbps * MBIT)
 
     def set_aux(self, version: int, groups: tuple[AuxTable, ...]) -> None:
         """New auxiliary tables take effect for the next chunk sent; chunks in flight keep their route."""
@@ -250,6 +268,7 @@ class ChunkEngine:
 
     def end_task(self, st: TaskState) -> None:
         self.tasks.pop(st.key, None)
+        self.rate_tables.pop((st.job, st.task, st.attempt), None)
 
     def abort(self, job: int, task: int, attempt: int) -> None:
         """Attempts up to `attempt` of this task end now; their frames, held or late, are dropped."""
@@ -500,8 +519,9 @@ class ChunkEngine:
         if group.classed:  # its tree shares links by its class (overlay.classes), at every hop
             dl = None if group.deadline_s is None else st.t_begin + group.deadline_s
             header["cls"] = TrafficClass(group.weight, group.priority, dl).to_wire(gi)
+            assigned = self.rate_tables.get((st.job, st.task, st.attempt), {}).get((gi, self.node, dst))
             mbps = group.rates.get((self.node, dst))
-            rate_Bps = None if mbps is None else mbps * MBIT
+            rate_Bps = assigned if assigned is not None else None if mbps is None else mbps * MBIT
         path = self.routes.route(self.node, dst)
         aux = self.aux_for(st.plan, gi).get((self.node, dst))
         if aux and self.overlay.in_transit(path) >= self.primary_busy_bound:

@@ -15,9 +15,10 @@ never holds the link. Inside a class, flows (origin -> destination) share round-
 deadline: with nothing classed the link behaves exactly as plain round-robin.
 
 Where flows from different senders meet (a receiver's downlink, a node's uplink shared by its links)
-no sender's scheduler sees the others. There the scheduler assigns per-flow rates (the plan's
-`rates`, Mbit/s per tree edge) and the sender paces that flow to it here: a capped class is its own
-class per destination, with a token bucket; its turn passes while the bucket is empty.
+no sender's scheduler sees the others. There the scheduler assigns per-flow rates (scheduler.sharing,
+sent as RATES; or a planner's `rates`, Mbit/s per tree edge) and the sender paces that flow to it
+here: a paced class is its own class per destination, with a token bucket; its turn passes while
+the bucket is empty, and a class at rate 0 is held until a new rate comes.
 """
 
 from __future__ import annotations
@@ -115,9 +116,12 @@ class ClassScheduler(Generic[T]):
         self._vnow = 0.0
 
     def set_rate(self, cls: Hashable, rate_Bps: float | None) -> None:
-        """A new scheduler-assigned rate for a paced class (None: unpaced)."""
+        """A new scheduler-assigned rate for a paced class (0: held; None: unpaced). Its bucket
+        starts empty at the new rate (a held class banks nothing)."""
         c = self._classes.get(cls)
         if c is not None:
+            if c.rate is not None and c.rate <= 0:
+                c.tokens, c.t_tokens = 0.0, self.clock()
             c.rate = rate_Bps
 
     def next(self, quantum: int, step: Callable[[T], int]) -> tuple[T, memoryview] | None:
@@ -139,6 +143,8 @@ class ClassScheduler(Generic[T]):
             now = self.clock()
             c.tokens = min(c.tokens + (now - c.t_tokens) * c.rate, float(quantum))
             c.t_tokens = now
+            if c.rate <= 0:
+                return None  # held (a higher class has the cap): until `set_rate` gives it a rate
             if c.tokens <= 0:
                 due = now - c.tokens / c.rate
                 self.wake_at = due if self.wake_at is None else min(self.wake_at, due)

@@ -15,6 +15,7 @@ from .classes import MAX_WEIGHT, NO_DEADLINE, PRIORITIES
 
 MAX_NODE = 1 << 16
 MAX_ITEMS = 1 << 16  # entries of a list or map inside one control message
+MAX_MBPS = 1e7  # the largest link or cap rate a message may name (10 Tbit/s)
 MAX_TEXT = 4096  # characters of a free-text field (an error message, a host name)
 
 Check = Callable[[Any], Any]
@@ -107,6 +108,26 @@ def counters(v: Any) -> None:
     for k, n in _items(v, "links").items():
         node_key(k)
         count(n)
+
+
+def positive(v: Any) -> None:
+    if not is_num(v) or v <= 0:
+        raise Bad(f"{v!r} is not a finite number > 0")
+
+
+def edge_rate(v: Any) -> None:
+    """[tree, a, b, Mbit/s] of a per-flow rate: a tree index, two node ids, a rate >= 0."""
+    if not isinstance(v, list | tuple) or len(v) != 4:
+        raise Bad(f"{v!r} is not [tree, a, b, mbps]")
+    tree, a, b, mbps = v
+    if not is_int(tree) or not 0 <= tree < MAX_ITEMS:
+        raise Bad(f"tree {tree!r} is not an index 0..{MAX_ITEMS - 1}")
+    node(a)
+    node(b)
+    if a == b:
+        raise Bad(f"edge {a}->{b} is not between two nodes")
+    if not is_num(mbps) or not 0 <= mbps < MAX_MBPS:
+        raise Bad(f"rate {mbps!r} is not a finite Mbit/s >= 0")
 
 
 def task_counters(v: Any) -> None:

@@ -206,6 +206,11 @@ class LinkSender:
         self.flows.enqueue(tr)
         self._wake.set()
 
+    def set_class_rate(self, cls: Hashable, rate_Bps: float | None) -> None:
+        """A paced class's new rate (overlay.classes); it may send at once if it was held."""
+        self.flows.set_rate(cls, rate_Bps)
+        self._wake.set()
+
     def more_ready(self) -> None:
         """A relayed transfer received more bytes."""
         self._wake.set()

@@ -73,6 +73,7 @@ class Msg(enum.StrEnum):
     DROP = "DROP"
     FENCE = "FENCE"
     AUX_UPDATE = "AUX_UPDATE"
+    RATES = "RATES"
     TASK_DONE = "TASK_DONE"
     ABORT = "ABORT"
     CLOCK = "CLOCK"
@@ -191,6 +192,10 @@ class Register(Record):
     seen_version: int | None = _count(optional=True)
     clock_offset: float | None = f(lo=-1e9, hi=1e9, optional=True)  # this host's clock vs the scheduler's (s)
     clock_error: float | None = f(lo=0, hi=1e9, optional=True)  # its bound: half the best exchange's round trip
+    # this node's configured caps (a big-switch topology), where it has them: the scheduler shares them
+    # between traffic classes by per-flow rates (scheduler.sharing)
+    uplink_mbps: float | None = f(fc.positive, hi=fc.MAX_MBPS, optional=True)
+    downlink_mbps: float | None = f(fc.positive, hi=fc.MAX_MBPS, optional=True)
 
 
 @message
@@ -374,6 +379,19 @@ class AuxUpdate(Record):
     job: int = _count()
     version: int = _count()
     groups: list[Any] = f()  # per group: its auxiliary table's wire form
+
+
+@message
+class Rates(Record):
+    """Per-flow rates a sender paces its classed flows to (overlay.classes), where flows of different
+    senders meet at a node cap (scheduler.sharing): [tree, a, b, Mbit/s] per tree edge a->b of this
+    task's attempt; 0 holds the flow until a later RATES gives it a rate again."""
+
+    T = Msg.RATES
+    job: int = _count()
+    task: int = _count()
+    attempt: int = _count()
+    rates: list[Any] = f(fc.list_of(fc.edge_rate, "rates"))
 
 
 @message

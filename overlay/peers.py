@@ -240,6 +240,11 @@ class Overlay:
         self.senders[path[1]].send(tr)
         return tr
 
+    def set_flow_rate(self, job: int, task: int, attempt: int, tree: int, dst: int, rate_Bps: float) -> None:
+        """A paced flow's new rate (RATES) on every link its chunks may leave by; 0 holds it."""
+        for sender in self.senders.values():
+            sender.set_class_rate((job, task, attempt, tree, dst), rate_Bps)
+
     def in_transit(self, path: tuple[int, ...]) -> int:
         """Chunks this node sent on `path` that its first hop has not acknowledged yet."""
         return self._in_transit.get(path, 0)

@@ -69,11 +69,13 @@ class ChunkGroup:
     priority: int = 0
     deadline_s: float | None = None
     rates: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
+    own_class: bool = False  # a class of its own even with default values (a task given `sharing=`)
 
     @property
     def classed(self) -> bool:
-        """The tree asks for more than plain round-robin (its chunks carry a traffic class)."""
-        return self.weight != 1.0 or self.priority != 0 or self.deadline_s is not None or bool(self.rates)
+        """The tree is a traffic class of its own (its chunks carry it), not plain round-robin."""
+        return (self.own_class or self.weight != 1.0 or self.priority != 0 or self.deadline_s is not None
+                or bool(self.rates))
 
     def agg_children(self, node: NodeId) -> tuple[NodeId, ...]:
         return tuple(sorted(c for c, p in self.parent.items() if p == node))
@@ -285,6 +287,8 @@ def group_to_wire(g: ChunkGroup) -> dict[str, Any]:
         d["deadline_s"] = g.deadline_s
     if g.rates:
         d["rates"] = [[a, b, r] for (a, b), r in sorted(g.rates.items())]
+    if g.own_class:
+        d["own_class"] = True
     return d
 
 
@@ -295,7 +299,8 @@ def group_from_wire(g: Mapping[str, Any]) -> ChunkGroup:
                       children={n: tuple(k) for n, k in g["children"]},
                       aux=aux_from_wire(g.get("aux", [])), weight=float(g.get("weight", 1.0)),
                       priority=g.get("priority", 0), deadline_s=None if dl is None else float(dl),
-                      rates={(a, b): float(r) for a, b, r in g.get("rates", [])})
+                      rates={(a, b): float(r) for a, b, r in g.get("rates", [])},
+                      own_class=g.get("own_class", False) is True)
 
 
 def check_sharing(weight: Any, priority: Any, deadline_s: Any, where: str = "sharing") -> None:
@@ -312,9 +317,11 @@ def check_sharing(weight: Any, priority: Any, deadline_s: Any, where: str = "sha
 
 
 def with_sharing(plan: Plan, *, weight: float = 1.0, priority: int = 0, deadline_s: float | None = None) -> Plan:
-    """The plan with every tree given the same class (a task-level share, priority or deadline)."""
+    """The plan with every tree a class of its own with these values (a task-level share, priority or
+    deadline): even at the defaults it is then shared with others as a class, not round-robin."""
     return dataclasses.replace(plan, groups=tuple(
-        dataclasses.replace(g, weight=weight, priority=priority, deadline_s=deadline_s) for g in plan.groups))
+        dataclasses.replace(g, weight=weight, priority=priority, deadline_s=deadline_s, own_class=True)
+        for g in plan.groups))
 
 
 AuxTable = Mapping[tuple[NodeId, NodeId], tuple[tuple[NodeId, ...], ...]]

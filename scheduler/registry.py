@@ -34,6 +34,8 @@ class AgentInfo:
     stuck: dict[int, float] = field(default_factory=dict)  # peer -> seconds its chunks wait unacknowledged
     clock_offset: float | None = None  # the agent's measured offset to the scheduler's clock (REGISTER)
     clock_error: float | None = None
+    uplink_mbps: float | None = None  # its configured node caps, if it has any (REGISTER)
+    downlink_mbps: float | None = None
 
 
 class Registry:
@@ -76,6 +78,7 @@ class Registry:
     def add(self, a: AgentInfo, msg: Register) -> None:
         a.host, a.port, a.pid = msg.host, msg.port, msg.pid
         a.clock_offset, a.clock_error = msg.clock_offset, msg.clock_error
+        a.uplink_mbps, a.downlink_mbps = msg.uplink_mbps, msg.downlink_mbps
         a.neighbors = tuple(msg.neighbors)
         self.agents[a.node] = a
         if len(self.agents) == self.expected:

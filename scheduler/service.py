@@ -48,6 +48,7 @@ from overlay.messages import (
     Heartbeat,
     JobEnd,
     ProtocolError,
+    Rates,
     Ready,
     Record,
     Register,
@@ -66,6 +67,7 @@ from .liveness import Liveness
 from .plan import Job, Plan, PlanError, aux_to_wire, check_sharing, with_sharing
 from .registry import AgentInfo, Registry
 from .server import ControlServer
+from .sharing import CapSharing
 from .tasks import JobState, RoundRecord, Task, TaskRecord
 from .view import DisconnectedView, NetworkView
 
@@ -116,6 +118,7 @@ class Scheduler:
         # what happened when, for dashboards and results: plan versions, jobs, faults (note_event)
         self.timeline: list[dict[str, Any]] = []
         self.link_bytes: dict[tuple[int, int], int] = {}  # cumulative bytes per directed link (COUNTERS)
+        self.cap_sharing = CapSharing()  # per-flow rates where classed flows of many senders meet
         self._watch: asyncio.Task | None = None
 
     # the parts' state, as the launcher, dashboard and tests read it
@@ -199,6 +202,7 @@ class Scheduler:
               progress: Any = None, compute: str | None = None, seed: int = 1,
               compute_scale: float = 1.0) -> JobState:
         """A new job on every agent: its first plan published, JOB sent."""
+        self.cap_sharing.clear()  # an earlier job's tasks share nothing with this one's
         spec = planners.resolve(scheme)
         self.job_id += 1
         job = Job(params, chunk_params, tuple(sorted(self.agents)), {**(options or {}), **spec.options})
@@ -507,6 +511,8 @@ class Scheduler:
             if not members <= set(asked):
                 return
         t.involved = self._involved(plan, js.avoid)
+        if any(g.classed for g in plan.groups) and self.cap_sharing.caps:
+            self._send_rates(js, self.cap_sharing.start(tid, t.attempt, plan, time.time(), self._routes().route))
         settled = js.settled()
         for node in sorted(t.involved):
             a = self.agents.get(node)
@@ -519,6 +525,17 @@ class Scheduler:
             if self.registry.send(a, msg):
                 a.versions.add(v)
         t.start(time.time())
+
+    def _routes(self) -> Routes:
+        """The agents' min-hop routes (overlay.routing over the links they registered)."""
+        return Routes({n: a.neighbors for n, a in self.agents.items()})
+
+    def _send_rates(self, js: JobState, updates: Mapping[int, Mapping[tuple[int, int], list]]) -> None:
+        for node, per_task in updates.items():
+            a = self.agents.get(node)
+            if a is not None:
+                for (task, attempt), rows in per_task.items():
+                    self.registry.send(a, Rates(job=js.job, task=task, attempt=attempt, rates=rows))
 
     def _replan_members(self, js: JobState, alive: tuple[int, ...], avoid: list[list[int]]) -> None:
         """Plan for the living on what is usable; all or nothing (a planner may find no plan)."""
@@ -555,6 +572,7 @@ class Scheduler:
         self._recorded(js, t, rec)
 
     def _recorded(self, js: JobState, t: Task, rec: TaskRecord) -> None:
+        self._send_rates(js, self.cap_sharing.end(t.id, t.attempt))
         js.records.append(rec)
         t.recorded_t = time.time()
         self.on_event("task", rec.to_json())
@@ -617,6 +635,7 @@ class Scheduler:
         t = js.tasks[tid]
         t_start = t.started_t
         att = t.abort()
+        self._send_rates(js, self.cap_sharing.end(tid, att))
         js.aborts.append({"round": t.round, "task": tid, "attempt": att, "why": why, "t": time.time(),
                           "t_start": t_start})
         log.warning("job %d task %d attempt %d aborted: %s", js.job, tid, att, why)
@@ -674,6 +693,7 @@ class Scheduler:
         self.job_id = max(self.job_id, msg.seen_job or 0)
         self.version = max(self.version, msg.seen_version or 0)
         self.registry.add(a, msg)
+        self.cap_sharing.set_caps(a.node, msg.uplink_mbps, msg.downlink_mbps)
         self.view.add_node(a.node)
         self.view.node_up(a.node)
         for n in a.neighbors:

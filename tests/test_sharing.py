@@ -5,14 +5,17 @@ import asyncio
 import dataclasses
 
 import pytest
-from harness import LocalNet
+from harness import LocalNet, assert_round_exact
+from test_cluster import start_cluster, stop_cluster
 from test_overlay import header, line
 from waiting import until
 
+from emulation.topology import uniform
 from overlay.classes import NO_DEADLINE
 from overlay.messages import ProtocolError, validate
 from scheduler.plan import Job, Plan, PlanError, with_sharing
 from scheduler.planners import PLANNERS
+from scheduler.sharing import Flow, assign
 from scheduler.view import NetworkView
 
 CHUNK = 128 * 1024
@@ -189,3 +192,94 @@ def test_a_task_done_with_malformed_shares_is_refused(beside):
     with pytest.raises(ProtocolError) as err:
         validate(dict(h, beside=beside), peer=1)
     assert err.value.field == "beside"
+
+
+# --- where senders meet: a receiver's downlink, shared by the scheduler's per-flow rates -------------------------
+def big_switch(downlink_mbps: float = 40.0):
+    """Three nodes, links too fast to matter, node 2's downlink the one bottleneck."""
+    return dataclasses.replace(uniform(3, rate_mbps=1000.0, delay_s=0.0), downlink_mbps={2: downlink_mbps})
+
+
+def shares_at(rec_first, other_task: int, node: int) -> tuple[int, int]:
+    """(bytes of the first-done task, bytes of the other) delivered at `node` while both were received."""
+    at_first, at_end = rec_first.beside[node][other_task]
+    return rec_first.bytes, at_end - at_first
+
+
+async def test_weights_3_to_1_hold_at_a_receivers_downlink_shared_by_two_senders():
+    """Two senders, one receiver: no sender sees the other, the scheduler's rates share the cap."""
+    sched, agents, tasks = await start_cluster(big_switch(), shaped=True)
+    try:
+        assert sched.cap_sharing.caps == {(2, "down"): 40.0}  # the agents said their caps
+        js = sched.open_tasks("mcast", params=1 << 20, chunk_params=1 << 16, in_flight=4)
+        heavy, light = await asyncio.wait_for(asyncio.gather(
+            sched.run_task(js, (0,), receivers=(2,), sharing={"weight": 3}),
+            sched.run_task(js, (1,), receivers=(2,), sharing={"weight": 1})), 60)
+        for rec in (heavy, light):
+            assert rec.ok
+            assert_round_exact(rec, sched.plans[rec.version])  # the source's exact tensor, computed here
+        assert heavy.t_end < light.t_end
+        h, lt = shares_at(heavy, light.task, 2)
+        assert abs(h / lt / 3 - 1) <= 0.10, (h, lt)
+        await asyncio.wait_for(sched.close_job(js), 30)
+    finally:
+        await stop_cluster(sched, tasks)
+
+
+async def test_priority_at_a_receivers_downlink_holds_the_low_sender_while_the_high_task_runs_and_not_after():
+    sched, agents, tasks = await start_cluster(big_switch(), shaped=True)
+    try:
+        js = sched.open_tasks("mcast", params=1 << 20, chunk_params=1 << 16, in_flight=4)
+        low = asyncio.create_task(sched.run_task(js, (1,), receivers=(2,), sharing={"priority": 0}))
+        recv = agents[2].engine
+        await until(lambda: any(st.rx_bytes >= 512 * 1024 for st in recv.tasks.values()), "the low task to send alone")
+        high = await asyncio.wait_for(sched.run_task(js, (0,), receivers=(2,), sharing={"priority": 3}), 60)
+        low_rec = await asyncio.wait_for(low, 60)
+        for rec in (high, low_rec):
+            assert rec.ok
+            assert_round_exact(rec, sched.plans[rec.version])
+        _, during = shares_at(high, low_rec.task, 2)
+        # what the low sender had already written (socket and emulated wire) when it was held
+        assert during <= 512 * 1024, during
+        assert during < high.bytes / 4
+        await asyncio.wait_for(sched.close_job(js), 30)
+    finally:
+        await stop_cluster(sched, tasks)
+
+
+def test_cap_rates_by_level_then_weight():
+    """The scheduler's split of caps, by hand: a priority flow takes what its caps allow first,
+    the rest goes 3:1; a lower level at a full cap is held (0)."""
+    inf = float("inf")
+    flows = [Flow((0, 0, 0, 1, 3), ((3, "down"),), 3.0, (0, inf)),
+             Flow((1, 0, 0, 2, 3), ((3, "down"),), 1.0, (0, inf)),
+             Flow((2, 0, 0, 4, 3), ((3, "down"), (4, "up")), 1.0, (-1, inf)),
+             Flow((3, 0, 0, 5, 6), ((6, "down"),), 1.0, (0, inf)),
+             Flow((4, 0, 0, 7, 6), ((6, "down"),), 1.0, (-2, inf))]
+    got = assign(flows, {(3, "down"): 100.0, (4, "up"): 30.0, (6, "down"): 50.0})
+    assert got == pytest.approx({(2, 0, 0, 4, 3): 30.0, (0, 0, 0, 1, 3): 52.5, (1, 0, 0, 2, 3): 17.5,
+                                 (4, 0, 0, 7, 6): 50.0, (3, 0, 0, 5, 6): 0.0})
+    # an earlier deadline is a level of its own, before later ones of the same priority
+    got = assign([Flow((0, 0, 0, 1, 3), ((3, "down"),), 1.0, (0, 5.0)),
+                  Flow((1, 0, 0, 2, 3), ((3, "down"),), 9.0, (0, 9.0))], {(3, "down"): 10.0})
+    assert got == pytest.approx({(0, 0, 0, 1, 3): 10.0, (1, 0, 0, 2, 3): 0.0})
+
+
+@pytest.mark.parametrize("rates, why", [([[0, 1, 1, 5.0]], "two nodes"), ([[0, 1, 2, -1.0]], "rate"),
+                                        ([[0, 1, 2, float("inf")]], "rate"), ([[0, 1, 2]], "tree, a, b"),
+                                        ([[-1, 1, 2, 5.0]], "tree"), ([[0, 1, 1 << 20, 5.0]], "node id")])
+def test_malformed_rates_are_refused(rates, why):
+    validate({"t": "RATES", "job": 1, "task": 0, "attempt": 0, "rates": [[0, 1, 2, 0.0], [1, 3, 2, 12.5]]}, peer=-1)
+    with pytest.raises(ProtocolError, match=why) as err:
+        validate({"t": "RATES", "job": 1, "task": 0, "attempt": 0, "rates": rates}, peer=-1)
+    assert err.value.field == "rates"
+
+
+async def test_rates_for_tasks_that_never_begin_are_bounded_and_only_this_nodes_flows_are_kept():
+    from agents.engine import MAX_RATE_TABLES, ChunkEngine
+    from overlay.routing import Routes
+    eng = ChunkEngine(1, Routes({0: {1}, 1: {0}}))
+    for task in range(MAX_RATE_TABLES + 500):
+        eng.set_rates(1, task, 0, [[0, 1, 0, 5.0], [0, 0, 1, 7.0]])
+    assert len(eng.rate_tables) == MAX_RATE_TABLES
+    assert eng.rate_tables[(1, MAX_RATE_TABLES + 499, 0)] == {(0, 1, 0): 5.0 * 1e6 / 8}  # not node 0's flow
