@@ -292,3 +292,51 @@ def test_emu_clean_keeps_runs_whose_launcher_lives(build) -> None:
     out = subprocess.run(WANSYNC + ["emu", "clean"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and net.prefix in tc.leftovers()
     assert os.getpid() == int((tc.OWNER_DIR / net.prefix).read_text())
+
+
+@pytest.mark.parametrize("backend", ["app", "tc"])
+@pytest.mark.parametrize("where", ["link", "downlink"])
+async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: str) -> None:
+    """Two multicasts weighted 3:1 into node 2, over one link (one sender's classes) or from two
+    senders into node 2's capped downlink (the scheduler's per-flow rates): the bytes node 2 got of
+    each while both ran are 3:1 within 10 % on the kernel's shaping as on the application's."""
+    import asyncio
+
+    from harness import assert_round_exact
+    from rich.console import Console
+    from test_sharing import shares_at
+
+    from scheduler.service import Scheduler
+    from wansync.backend import AppBackend, TcBackend
+    from wansync.cluster import LocalAgents, RunConfig, run_secret
+
+    fast = 40.0 if where == "link" else 1000.0
+    topo = Topology("three", 3, {(a, b): LinkSpec(fast, 0.0) for a in range(3) for b in range(3) if a != b},
+                    downlink_mbps={2: 40.0} if where == "downlink" else {})
+    cfg = RunConfig(topology="three", topo=topo, schemes=[], model="1000000", scale=1.0, rounds=1, backend=backend)
+    secret, env = run_secret(cfg)
+    cluster = f"share-{backend}-{where}"
+    back = TcBackend(topo, None, Console(stderr=True)) if backend == "tc" else AppBackend()
+    sched = Scheduler(cluster, 3, secret=secret)
+    agents = LocalAgents(cfg, cluster, env, back)
+    try:
+        await back.setup()
+        port = await sched.start(back.scheduler_host)
+        await agents.start(port)
+        await sched.wait_agents(60)
+        js = sched.open_tasks("mcast", params=1 << 20, chunk_params=1 << 16, in_flight=4)
+        light_src = 0 if where == "link" else 1
+        heavy, light = await asyncio.wait_for(asyncio.gather(
+            sched.run_task(js, (0,), receivers=(2,), sharing={"weight": 3}),
+            sched.run_task(js, (light_src,), receivers=(2,), sharing={"weight": 1})), 120)
+        for rec in (heavy, light):
+            assert rec.ok
+            assert_round_exact(rec, sched.plans[rec.version])
+        assert heavy.t_end < light.t_end
+        h, lt = shares_at(heavy, light.task, 2)
+        assert abs(h / lt / 3 - 1) <= 0.10, (h, lt)
+        await asyncio.wait_for(sched.close_job(js), 30)
+    finally:
+        await sched.shutdown()
+        await agents.stop()
+        back.teardown()
