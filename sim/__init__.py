@@ -1,7 +1,8 @@
 """Flow-level simulator: replays plans on plain network data and predicts their times, blind.
 
 Its own package so that the scheduler (deadlines, on its view), the emulator (on a configured
-topology) and the CLI can all use it; it knows only the Plan types and the one min-hop router.
+topology) and the CLI can all use it; it knows only the Plan types, the one min-hop router and the
+scheduler's pure split of node caps between classed flows (scheduler.sharing, which live runs too).
 model.py says what is simulated, sharing.py how traffic classes share links, exact.py and fluid.py
 are the two engines, network.py builds the input from plain data, job.py drives jobs.
 
@@ -9,7 +10,8 @@ are the two engines, network.py builds the input from plain data, job.py drives 
   cost is small, and always for plans with auxiliary routes or traffic classes (fluid refuses them);
   RoundPrediction.mode says which engine ran.
 - `simulate_tasks([TaskRun, ...])`: concurrent tasks (arrivals, ready times, multicast, partial
-  reduces, traffic classes) in the exact engine; per task its end and receivers' done times.
+  reduces, traffic classes, the scheduler's rates at node caps) in the exact engine; per task its
+  end and receivers' done times.
 - `simulate_job(policy, plan_for, ...)` (policies in job.py): BSP, SSP or a ready queue forming tasks over a budget.
 """
 
@@ -49,7 +51,7 @@ Mode = Literal["auto", "exact", "fluid"]
 
 def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes: int = 65536,
              mode: Mode = "auto", primary_busy_bound: int = 2, aux_queue_length: int = 5,
-             costs: WanCosts = NONE) -> RoundPrediction:
+             costs: WanCosts = NONE, cap_rates: bool = True) -> RoundPrediction:
     """Predict one synchronization round of `plan` on `net`, starting at `start_s` on the trace's clock.
 
     mode: `exact` (event driven), `fluid` (static shares, for 1,000-node scale), or `auto`, which
@@ -59,12 +61,13 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
     as the agents run them (agents.engine.ChunkEngine); they only matter for auxiliary routes.
     costs: what live rounds pay outside link transfer (sim/costs.py; MEASURED for this data plane,
     NONE for links alone).
+    cap_rates: classed trees crossing a node cap get the scheduler's per-flow rates (exact.py), as live.
     """
     m = Model([TaskRun(0, plan, start_s)], net, start_s, segment_bytes, costs)
     if mode == "auto":
         mode = "exact" if m.has_aux or m.classed or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":
-        pred = Exact(m, primary_busy_bound, aux_queue_length).run()
+        pred = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates).run()
         task = pred.tasks[0]
         return RoundPrediction(max(task.node_done_s.values()) - start_s, task.node_done_s, pred.link_bytes,
                                pred.link_busy_s, "exact", pred.aux_bytes)
@@ -74,10 +77,12 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
 
 
 def simulate_tasks(tasks: Sequence[TaskRun], net: SimNetwork, *, segment_bytes: int = 65536,
-                   primary_busy_bound: int = 2, aux_queue_length: int = 5, costs: WanCosts = NONE) -> TasksPrediction:
+                   primary_busy_bound: int = 2, aux_queue_length: int = 5, costs: WanCosts = NONE,
+                   cap_rates: bool = True) -> TasksPrediction:
     """Replay concurrent tasks on one network with the exact engine: they share links and node caps at
-    once, each from its own start (and its members' ready times), with traffic classes (model.py, sharing.py)."""
+    once, each from its own start (and its members' ready times), with traffic classes (model.py,
+    sharing.py) and, unless cap_rates=False, the scheduler's per-flow rates at node caps (exact.py)."""
     if not tasks:
         raise ValueError("no tasks to simulate")
     m = Model(tasks, net, segment=segment_bytes, costs=costs)
-    return Exact(m, primary_busy_bound, aux_queue_length).run()
+    return Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates).run()

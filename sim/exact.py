@@ -4,6 +4,11 @@ keys or a capacity (trace).
 Its cost grows with transfers times the number of keys that share links with each other; at
 1,000 nodes that is millions of events, each re-solving a max-min over thousands of flows, far
 beyond seconds: `exact_cost_s` estimates it so `simulate(mode="auto")` can pick the fluid engine.
+
+Where classed flows of different senders meet at a node cap, the live scheduler assigns them per-flow
+rates at every classed task's start and end (scheduler.sharing); this engine runs that same code at
+the same moments (a task's start_s, its last receiver's done time) and applies the rates as per-key
+caps, 0 holding a key until a later update (`cap_rates=False`: only the plans' own `rates`).
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ import numpy as np
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
+from scheduler import sharing as scheduler_sharing
+
 from .model import MBIT, Model, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction, max_min_rates
 from .sharing import class_rates
 
 _INF = float("inf")
 # event kinds, in the order they are handled when times tie
-_RATE, _DONE, _ACK, _SEND, _WAKE = 0, 1, 2, 3, 4
+_RATE, _DONE, _ACK, _SEND, _WAKE, _CAPS = 0, 1, 2, 3, 4, 5
+_STARTS, _ENDS = 0, 1  # _CAPS: a task starts or ends (the scheduler's cap rates are split again)
 # transfer kinds (also the FIFO tie-break after chunk index)
 _AGG, _BCAST = 0, 1
 
@@ -40,10 +48,18 @@ class Exact:
     whose key such a decision reads become _SEND events at their ready time, so they are decided
     (and counted) in time order; ties go in chunk order, as a node's ready chunks leave live."""
 
-    def __init__(self, m: Model, busy_bound: int = 2, queue_length: int = 5) -> None:
+    def __init__(self, m: Model, busy_bound: int = 2, queue_length: int = 5, *, cap_rates: bool = True) -> None:
         self.m = m
         self.busy_bound, self.queue_length = busy_bound, queue_length
         self.cap = list(m.cap)
+        self.key_cap: list[float] = []  # m.key_cap (the plans' rates), overridden by the scheduler's cap rates
+        # the scheduler's per-flow rates at node caps (live: agents REGISTER their caps), or None: no caps
+        self.sharing: scheduler_sharing.CapSharing | None = None
+        if cap_rates and (m.net.uplink_mbps or m.net.downlink_mbps):
+            self.sharing = scheduler_sharing.CapSharing()
+            for node in {*m.net.uplink_mbps, *m.net.downlink_mbps}:
+                self.sharing.set_caps(node, m.net.uplink_mbps.get(node), m.net.downlink_mbps.get(node))
+        self.rated: dict[int, set[int]] = {}  # per task with flows at caps: the keys given a cap rate
         self.busy: list[bool] = []
         self.rate: list[float] = []
         self.left: list[float] = []  # bytes of the head transfer still to send, as of since[k]
@@ -102,11 +118,14 @@ class Exact:
         self.version += [0] * grow
         self.key_bytes += [0] * grow
         self.in_transit += [0] * grow
+        self.key_cap += m.key_cap[len(self.key_cap):]
         grow = len(m.fifo_of) - len(self.queue)
         self.queue += [[] for _ in range(grow)]
         self.fifo_busy += [False] * grow
         self.wake_at += [_INF] * grow
         task = m.tasks[t_idx]
+        if self.sharing is not None and any(g.classed for g in task.plan.groups):
+            heapq.heappush(self.events, (task.start_s, _CAPS, t_idx, _STARTS))
         start_at = m.begin[t_idx]  # every node's own contribution is there once it began
         self.done.append([task.start_s] * n)
         self.finals.append([0] * n)
@@ -140,8 +159,11 @@ class Exact:
             if self.missing[t_idx]:
                 stuck = [m.nodes[v] for v, r in enumerate(self.is_receiver[t_idx])
                          if r and self.finals[t_idx][v] < len(task.plan.layout)]
+                held = any(b and self.key_cap[k] == 0 for k, b in enumerate(self.busy))
+                why = ("the scheduler's cap rates held a flow for good: a tree below another of its own task "
+                       "at a cap?") if held else "a rate stayed at 0"
                 raise SimulationStalled(f"task {task.key!r}: receivers {stuck[:8]} never received every chunk "
-                                        "(a rate stayed at 0)")
+                                        f"({why})")
         link_of_res = {r: link for link, r in m.res_of_link.items()}
         busy = {link_of_res[r]: s for r, s in enumerate(self.res_busy) if s > 0}
         out = {}
@@ -176,6 +198,8 @@ class Exact:
                     self.in_transit[k] -= 1
                 elif kind == _SEND:
                     self._dispatch(k, ver, t)
+                elif kind == _CAPS:
+                    self._cap_rates(k, ver)
                 else:
                     _, a, b, mbps = self.m.later_events[k]
                     r = self.m.res_of_link[(a, b)]
@@ -188,6 +212,37 @@ class Exact:
         ended, self.ended = self.ended, []
         m = self.m
         return [(m.tasks[i].key, None if v < 0 else m.nodes[v], e) for i, v, e in ended]
+
+    # the scheduler's cap rates (scheduler.sharing)
+    def _cap_rates(self, t_idx: int, what: int) -> None:
+        """A task with classed trees starts or ends: the scheduler splits the node caps again and the
+        senders pace their flows (every route of the edge) to the new rates from now on."""
+        assert self.sharing is not None
+        m = self.m
+        if what == _STARTS:
+            task = m.tasks[t_idx]
+            update = self.sharing.start(t_idx, 0, task.plan, task.start_s, m.net.route)
+            if update:
+                self.rated[t_idx] = set()
+        else:
+            update = self.sharing.end(t_idx, 0)
+            for x in self.rated.pop(t_idx):  # back to the plan's own rates (the task is over anyway)
+                self._set_key_cap(x, m.key_cap[x])
+        for per_task in update.values():
+            for (task_idx, _), rows in per_task.items():
+                g_base = m.group_task.index(task_idx)
+                for tree, a, b, mbps in rows:
+                    g_idx = g_base + int(tree)
+                    k = m.key_of[(m.group_class[g_idx], int(a), int(b))]
+                    for x in (k, *m.aux_keys[g_idx].get(k, ())):
+                        self.rated[task_idx].add(x)
+                        self._set_key_cap(x, mbps * MBIT)
+
+    def _set_key_cap(self, k: int, bps: float) -> None:
+        if self.key_cap[k] != bps:
+            self.key_cap[k] = bps
+            if self.busy[k]:
+                self.changed.add(k)
 
     # chunk logic
     def _ready(self, v: int, c: int, g: int, t: float) -> None:
@@ -210,7 +265,10 @@ class Exact:
                 self.ended.append((t_idx, v, done[v]))
             if not self.missing[t_idx]:
                 recv = self.is_receiver[t_idx]
-                self.ended.append((t_idx, -1, max(d for d, r in zip(done, recv, strict=True) if r)))
+                end = max(d for d, r in zip(done, recv, strict=True) if r)
+                self.ended.append((t_idx, -1, end))
+                if t_idx in self.rated:  # live: the task is recorded, its share goes to the others
+                    heapq.heappush(self.events, (end, _CAPS, t_idx, _ENDS))
         for k in self.m.bcast_keys[g][v]:
             self._send(k, t, c, _BCAST, g)
 
@@ -354,11 +412,11 @@ class Exact:
             else:
                 shared.extend(comp)
         keys = single
-        key_cap = self.m.key_cap
+        key_cap = self.key_cap
         new = [min(key_cap[k], *[cap[r] for r in key_res[k]]) for k in single]
         if shared and self.m.classed:  # classes (weights, priorities, deadlines, rates): sim/sharing.py
             keys = keys + shared
-            new.extend(class_rates(self.m, shared, cap).tolist())
+            new.extend(class_rates(self.m, shared, cap, key_cap).tolist())
         elif shared:  # one water-filling for all shared components: max-min decomposes over them
             keys = keys + shared
             pair_flow, res_ids = self.m.pairs(shared)

@@ -81,13 +81,14 @@ class JobPrediction:
 
 def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: Iterable[int], net: SimNetwork,
                  budget_s: float, *, rounds: int | None = None, start_s: float = 0.0, segment_bytes: int = 65536,
-                 costs: WanCosts = NONE, primary_busy_bound: int = 2, aux_queue_length: int = 5) -> JobPrediction:
+                 costs: WanCosts = NONE, primary_busy_bound: int = 2, aux_queue_length: int = 5,
+                 cap_rates: bool = True) -> JobPrediction:
     """Replay a job from `start_s` for `budget_s` seconds: every worker starts computing iteration 0 at
     start_s; rounds: iterations per worker (None: as many as the budget allows)."""
     nodes = {n for link in net.rates_mbps for n in link}
     m = Model([], net, start_s, segment_bytes, costs, nodes=nodes)
     job = _Job(policy, plan_for, compute, tuple(sorted(workers)), rounds,
-               Exact(m, primary_busy_bound, aux_queue_length))
+               Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates))
     return job.run(start_s, start_s + budget_s)
 
 

@@ -24,7 +24,10 @@ The simulator models what the live data plane does, and nothing fitted to live r
 - traffic classes (ChunkGroup's weight, priority, deadline_s, rates): a classed tree is a class of
   its own, every unclassed transfer is in the default class, so unclassed tasks share one FIFO per
   (origin, destination, first hop) as they do live; each class has FIFOs of its own. How classes
-  share a resource: sharing.py.
+  share a resource: sharing.py;
+- the scheduler's cap rates (scheduler.sharing): where classed trees of different senders meet at a
+  node cap, the exact engine runs the scheduler's own split at each classed task's start and end and
+  paces those edges (every route of one) to it, overriding the plan's `rates` (0 holds the edge).
 """
 
 from __future__ import annotations
@@ -181,6 +184,7 @@ class Model:
         self.begin: list[list[float]] = []
         self.groups: list[ChunkGroup] = []
         self.group_task: list[int] = []
+        self.group_class: list[int] = []  # per group: its traffic class (0: the default)
         self.chunk_bytes: list[int] = []
         self.chunk_task: list[int] = []
         self.chunk_base: list[int] = []  # per task: global index of its chunk 0
@@ -330,6 +334,7 @@ class Model:
         for c in g.chunks:
             self.group_of[base + c] = g_idx
         cls = self._class_of(g_idx)
+        self.group_class.append(cls)
         agg = [-1] * n
         kids = [0] * n
         for node, parent in g.parent.items():

@@ -13,8 +13,10 @@ Node uplink/downlink caps: the data plane orders nothing there, every flow cross
 under per-key caps, then the node caps plain max-min with those link rates as demands; a key the
 node caps hold back gets that as its cap and the links are solved again, until nothing changes (a
 few rounds; it then keeps the last feasible answer). So priority and weights hold where the classes
-meet on a link, and where they only meet at a node cap (senders writing to one receiver) they share
-equally unless the scheduler's `rates` say otherwise, as live.
+meet on a link; where they only meet at a node cap (senders writing to one receiver) they would
+share equally, but live the scheduler gives classed flows there per-flow rates at each classed
+task's start and end (scheduler.sharing), and the exact engine does the same (exact.py): they reach
+this function as per-key caps (`key_cap`; 0 = held), so priority and weights hold at caps per task.
 
 With a single class among the keys this is the plain max-min over every resource (what the simulator
 always did), with the rate caps as one more resource per key.
@@ -35,12 +37,16 @@ if TYPE_CHECKING:
 NODE_ROUNDS = 8  # alternations between the links' classes and the node caps
 
 
-def class_rates(m: Model, keys: Sequence[int], cap: Sequence[float]) -> np.ndarray:
-    """Rates (bytes/s) of the busy `keys`, which share resources with each other (cap: per resource)."""
+def class_rates(m: Model, keys: Sequence[int], cap: Sequence[float],
+                key_cap: Sequence[float] | None = None) -> np.ndarray:
+    """Rates (bytes/s) of the busy `keys`, which share resources with each other (cap: per resource;
+    key_cap: per key, default the plan's m.key_cap; the exact engine passes its own with the
+    scheduler's cap rates in it)."""
     n = len(keys)
     pf, pr = m.pairs(keys)
     capacity = np.asarray(cap, dtype=float)
-    kcap = np.fromiter((m.key_cap[k] for k in keys), dtype=float, count=n)
+    kc = m.key_cap if key_cap is None else key_cap
+    kcap = np.fromiter((kc[k] for k in keys), dtype=float, count=n)
     cls = np.fromiter((m.key_class[k] for k in keys), dtype=np.int64, count=n)
     if len(np.unique(cls)) == 1:
         return _capped(pf, pr, capacity, n, kcap)

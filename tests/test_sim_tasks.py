@@ -103,18 +103,80 @@ def test_rate_cap_paces_one_tree_and_leaves_the_rest():
     assert ends(pred) == pytest.approx({"capped": B / (20 * MBIT), "free": B / (60 * MBIT)})
 
 
-def test_priority_does_not_hold_at_a_receivers_downlink_but_rates_do():
-    # 0->2 and 1->2 on their own links meet only at 2's downlink (80 Mbit/s): the data plane orders
-    # nothing there, so high and low share it equally (both end at 2B/C) however they are classed;
-    # the scheduler's rate for the low tree (20 Mbit/s) leaves the high one 60 Mbit/s.
+def test_priority_holds_at_a_receivers_downlink_by_the_schedulers_rates():
+    # 0->2 and 1->2 on their own links meet only at 2's downlink (80 Mbit/s), where no sender sees the
+    # other: the scheduler's cap rates decide (scheduler.sharing), per task, for classed trees only.
     net = make_network({(0, 2): RATE, (1, 2): RATE}, downlink_mbps={2: RATE})
     high = with_sharing(send(0, 2), priority=5)
+    # low unclassed: no rate of its own, so it takes its max-min half of the cap; high gets 40 of its 80
     pred = simulate_tasks([TaskRun("high", high), TaskRun("low", send(1, 2))], net)
     assert ends(pred) == pytest.approx({"high": 2 * B / C, "low": 2 * B / C})
+    # low classed: held at 0 while high is in flight, which has the whole cap (B/C), then the cap
+    pred = simulate_tasks([TaskRun("high", high), TaskRun("low", with_sharing(send(1, 2)))], net)
+    assert ends(pred) == pytest.approx({"high": B / C, "low": 2 * B / C})
+    # a planner's rate (20 Mbit/s) is overridden by the scheduler's (0, then 80), as the agents do;
+    # without cap rates it paces low and leaves high 60 Mbit/s
     g = send(1, 2).groups[0]
     paced = dataclasses.replace(send(1, 2), groups=(dataclasses.replace(g, rates={(1, 2): 20.0}),))
     pred = simulate_tasks([TaskRun("high", high), TaskRun("low", paced)], net)
+    assert ends(pred) == pytest.approx({"high": B / C, "low": 2 * B / C})
+    pred = simulate_tasks([TaskRun("high", high), TaskRun("low", paced)], net, cap_rates=False)
     assert pred.tasks["high"].end_s == pytest.approx(B / (60 * MBIT))
+
+
+# --- the scheduler's cap rates in a big switch: senders meet only at a node cap ----------------------
+
+CAP = 40.0  # Mbit/s: B = 80 Mbit takes 2 s alone at the cap
+FASTR = 1000.0  # Mbit/s: links far above the cap
+
+
+def big_switch(kind: str):
+    """0->2 and 1->2 meeting at 2's downlink, or 0->1 and 0->2 leaving through 0's uplink."""
+    if kind == "down":
+        return make_network({(0, 2): FASTR, (1, 2): FASTR}, downlink_mbps={2: CAP}), ((0, 2), (1, 2))
+    return make_network({(0, 1): FASTR, (0, 2): FASTR}, uplink_mbps={0: CAP}), ((0, 1), (0, 2))
+
+
+@pytest.mark.parametrize("kind", ["down", "up"])
+def test_cap_rates_weights_3_to_1_then_the_whole_cap(kind):
+    # both in flight: 30 and 10 Mbit/s. heavy's 80 Mbit end at 8/3 s, light has 80/3 through; the
+    # scheduler splits again at heavy's end, light alone at 40: the other 160/3 in 4/3 s, ends 4 s
+    net, ((a, b), (c, d)) = big_switch(kind)
+    tasks = [TaskRun("heavy", with_sharing(send(a, b), weight=3.0)), TaskRun("light", with_sharing(send(c, d)))]
+    pred = simulate_tasks(tasks, net)
+    assert ends(pred) == pytest.approx({"heavy": 80 / 30, "light": 4.0})
+    # without the scheduler's rates the cap's token bucket serves both alike: 20 each, both at 4 s
+    assert ends(simulate_tasks(tasks, net, cap_rates=False)) == pytest.approx({"heavy": 4.0, "light": 4.0})
+
+
+def test_cap_rates_hold_the_low_task_while_the_high_one_runs():
+    # low starts alone at 0 with the whole cap: 40 Mbit by 1 s. high starts at 1 s and gets the whole
+    # cap: ends 1 + 2 = 3 s; low makes no progress meanwhile, then sends its other 40 Mbit: 4 s.
+    # (Shared alike from 1 s, low would end at 3 s and high at 4 s.)
+    net, _ = big_switch("down")
+    pred = simulate_tasks([TaskRun("low", with_sharing(send(1, 2))),
+                           TaskRun("high", with_sharing(send(0, 2), priority=2), start_s=1.0)], net)
+    assert ends(pred) == pytest.approx({"low": 4.0, "high": 3.0})
+
+
+def test_cap_rates_hold_for_the_whole_high_task_not_just_its_flow_at_the_cap():
+    # high multicasts B from 0 to 2 (through 2's downlink, 2 s at 40) and to 3 (a 20 Mbit/s link, no
+    # cap: 4 s); the scheduler re-splits only at task ends, so low (1->2) stays held until 4 s although
+    # high has nothing left for the cap after 2 s: low ends 4 + 2 = 6 s
+    net = make_network({(0, 2): FASTR, (1, 2): FASTR, (0, 3): 20.0}, downlink_mbps={2: CAP})
+    layout = make_layout(10 * CHUNK, CHUNK)
+    group = ChunkGroup(tuple(range(len(layout))), 0, {0: None}, {0: (2, 3)}, priority=1)
+    high = Plan(0, "mcast", (0,), {0: 1.0}, layout, (group,), receivers=(2, 3)).validate()
+    pred = simulate_tasks([TaskRun("high", high), TaskRun("low", with_sharing(send(1, 2)))], net)
+    assert pred.tasks["high"].receiver_done_s == pytest.approx({2: 2.0, 3: 4.0})
+    assert pred.tasks["low"].end_s == pytest.approx(6.0)
+
+
+def test_unclassed_tasks_at_a_cap_get_no_rates_and_share_it_equally():
+    # no classed tree: the scheduler assigns nothing; the cap's 40 Mbit/s go 20/20, both end at 4 s
+    net, _ = big_switch("down")
+    pred = simulate_tasks([TaskRun("a", send(0, 2)), TaskRun("b", send(1, 2))], net)
+    assert ends(pred) == pytest.approx({"a": 4.0, "b": 4.0})
 
 
 # --- arrivals, multicast, partial reduces ---------------------------------------------------------
