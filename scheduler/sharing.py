@@ -8,6 +8,8 @@ classed tree that crosses a node cap a rate its sender paces to (RATES):
     absolute deadline (task start + deadline_s; none last); each level gets a weighted max-min share
     (weight = its tree's weight) of what the levels above left of every cap it crosses, so a lower
     level at a cap the higher ones fill gets 0: it is held until they end;
+  - a task's trees all take its most urgent tree's level (their weights still split its share): a
+    tree held behind another of its own task would hold the task for ever;
   - whenever a classed task starts or ends (recorded, aborted, given up) the rates are worked out
     again and only the changed ones are sent, before the new task's TASK (same connection, in order).
 So priority and shares hold at caps at the granularity of tasks, not of bytes: a flow is held while
@@ -79,10 +81,14 @@ class CapSharing:
         """A task attempt starts: its classed tree edges that cross a cap join. Returns what to send:
         node -> (task, attempt) -> rows, for every sender whose rates changed (this task's included)."""
         flows = []
+        classed = [g for g in plan.groups if g.classed]
+        # one level for all of a task's trees, its most urgent one's: a lower tree held behind a higher
+        # tree of the same task at a cap would be held until the task ends, which it then never does
+        level = min(((-g.priority, math.inf if g.deadline_s is None else t_start + g.deadline_s) for g in classed),
+                    default=(0, math.inf))
         for gi, g in enumerate(plan.groups):
             if not g.classed:
                 continue
-            level = (-g.priority, math.inf if g.deadline_s is None else t_start + g.deadline_s)
             edges = {(n, p) for n, p in g.parent.items() if p is not None}
             edges |= {(p, k) for p, kids in g.children.items() for k in kids}
             for a, b in sorted(edges):

@@ -160,8 +160,7 @@ class Exact:
                 stuck = [m.nodes[v] for v, r in enumerate(self.is_receiver[t_idx])
                          if r and self.finals[t_idx][v] < len(task.plan.layout)]
                 held = any(b and self.key_cap[k] == 0 for k, b in enumerate(self.busy))
-                why = ("the scheduler's cap rates held a flow for good: a tree below another of its own task "
-                       "at a cap?") if held else "a rate stayed at 0"
+                why = "the scheduler's cap rates held a flow for good" if held else "a rate stayed at 0"
                 raise SimulationStalled(f"task {task.key!r}: receivers {stuck[:8]} never received every chunk "
                                         f"({why})")
         link_of_res = {r: link for link, r in m.res_of_link.items()}

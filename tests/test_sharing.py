@@ -283,3 +283,23 @@ async def test_rates_for_tasks_that_never_begin_are_bounded_and_only_this_nodes_
         eng.set_rates(1, task, 0, [[0, 1, 0, 5.0], [0, 0, 1, 7.0]])
     assert len(eng.rate_tables) == MAX_RATE_TABLES
     assert eng.rate_tables[(1, MAX_RATE_TABLES + 499, 0)] == {(0, 1, 0): 5.0 * 1e6 / 8}  # not node 0's flow
+
+
+def test_trees_of_one_task_at_different_levels_never_hold_each_other_at_a_cap():
+    """A plan read from a file may give its trees different priorities: at a cap they take the task's
+    most urgent level together (held behind its own other tree, one would wait for its task's end,
+    which needs it)."""
+    from scheduler.plan import ChunkGroup, make_layout
+    from scheduler.sharing import CapSharing
+    layout = make_layout(2000, 1000)
+    agg = {0: 2, 1: 2, 2: None}
+    plan = Plan(1, "file", (0, 1, 2), {0: 1.0, 1: 1.0, 2: 1.0}, layout, (
+        ChunkGroup((0,), 2, agg, {}, priority=2, weight=3.0),
+        ChunkGroup((1,), 2, agg, {}, priority=0, own_class=True)), receivers=(2,))
+    plan.validate()
+    cs = CapSharing()
+    cs.set_caps(2, None, 40.0)
+    sent = cs.start(0, 0, plan, 0.0, lambda a, b: (a, b))
+    rows = [r for per in sent.values() for rs in per.values() for r in rs]
+    into2 = {(tree, a): mbps for tree, a, b, mbps in rows if b == 2}
+    assert into2 == pytest.approx({(0, 0): 15.0, (0, 1): 15.0, (1, 0): 5.0, (1, 1): 5.0})  # 3:1, none held
