@@ -10,6 +10,7 @@ and settings.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -296,7 +297,7 @@ def test_emu_clean_keeps_runs_whose_launcher_lives(build) -> None:
 
 @pytest.mark.parametrize("backend", ["app", "tc"])
 @pytest.mark.parametrize("where", ["link", "downlink"])
-async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: str) -> None:
+async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: str, tmp_path) -> None:
     """Two multicasts weighted 3:1 into node 2, over one link (one sender's classes) or from two
     senders into node 2's capped downlink (the scheduler's per-flow rates): the bytes node 2 got of
     each while both ran are 3:1 within 10 % on the kernel's shaping as on the application's."""
@@ -313,7 +314,9 @@ async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: s
     fast = 40.0 if where == "link" else 1000.0
     topo = Topology("three", 3, {(a, b): LinkSpec(fast, 0.0) for a in range(3) for b in range(3) if a != b},
                     downlink_mbps={2: 40.0} if where == "downlink" else {})
-    cfg = RunConfig(topology="three", topo=topo, schemes=[], model="1000000", scale=1.0, rounds=1, backend=backend)
+    path = tmp_path / "three.json"  # the agents read the topology (and node 2's cap) from the file
+    path.write_text(json.dumps(topo.to_dict()))
+    cfg = RunConfig(topology=str(path), topo=topo, schemes=[], model="1000000", scale=1.0, rounds=1, backend=backend)
     secret, env = run_secret(cfg)
     cluster = f"share-{backend}-{where}"
     back = TcBackend(topo, None, Console(stderr=True)) if backend == "tc" else AppBackend()
