@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -70,13 +71,21 @@ from agents.workload import chunk_params, model_params  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.topology import Topology, internet2  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
+from scheduler import planners  # noqa: E402
 from scheduler.live import LiveState  # noqa: E402
-from scheduler.plan import Plan  # noqa: E402
+from scheduler.plan import (
+    Job,  # noqa: E402
+    Plan,  # noqa: E402
+)
 from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState, TaskRecord  # noqa: E402
-from sim import MEASURED, SimNetwork, TaskRun, simulate_tasks  # noqa: E402
+from sim import MEASURED, SimNetwork, TaskRun, simulate_job, simulate_tasks  # noqa: E402
+from sim.compute import ComputeModel  # noqa: E402
+from sim.job import Queue as SimQueue  # noqa: E402
+from sim.job import Ssp as SimSsp  # noqa: E402
 from wansync.cluster import RunConfig, agent_command  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402
+from wansync.predict import oracle_view  # noqa: E402
 from wansync.procs import reap  # noqa: E402
 from wansync.results import Recorder, Results  # noqa: E402
 
@@ -405,6 +414,7 @@ class TasksBench:
             run.cancel()
         ph.seconds = time.time() - t0
         ph.notes.update(rounds=rounds, compute=compute)
+        ph.notes["job_sim"] = self.job_prediction(name, scheme, js, rounds, compute)
         for rec in js.records:
             if name == "ssp":  # what SSP must have multicast: one worker's iteration, to all the others
                 src = rec.members[0] if rec.members else -1
@@ -502,6 +512,30 @@ class TasksBench:
                 "sim_vs_live_max_err_pct": max(per_case.values()) if per_case else None,
                 "sim_vs_live_task_max_err_pct": max(every) if every else None,
                 "sim_vs_live_by_case": per_case}
+
+    def job_prediction(self, name: str, scheme: str, js: JobState, rounds: int, compute: str) -> dict[str, Any]:
+        """The simulator's job mode, blind: the same policy, compute draws and iterations, tasks planned
+        by the same scheme on the configured rates; the job's live time (its start to its last task's
+        end) against the predicted one."""
+        recs = [r for r in js.records if not r.aborted]
+        if not recs:
+            return {}
+        view = oracle_view(self.topo)
+        spec = planners.resolve(scheme)
+        options = {"mode": "l7"} if scheme == "mcast" else {}
+
+        def plan_for(members: tuple[int, ...], receivers: tuple[int, ...]) -> Plan:
+            job = Job(self.params, self.chunk, members, {**options, "receivers": list(receivers)})
+            plan = spec.plan(view, job, {})
+            return dataclasses.replace(plan, receivers=tuple(receivers)) if scheme != "mcast" else plan
+        policy = SimSsp(STALENESS) if name == "ssp" else SimQueue(GROUP)
+        live = max(r.t_end for r in recs) - js.t0
+        pred = simulate_job(policy, plan_for, ComputeModel(compute, seed=self.args.seed), range(self.topo.nodes),
+                            sim_network(self.topo), budget_s=10 * live, rounds=rounds, costs=MEASURED)
+        ends = [t.end_s for t in pred.tasks if t.end_s is not None]
+        sim = max(ends) if ends else None
+        return {"live_s": live, "sim_s": sim, "err_pct": None if sim is None else 100 * (sim - live) / live,
+                "tasks_live": len(recs), "tasks_sim": len(pred.tasks)}
 
     async def close(self, ph: Phase) -> None:
         """End a tasks job (its agents send their stats) and judge its tasks."""
@@ -626,7 +660,10 @@ class TasksBench:
             "ready_tasks": sum(1 for x in queue.asks if x.verdict == "ok") if queue else 0,
             "ready_group": GROUP,
             "ready_iterations_missing": queue.notes.get("iterations_missing") if queue else None,
-            "ready_iterations_twice": queue.notes.get("iterations_twice") if queue else None}
+            "ready_iterations_twice": queue.notes.get("iterations_twice") if queue else None,
+            # the simulator's job mode against the live job (informational: no goal yet)
+            "job_sim_vs_live_err_pct": {p.scheme: round(p.notes["job_sim"]["err_pct"], 2) for p in (ssp, queue)
+                                        if p is not None and p.notes.get("job_sim", {}).get("err_pct") is not None}}
 
     @staticmethod
     def guard_figures(js: JobState | None) -> dict[str, Any]:
