@@ -116,12 +116,12 @@ class ClassScheduler(Generic[T]):
         self._vnow = 0.0
 
     def set_rate(self, cls: Hashable, rate_Bps: float | None) -> None:
-        """A new scheduler-assigned rate for a paced class (0: held; None: unpaced). Its bucket
-        starts empty at the new rate (a held class banks nothing)."""
+        """A new scheduler-assigned rate for a paced class (0: held; None: unpaced)."""
         c = self._classes.get(cls)
         if c is not None:
-            if c.rate is not None and c.rate <= 0:
+            if c.rate is not None and c.rate <= 0:  # released: it banked no tokens and no virtual time
                 c.tokens, c.t_tokens = 0.0, self.clock()
+                c.vt = max(c.vt, self._vnow)
             c.rate = rate_Bps
 
     def next(self, quantum: int, step: Callable[[T], int]) -> tuple[T, memoryview] | None:

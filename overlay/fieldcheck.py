@@ -115,13 +115,18 @@ def positive(v: Any) -> None:
         raise Bad(f"{v!r} is not a finite number > 0")
 
 
+def _per_tree(v: Any, fields: str) -> Any:
+    """A 4-list whose first item is a tree index (a plan's group); returns it."""
+    if not isinstance(v, list | tuple) or len(v) != 4:
+        raise Bad(f"{v!r} is not [{fields}]")
+    if not is_int(v[0]) or not 0 <= v[0] < MAX_ITEMS:
+        raise Bad(f"tree {v[0]!r} is not an index 0..{MAX_ITEMS - 1}")
+    return v
+
+
 def edge_rate(v: Any) -> None:
     """[tree, a, b, Mbit/s] of a per-flow rate: a tree index, two node ids, a rate >= 0."""
-    if not isinstance(v, list | tuple) or len(v) != 4:
-        raise Bad(f"{v!r} is not [tree, a, b, mbps]")
-    tree, a, b, mbps = v
-    if not is_int(tree) or not 0 <= tree < MAX_ITEMS:
-        raise Bad(f"tree {tree!r} is not an index 0..{MAX_ITEMS - 1}")
+    _, a, b, mbps = _per_tree(v, "tree, a, b, mbps")
     node(a)
     node(b)
     if a == b:
@@ -177,11 +182,7 @@ def plain(v: Any, depth: int = 0) -> int:
 
 def traffic_class(v: Any) -> None:
     """A chunk's class (overlay.classes): [tree, weight in (0, MAX_WEIGHT], priority 0..7, deadline]."""
-    if not isinstance(v, list | tuple) or len(v) != 4:
-        raise Bad(f"{v!r} is not [tree, weight, priority, deadline]")
-    tree, weight, prio, deadline = v
-    if not is_int(tree) or not 0 <= tree < MAX_ITEMS:
-        raise Bad(f"tree {tree!r} is not an index 0..{MAX_ITEMS - 1}")
+    _, weight, prio, deadline = _per_tree(v, "tree, weight, priority, deadline")
     if not is_num(weight) or not 0 < weight <= MAX_WEIGHT:
         raise Bad(f"weight {weight!r} is not a share in (0, {MAX_WEIGHT:g}]")
     if not is_int(prio) or not 0 <= prio < PRIORITIES:
