@@ -145,7 +145,7 @@ class ChunkEngine:
         self.on_error: Callable[[TaskKey, Exception], None] | None = None
         self.plans: dict[int, Plan] = {}  # every version this node holds (the agent fills it)
         self.aborted: dict[tuple[int, int], int] = {}  # (job, task) -> highest aborted attempt
-        # per-flow rates the scheduler assigned (RATES, scheduler.sharing), by task attempt: (tree,
+        # per-flow rates the scheduler assigned (RATES, sim.capshare), by task attempt: (tree,
         # this node, destination) -> bytes/s, 0 = held; they override a plan's own `rates`
         self.rate_tables: dict[tuple[int, int, int], dict[tuple[int, int, int], float]] = {}
         # auxiliary tables pushed by AUX_UPDATE after a version was published: version -> per group

@@ -60,6 +60,7 @@ from overlay.messages import (
 from overlay.messages import Job as JobMsg
 from overlay.messages import Task as TaskMsg
 from overlay.routing import NoRoute, Routes, adjacency
+from sim.capshare import CapSharing
 
 from . import planners
 from . import progress as progress_models
@@ -67,7 +68,6 @@ from .liveness import Liveness
 from .plan import Job, Plan, PlanError, aux_to_wire, check_sharing, with_sharing
 from .registry import AgentInfo, Registry
 from .server import ControlServer
-from .sharing import CapSharing
 from .tasks import JobState, RoundRecord, Task, TaskRecord
 from .view import DisconnectedView, NetworkView
 

@@ -2,7 +2,7 @@
 
 Its own package so that the scheduler (deadlines, on its view), the emulator (on a configured
 topology) and the CLI can all use it; it knows only the Plan types, the one min-hop router and the
-scheduler's pure split of node caps between classed flows (scheduler.sharing, which live runs too).
+scheduler's pure split of node caps between classed flows (sim.capshare, which the scheduler runs live).
 model.py says what is simulated, sharing.py how traffic classes share links, exact.py and fluid.py
 are the two engines, network.py builds the input from plain data, job.py drives jobs.
 

@@ -6,7 +6,7 @@ Its cost grows with transfers times the number of keys that share links with eac
 beyond seconds: `exact_cost_s` estimates it so `simulate(mode="auto")` can pick the fluid engine.
 
 Where classed flows of different senders meet at a node cap, the live scheduler assigns them per-flow
-rates at every classed task's start and end (scheduler.sharing); this engine runs that same code at
+rates at every classed task's start and end (sim.capshare); this engine runs that same code at
 the same moments (a task's start_s, its last receiver's done time) and applies the rates as per-key
 caps, 0 holding a key until a later update (`cap_rates=False`: only the plans' own `rates`).
 """
@@ -20,8 +20,7 @@ import numpy as np
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
-from scheduler import sharing as scheduler_sharing
-
+from . import capshare
 from .model import MBIT, Model, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction, max_min_rates
 from .sharing import class_rates
 
@@ -54,9 +53,9 @@ class Exact:
         self.cap = list(m.cap)
         self.key_cap: list[float] = []  # m.key_cap (the plans' rates), overridden by the scheduler's cap rates
         # the scheduler's per-flow rates at node caps (live: agents REGISTER their caps), or None: no caps
-        self.sharing: scheduler_sharing.CapSharing | None = None
+        self.sharing: capshare.CapSharing | None = None
         if cap_rates and (m.net.uplink_mbps or m.net.downlink_mbps):
-            self.sharing = scheduler_sharing.CapSharing()
+            self.sharing = capshare.CapSharing()
             for node in {*m.net.uplink_mbps, *m.net.downlink_mbps}:
                 self.sharing.set_caps(node, m.net.uplink_mbps.get(node), m.net.downlink_mbps.get(node))
         self.rated: dict[int, set[int]] = {}  # per task with flows at caps: the keys given a cap rate
@@ -212,7 +211,7 @@ class Exact:
         m = self.m
         return [(m.tasks[i].key, None if v < 0 else m.nodes[v], e) for i, v, e in ended]
 
-    # the scheduler's cap rates (scheduler.sharing)
+    # the scheduler's cap rates (sim.capshare)
     def _cap_rates(self, t_idx: int, what: int) -> None:
         """A task with classed trees starts or ends: the scheduler splits the node caps again and the
         senders pace their flows (every route of the edge) to the new rates from now on."""

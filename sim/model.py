@@ -25,7 +25,7 @@ The simulator models what the live data plane does, and nothing fitted to live r
   its own, every unclassed transfer is in the default class, so unclassed tasks share one FIFO per
   (origin, destination, first hop) as they do live; each class has FIFOs of its own. How classes
   share a resource: sharing.py;
-- the scheduler's cap rates (scheduler.sharing): where classed trees of different senders meet at a
+- the scheduler's cap rates (sim.capshare): where classed trees of different senders meet at a
   node cap, the exact engine runs the scheduler's own split at each classed task's start and end and
   paces those edges (every route of one) to it, overriding the plan's `rates` (0 holds the edge).
 """

@@ -15,8 +15,8 @@ from overlay.classes import NO_DEADLINE
 from overlay.messages import ProtocolError, validate
 from scheduler.plan import Job, Plan, PlanError, with_sharing
 from scheduler.planners import PLANNERS
-from scheduler.sharing import Flow, assign
 from scheduler.view import NetworkView
+from sim.capshare import Flow, assign
 
 CHUNK = 128 * 1024
 CHUNKS = 24  # per class: 3 MiB, about 0.6 s alone on a 40 Mbit/s link
@@ -290,7 +290,7 @@ def test_trees_of_one_task_at_different_levels_never_hold_each_other_at_a_cap():
     most urgent level together (held behind its own other tree, one would wait for its task's end,
     which needs it)."""
     from scheduler.plan import ChunkGroup, make_layout
-    from scheduler.sharing import CapSharing
+    from sim.capshare import CapSharing
     layout = make_layout(2000, 1000)
     agg = {0: 2, 1: 2, 2: None}
     plan = Plan(1, "file", (0, 1, 2), {0: 1.0, 1: 1.0, 2: 1.0}, layout, (

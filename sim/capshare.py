@@ -1,5 +1,10 @@
 """Per-flow rates where senders meet: node caps shared between traffic classes by the scheduler.
 
+The scheduler runs this (scheduler.service: CapSharing at every classed task's start and end) and the
+simulator replays the very same code (sim.exact), so live and predicted rates cannot drift; it lives
+in sim/ because the simulator may import only plain plan types and the router, while the scheduler
+may import the simulator.
+
 A sender's class scheduler (overlay.classes) shares its own link by priority, deadline and weight.
 Where flows of different senders meet — a receiver's downlink in a big-switch topology, or the
 uplink one node's links share — no sender sees the others, so the scheduler assigns each flow of a
@@ -26,9 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.model import max_min_rates
+from scheduler.plan import Plan
 
-from .plan import Plan
+from .model import max_min_rates
 
 FlowKey = tuple[int, int, int, int, int]  # task, attempt, tree, a, b
 Update = list[list[float | int]]  # [tree, a, b, mbps] rows of one task attempt
