@@ -35,6 +35,9 @@ MAX_WEIGHT = 1e6  # a weight is a relative share in (0, MAX_WEIGHT]
 PRIORITIES = 8  # strict priority levels 0..7, higher first
 NO_DEADLINE = -1.0  # on the wire: the class has no deadline
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s (plans give rates in Mbit/s)
+# a paced class's burst: this much time at its rate, at least a segment (an idle one saves no more)
+PACE_BURST_S = 0.025
+PACE_MIN_BURST = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ class ClassScheduler(Generic[T]):
                ) -> tuple[T, memoryview] | None:
         if c.rate is not None:
             now = self.clock()
-            c.tokens = min(c.tokens + (now - c.t_tokens) * c.rate, float(quantum))
+            burst = min(float(quantum), max(PACE_MIN_BURST, c.rate * PACE_BURST_S))
+            c.tokens = min(c.tokens + (now - c.t_tokens) * c.rate, burst)
             c.t_tokens = now
             if c.rate <= 0:
                 return None  # held (a higher class has the cap): until `set_rate` gives it a rate

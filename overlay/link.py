@@ -249,8 +249,15 @@ class LinkSender:
         return self.flows.next(max(self.segment_bytes, self._direct_segment()), self._step)
 
     def _step(self, tr: Transfer) -> int:
-        """The largest segment of a transfer: relayed ones are cut for cut-through, direct ones by time."""
-        return self.segment_bytes if len(tr.header["path"]) > 2 else self._direct_segment()
+        """The largest segment of a transfer: relayed ones are cut for cut-through, direct ones by time
+        (a paced one by time at its own rate, so its pacing is smooth, not a chunk per turn)."""
+        if len(tr.header["path"]) > 2:
+            return self.segment_bytes
+        seg = self._direct_segment()
+        if tr.rate_Bps is not None:
+            paced = int(tr.rate_Bps * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
+            seg = min(seg, max(self.segment_bytes, paced))
+        return seg
 
     def _direct_segment(self) -> int:
         """Single-hop transfers need no cut-through: segments of ~DIRECT_SEGMENT_S of link time
