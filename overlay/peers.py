@@ -243,7 +243,8 @@ class Overlay:
     def set_flow_rate(self, job: int, task: int, attempt: int, tree: int, dst: int, rate_Bps: float) -> None:
         """A paced flow's new rate (RATES) on every link its chunks may leave by; 0 holds it."""
         for sender in self.senders.values():
-            sender.set_class_rate((job, task, attempt, tree, dst), rate_Bps)
+            for kind in ("agg", "bcast"):  # the tree's two classes (_class_of)
+                sender.set_class_rate((job, task, attempt, tree, kind, dst), rate_Bps)
 
     def in_transit(self, path: tuple[int, ...]) -> int:
         """Chunks this node sent on `path` that its first hop has not acknowledged yet."""
@@ -640,13 +641,15 @@ class _PeerConn:
 
 
 def _class_of(h: Mapping[str, Any], rate_Bps: float | None) -> dict[str, Any]:
-    """A transfer's traffic class on a link, from its header: (job, task, attempt, tree), and the
-    destination too where it is paced (a paced flow is a class of its own); none: the default."""
+    """A transfer's traffic class on a link, from its header: (job, task, attempt, tree, kind) — a
+    tree's aggregation and broadcast are two classes of its weight, so a link both use gives it the
+    weight once for each (as tree packing counts it) — and the destination too where it is paced (a
+    paced flow is a class of its own); none: the default."""
     v = h.get("cls")
     if v is None:
         return {}
     tree, tclass = TrafficClass.from_wire(v)
-    key: tuple = (h["job"], h["task"], h["attempt"], tree)
+    key: tuple = (h["job"], h["task"], h["attempt"], tree, h["kind"])
     if rate_Bps is not None:
         key += (h["path"][-1],)
     return {"cls": key, "tclass": tclass, "rate_Bps": rate_Bps}

@@ -97,6 +97,9 @@ class Plan:
     groups: tuple[ChunkGroup, ...]
     multicast: Mapping[NodeId, tuple[NodeId, ...]] | None = None
     receivers: tuple[NodeId, ...] | None = None  # who gets the final value; None: the participants
+    # what the planner wants shown beside the plan (e.g. tree packing's LP figures); never on the wire
+    # and no part of the policy (same_policy ignores it)
+    info: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def params(self) -> int:

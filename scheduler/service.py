@@ -415,19 +415,49 @@ class Scheduler:
         avoid = self.view.unusable()
         if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
             self._replan_members(js, alive, avoid)
+        elif js.replanning is not None:
+            if js.replanning.done():
+                self._adopt_replan(js)
         elif (js.planner is not None and js.planner.adaptive and t.round > 0
                 and time.time() - js.last_plan_t >= self.update_time
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
-            start = time.perf_counter()
-            new = js.planner.plan(self.view, js.spec, js.memory)
-            js.policy_s += time.perf_counter() - start
             js.replans += 1
             js.view_at_plan = self.view.snapshot()
             js.last_plan_t = time.time()
-            if not new.same_policy(js.plan):
-                js.plan = self._publish(new)
+            if js.planner.offload:
+                self._replan_off_loop(js)
+            else:
+                start = time.perf_counter()
+                new = js.planner.plan(self.view, js.spec, js.memory)
+                js.policy_s += time.perf_counter() - start
+                if not new.same_policy(js.plan):
+                    js.plan = self._publish(new)
         t.version = js.plan.version
         return t.version
+
+    def _replan_off_loop(self, js: JobState) -> None:
+        """A planner whose solve takes long (tree packing's LP) runs on a copy of the view in a worker
+        thread; rounds go on with the current plan, and the first round asked for after the solve
+        ends takes the new one (_adopt_replan)."""
+        assert js.planner is not None
+        planner, view, spec, memory = js.planner, self.view.copy(), js.spec, js.memory
+
+        def solve() -> tuple[Plan, float]:
+            start = time.perf_counter()
+            return planner.plan(view, spec, memory), time.perf_counter() - start
+        js.replanning = asyncio.get_running_loop().run_in_executor(None, solve)
+
+    def _adopt_replan(self, js: JobState) -> None:
+        fut, js.replanning = js.replanning, None
+        assert fut is not None
+        try:
+            new, seconds = fut.result()
+        except Exception as exc:  # a view the LP cannot plan on (disconnected, numerics): keep the plan
+            log.warning("job %d: re-plan off the loop failed, keeping version %d: %s", js.job, js.plan.version, exc)
+            return
+        js.policy_s += seconds
+        if new.participants == js.plan.participants and not new.same_policy(js.plan):
+            js.plan = self._publish(new)
 
     def _plan_task(self, js: JobState, t: Task) -> int:
         """A formed task's plan: its live members (those lost are dropped), its receivers, aggregators

@@ -12,6 +12,7 @@ fast or too slow) does not move it, and after a change of rate the newer samples
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Iterable
@@ -41,6 +42,10 @@ class NetworkView:
         self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
         for a, b in links:
             self.add_link(a, b)
+
+    def copy(self) -> NetworkView:
+        """A copy a planner may read in a worker thread while this one goes on learning."""
+        return copy.deepcopy(self)
 
     def add_node(self, n: int) -> None:
         self.g.add_node(n)

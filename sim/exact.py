@@ -231,10 +231,10 @@ class Exact:
                 g_base = m.group_task.index(task_idx)
                 for tree, a, b, mbps in rows:
                     g_idx = g_base + int(tree)
-                    k = m.key_of[(m.group_class[g_idx], int(a), int(b))]
-                    for x in (k, *m.aux_keys[g_idx].get(k, ())):
-                        self.rated[task_idx].add(x)
-                        self._set_key_cap(x, mbps * MBIT)
+                    for k in m.edge_keys(g_idx, int(a), int(b)):
+                        for x in (k, *m.aux_keys[g_idx].get(k, ())):
+                            self.rated[task_idx].add(x)
+                            self._set_key_cap(x, mbps * MBIT)
 
     def _set_key_cap(self, k: int, bps: float) -> None:
         if self.key_cap[k] != bps:

@@ -184,7 +184,7 @@ class Model:
         self.begin: list[list[float]] = []
         self.groups: list[ChunkGroup] = []
         self.group_task: list[int] = []
-        self.group_class: list[int] = []  # per group: its traffic class (0: the default)
+        self.group_class: list[tuple[int, int]] = []  # per group: its aggregation's and broadcast's classes
         self.chunk_bytes: list[int] = []
         self.chunk_task: list[int] = []
         self.chunk_base: list[int] = []  # per task: global index of its chunk 0
@@ -260,6 +260,14 @@ class Model:
         cap.append(mbps * MBIT)
         return len(cap) - 1
 
+    def edge_keys(self, g_idx: int, a: int, b: int) -> list[int]:
+        """The keys of tree edge a->b of group g_idx: its aggregation's, its broadcast's, or both."""
+        g, (cls, bcls) = self.groups[g_idx], self.group_class[g_idx]
+        out = [self.key_of[(cls, a, b)]] if g.parent.get(a) == b else []
+        if b in g.children.get(a, ()):
+            out.append(self.key_of[(bcls, a, b)])
+        return out
+
     def _key(self, u: int, v: int, cls: int = 0) -> int:
         """The key of a logical transfer u->v of class `cls` on its static route."""
         k = self.key_of.get((cls, u, v))
@@ -314,15 +322,17 @@ class Model:
         self.key_fifo.append(self.fifo_of.setdefault((cls, path[0], path[-1], path[1]), len(self.fifo_of)))
         return k
 
-    def _class_of(self, g_idx: int) -> int:
-        """Unclassed trees of every task share the default class 0; a classed tree is a class of its own."""
+    def _class_of(self, g_idx: int) -> tuple[int, int]:
+        """Unclassed trees of every task share the default class 0; a classed tree is two classes of
+        its own, its aggregation and its broadcast (as the live link scheduler keys them: a link both
+        use carries the tree's weight once for each, as a packing counts it)."""
         g = self.groups[g_idx]
         if not g.classed:
-            return 0
+            return 0, 0
         t = self.tasks[self.group_task[g_idx]]
         dl = _INF if g.deadline_s is None else t.start_s + g.deadline_s
-        self.classes.append(TrafficClass(g.weight, g.priority, dl))
-        return len(self.classes) - 1
+        self.classes += [TrafficClass(g.weight, g.priority, dl)] * 2
+        return len(self.classes) - 2, len(self.classes) - 1
 
     def _add_group(self, t_idx: int, g: ChunkGroup) -> None:
         """Flow keys of every tree edge of g, and per node which keys its chunks leave on."""
@@ -333,8 +343,8 @@ class Model:
         base = self.chunk_base[t_idx]
         for c in g.chunks:
             self.group_of[base + c] = g_idx
-        cls = self._class_of(g_idx)
-        self.group_class.append(cls)
+        cls, bcls = self._class_of(g_idx)
+        self.group_class.append((cls, bcls))
         agg = [-1] * n
         kids = [0] * n
         for node, parent in g.parent.items():
@@ -343,7 +353,7 @@ class Model:
                 kids[self.ix[parent]] += 1
         bc: list[tuple[int, ...]] = [()] * n
         for node, children in g.children.items():
-            bc[self.ix[node]] = tuple(self._key(node, ch, cls) for ch in children)
+            bc[self.ix[node]] = tuple(self._key(node, ch, bcls) for ch in children)
         self.agg_key.append(agg)
         self.bcast_keys.append(bc)
         self.nkids.append(kids)
@@ -351,12 +361,13 @@ class Model:
         aux: dict[int, tuple[int, ...]] = {}
         for (a, b), routes in g.aux.items():
             if routes:
-                aux[self._key(a, b, cls)] = tuple(self._path_key(tuple(r), cls) for r in routes)
+                c = bcls if g.parent.get(a) != b else cls
+                aux[self._key(a, b, c)] = tuple(self._path_key(tuple(r), c) for r in routes)
         self.aux_keys.append(aux)
         for (a, b), mbps in g.rates.items():  # the pacing caps each route of the edge on its own
-            k = self._key(a, b, cls)
-            for x in (k, *aux.get(k, ())):
-                self.key_cap[x] = min(self.key_cap[x], mbps * MBIT)
+            for k in self.edge_keys(g_idx, a, b):
+                for x in (k, *aux.get(k, ())):
+                    self.key_cap[x] = min(self.key_cap[x], mbps * MBIT)
         for k, routes in aux.items():
             for x in (k, *routes):
                 self.counted[x] = True

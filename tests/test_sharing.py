@@ -47,10 +47,10 @@ class ClassSink:
 
 
 def send_class(ov, tree: int | None, *, weight=1.0, prio=0, deadline=NO_DEADLINE, path=(0, 1), rate_Bps=None,
-               chunks=CHUNKS, first=0):
+               chunks=CHUNKS, first=0, kind="probe"):
     data = memoryview(bytearray(CHUNK))
     extra = {} if tree is None else {"cls": [tree, weight, prio, deadline]}
-    return [ov.send_chunk(header(chunk=first + i, task=0 if tree is None else tree, **extra), data, path,
+    return [ov.send_chunk(header(chunk=first + i, task=0 if tree is None else tree, kind=kind, **extra), data, path,
                           rate_Bps=rate_Bps)
             for i in range(chunks)]
 
@@ -69,6 +69,22 @@ async def test_weights_3_to_1_share_the_link_3_to_1_in_bytes(path):
         await asyncio.wait_for(asyncio.gather(*(t.done for t in trs)), 30)
         heavy, light = sink.at_done[0][0], sink.at_done[0][1]  # when the heavy class's last byte came
         assert abs(heavy / light / 3 - 1) <= 0.10, sink.at_done
+
+
+async def test_a_trees_aggregation_and_broadcast_on_one_link_are_two_classes_of_its_weight():
+    """Tree packing counts a tree's weight once for each of its stages on a link both use: tree 0
+    (weight 1) sends partial sums and final values over 0->1, tree 1 (weight 2) only partial sums, so
+    the three flows share 1:1:2 and tree 0 gets half the link (one class for tree 0 would give it a third)."""
+    async with LocalNet(shaped_line(2, {(0, 1): 40.0}), shaped=True) as net:
+        sink = ClassSink({0: 2 * CHUNK * CHUNKS, 1: CHUNK * CHUNKS})
+        net.overlays[1].sink = sink
+        ov = net.overlays[0]
+        trs = (send_class(ov, 0, kind="agg") + send_class(ov, 0, kind="bcast", first=CHUNKS)
+               + send_class(ov, 1, weight=2.0, kind="agg"))
+        await until(sink.done, "all three flows delivered")
+        await asyncio.wait_for(asyncio.gather(*(t.done for t in trs)), 30)
+        tree0, tree1 = sink.at_done[1][0], sink.at_done[1][1]  # when tree 1's last byte came
+        assert abs(tree0 / tree1 - 1) <= 0.10, sink.at_done
 
 
 async def test_strict_priority_starves_the_low_class_while_the_high_one_has_data_and_not_after():

@@ -448,6 +448,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from agents.workload import chunk_params, model_params
 
+    from .planinfo import info_line
     from .predict import predict
 
     t0 = time.perf_counter()
@@ -467,6 +468,9 @@ def _simulate(args: argparse.Namespace) -> int:
                   ", ".join(f"{a}->{b} {n / 1e6:.1f}" for (a, b), n in busiest), p.prediction.mode,
                   f"{p.plan_s:.3f}", f"{p.simulate_s:.3f}")
     Console(width=150).print(t)
+    for p in preds:
+        if line := info_line(p.scheme, p.plan.info):
+            print(line)
     print(f"total {time.perf_counter() - t0:.2f} s")
     return 0
 

@@ -36,6 +36,7 @@ from scheduler.service import JobState, Scheduler
 
 from .backend import AppBackend, TcBackend
 from .guard import cpu_forecast, cpu_warning, fidelity_cell, job_guard
+from .planinfo import info_line
 from .predict import RoundPredictor
 from .procs import reap, wait_or_die
 from .progress import RunProgress
@@ -438,7 +439,7 @@ def summarize(js: JobState, cfg: RunConfig) -> dict[str, Any]:
             "stashed_frames": sum(st.get("stashed_frames", 0) for st in js.stats.values()),
             "aux_share": (sum(st.get("aux_bytes", 0) for st in js.stats.values())
                           / max(1, sum(st.get("sent_bytes", 0) for st in js.stats.values()))),
-            "view_coverage": recs[-1].coverage}
+            "view_coverage": recs[-1].coverage, "plan_info": dict(js.plan.info)}
 
 
 def print_table(console: Console, jobs: list[JobState], cfg: RunConfig) -> None:
@@ -456,6 +457,9 @@ def print_table(console: Console, jobs: list[JobState], cfg: RunConfig) -> None:
         t.add_row(js.scheme, f"{s['round_s_median']:.3f}", f"{s['round_s_min']:.3f}", f"{s['round_s_max']:.3f}", sim,
                   f"{s['algbw_MBps']:.2f}", "yes" if s["all_exact"] else "[bold red]NO[/]", busiest, fid)
     Console(width=max(console.width, 150)).print(t)
+    for js in jobs:
+        if line := info_line(js.scheme, js.plan.info):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 def set_loop(loop: str) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..plan import Job, Plan
 from ..view import NetworkView
-from . import ktree, mst, multicast, netstorm, ring, star
+from . import ktree, mst, multicast, netstorm, packing, ring, star
 
 Memory = dict[str, Any]
 Planner = Callable[[NetworkView, Job, Memory], Plan]
@@ -29,6 +29,7 @@ class PlannerSpec:
     adaptive: bool = False  # re-planned as the view changes within a job
     refresh_aux: Callable[[NetworkView, Job, Plan], Plan] | None = None  # auxiliary tables between versions
     one_source: bool = False  # plans one member's multicast to receivers, not a reduce of the members
+    offload: bool = False  # adaptive re-plans solve in a worker thread on a copy of the view (slow solvers)
 
     def opening(self, job: Job) -> Job:
         """The job a whole-cluster plan is made for: a one-source scheme's is the lowest member's
@@ -67,6 +68,9 @@ register(PlannerSpec("netstorm-lite", netstorm.plan, {"awareness": False, "aux":
 register(PlannerSpec("netstorm-std", netstorm.plan, {"awareness": True, "aux": False}, adaptive=True))
 register(PlannerSpec("netstorm", netstorm.plan, {"awareness": True, "aux": True}, adaptive=True,
                      refresh_aux=netstorm.refresh_aux))
+# topology-adaptive tree packing (seed 001): the LP re-solved from the view as it moves, off the loop
+register(PlannerSpec("packing", packing.plan, adaptive=True, offload=True))
+register(PlannerSpec("packing-no-overlap", packing.plan, {"no_overlap": True}, adaptive=True, offload=True))
 
 # the plain planners by scheme name (tests and tools that plan once)
 PLANNERS: dict[str, Callable[..., Plan]] = {"star": star.plan, "ring": ring.plan, "mst": mst.plan,

@@ -1,0 +1,191 @@
+"""Topology-adaptive tree packing (seed 001): many reduce and broadcast trees rooted at different
+members, each carrying a slice of the tensor in proportion to the rate the packing LP gives it.
+
+The LP (`packing_lp.pack`, column generation on HiGHS) packs, per root v, reduce in-arborescences and
+broadcast out-arborescences whose weights (Mbit/s) sum to chi(v) each, all of them together within
+every directed link's rate (overlapped), maximising sum chi; the round then takes T_LP = S / sum chi.
+Nodes outside the members may relay and aggregate (Steiner nodes), never own parameters.
+
+Compiling a packing into the one plan form: a group has one aggregation tree and one broadcast tree
+for the same chunks, so per root the reduce trees and broadcast trees are paired by cutting [0, chi(v))
+into the intervals both sides' weights make (at most |I(v)| + |J(v)| - 1 pairs); a pair of amount a
+carries S * a / sum chi parameters and shares every link it uses by weight a (weighted fair queuing:
+a tree gets at least its LP share and takes what others leave), optionally also paced to a on each
+of its edges (`pace`). Chunks are sized per group so each tree pipelines: a chunk is summed at every
+inner node before it moves on, so a group whose trees are d hops deep (aggregation plus broadcast)
+ends about (d - 1) chunk times after its last chunk left, and with s chunks a chunk time is T_LP / s;
+each group gets s = (d - 1) / `fill` chunks (never below `min_chunk_params` each), so every group's
+pipeline costs about `fill` of T_LP.
+
+Options (Job.options): `relays` (nodes outside the members the trees may use: "all" known nodes,
+the default, or a list; "none"), `no_overlap` (reduce and broadcast packed as separate stages,
+digest LP (4): T = 2 S / sum chi; the data plane still pipelines them), `max_trees_per_root`
+(per role, default 8), `fill` (default 0.1), `min_chunk_params` (default 1024), `pace` (default off).
+The plan's `info` records sum chi (LP and after pruning and rounding), T_LP, lambda, S / lambda, trees,
+column-generation iterations, the LP gap and the solve time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..plan import ChunkGroup, Job, Plan, PlanError
+from ..view import NetworkView
+from .packing_lp import Packing, Tree, pack
+
+FLOAT32 = 4
+FILL = 0.1
+MIN_CHUNK_PARAMS = 1024
+MAX_TREES_PER_ROOT = 8
+
+
+def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -> Plan:
+    """Solve the packing LP on the view's rates and compile it into groups (module docstring)."""
+    opts = job.options
+    members = tuple(sorted(job.participants))
+    relays = _relays(view, members, opts.get("relays", "all"))
+    nodes = set(members) | relays
+    capacity = {(a, b): view.rate(a, b) for a, b in view.links() if a in nodes and b in nodes}
+    overlap = not opts.get("no_overlap", False)
+    pk = pack(capacity, members, overlap=overlap,
+              max_trees_per_root=int(opts.get("max_trees_per_root", MAX_TREES_PER_ROOT)))
+    return compile_packing(pk, job, fill=float(opts.get("fill", FILL)),
+                           min_chunk_params=int(opts.get("min_chunk_params", MIN_CHUNK_PARAMS)),
+                           pace=bool(opts.get("pace", False)))
+
+
+def _relays(view: NetworkView, members: Sequence[int], spec: Any) -> set[int]:
+    if spec in (None, "none"):
+        return set()
+    if spec == "all":
+        return set(view.nodes) - set(members)
+    try:
+        out = {int(n) for n in spec}
+    except (TypeError, ValueError):
+        raise ValueError(f"packing: relays must be 'all', 'none' or a list of node ids, got {spec!r}") from None
+    unknown = sorted(out - set(view.nodes))
+    if unknown:
+        raise ValueError(f"packing: relays {unknown} are not nodes the view knows")
+    return out - set(members)
+
+
+def pair_trees(reduce: Sequence[Tree], broadcast: Sequence[Tree]) -> list[tuple[Tree, Tree, float]]:
+    """One root's reduce and broadcast trees paired over [0, chi): (reduce, broadcast, amount), the
+    amounts of a reduce tree summing to its weight and likewise for a broadcast tree."""
+    rs = sorted(reduce, key=lambda t: -t.weight)
+    bs = sorted(broadcast, key=lambda t: -t.weight)
+    out: list[tuple[Tree, Tree, float]] = []
+    i = j = 0
+    left_r = rs[0].weight if rs else 0.0
+    left_b = bs[0].weight if bs else 0.0
+    while i < len(rs) and j < len(bs):
+        a = min(left_r, left_b)
+        if a > 1e-9 * max(rs[0].weight, bs[0].weight):
+            out.append((rs[i], bs[j], a))
+        left_r -= a
+        left_b -= a
+        if left_r <= 1e-9 * rs[0].weight:
+            i += 1
+            left_r = rs[i].weight if i < len(rs) else 0.0
+        if left_b <= 1e-9 * bs[0].weight:
+            j += 1
+            left_b = bs[j].weight if j < len(bs) else 0.0
+    return out
+
+
+def _largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
+    """`total` split in proportion to `shares`, whole numbers summing to it exactly."""
+    s = sum(shares)
+    raw = [total * x / s for x in shares]
+    out = [math.floor(x) for x in raw]
+    for k in sorted(range(len(raw)), key=lambda k: out[k] - raw[k])[: total - sum(out)]:
+        out[k] += 1
+    return out
+
+
+def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_params: int = MIN_CHUNK_PARAMS,
+                    pace: bool = False, scheme: str = "packing") -> Plan:
+    """The packing as a plan: paired trees as groups, parameters in proportion to each pair's amount,
+    chunks sized for pipelining, each group a traffic class of weight = its amount (Mbit/s)."""
+    if not 0 < fill <= 1 or min_chunk_params < 1:
+        raise PlanError(f"packing: fill ({fill}) must be in (0, 1] and min_chunk_params ({min_chunk_params}) >= 1")
+    members = set(job.participants)
+    pairs = [(v, r, b, a) for v in sorted(pk.chi) for r, b, a in
+             pair_trees(pk.reduce.get(v, ()), pk.broadcast.get(v, ()))]
+    if not pairs:
+        raise PlanError("packing: the LP found no tree (sum chi = 0)")
+    sizes = _largest_remainder(job.params, [a for *_, a in pairs])
+    layout: list[tuple[int, int]] = []
+    groups: list[ChunkGroup] = []
+    off = 0
+    used = []
+    for (v, r, b, a), n in zip(pairs, sizes, strict=True):
+        if n == 0:
+            continue  # a sliver the rounding left nothing: its tree carries nothing this round
+        parent = _pruned(dict(r.parent), members)
+        children = _children(_pruned(dict(b.parent), members))
+        depth = _depth(parent) + _depth(b.parent)
+        size = max(min_chunk_params, math.ceil(n * fill / max(1, depth - 1)))
+        first = len(layout)
+        for o in range(off, off + n, size):
+            layout.append((o, min(size, off + n - o)))
+        off += n
+        rates: dict[tuple[int, int], float] = {}
+        if pace:
+            for c, p in parent.items():
+                if p is not None:
+                    rates[(c, p)] = rates.get((c, p), 0.0) + a
+            for p, kids in children.items():
+                for k in kids:
+                    rates[(p, k)] = rates.get((p, k), 0.0) + a
+        groups.append(ChunkGroup(tuple(range(first, len(layout))), v, parent, children, weight=a, rates=rates,
+                                 own_class=True))
+        used.append((n, a))
+    # what rounding left: the slowest group's time at its amount against T_LP
+    t_eff = max(n / a for n, a in used)
+    info = {"sum_chi": pk.sum_chi, "sum_chi_lp": pk.sum_chi_lp, "lambda": pk.lam, "trees": pk.trees,
+            "iterations": pk.iterations, "lp_gap_pct": pk.gap_pct, "solve_s": pk.solve_s, "overlap": pk.overlap,
+            "pruning_loss_pct": 100.0 * (1.0 - pk.sum_chi / pk.sum_chi_lp) if pk.sum_chi_lp > 0 else 0.0,
+            "params": job.params, "groups": len(groups), "chunks": len(layout),
+            "t_lp_s": _seconds(job.params, pk.sum_chi, overlap=pk.overlap),
+            "s_over_lambda_s": _seconds(job.params, pk.lam, overlap=True),
+            "sum_chi_rounded": job.params / t_eff,
+            "rounding_loss_pct": 100.0 * (1.0 - job.params / t_eff / pk.sum_chi)}
+    return Plan(0, scheme, tuple(job.participants), {n: 1.0 for n in job.participants}, tuple(layout),
+                tuple(groups), info=info)
+
+
+def _seconds(params: int, mbps: float, *, overlap: bool) -> float:
+    """S / rate (overlapped stages) or 2 S / rate (reduce, then broadcast)."""
+    return (1 if overlap else 2) * params * FLOAT32 * 8 / (mbps * 1e6) if mbps > 0 else math.inf
+
+
+def _depth(parent: Mapping[int, int | None]) -> int:
+    """Hops from the deepest node to the root."""
+    def hops(n: int) -> int:
+        k = 0
+        while (p := parent.get(n)) is not None:
+            n, k = p, k + 1
+        return k
+    return max((hops(n) for n in parent), default=0)
+
+
+def _pruned(parent: dict[int, int | None], members: set[int]) -> dict[int, int | None]:
+    """Drop leaves outside the members (a relay with nothing below it has no part in the tree)."""
+    while True:
+        has_kids = {p for p in parent.values() if p is not None}
+        leaves = [n for n in parent if n not in members and n not in has_kids and parent[n] is not None]
+        if not leaves:
+            return parent
+        for n in leaves:
+            del parent[n]
+
+
+def _children(parent: Mapping[int, int | None]) -> dict[int, tuple[int, ...]]:
+    kids: dict[int, list[int]] = {}
+    for n, p in parent.items():
+        if p is not None:
+            kids.setdefault(p, []).append(n)
+    return {p: tuple(sorted(k)) for p, k in kids.items()}
