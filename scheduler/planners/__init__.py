@@ -15,7 +15,7 @@ from typing import Any
 
 from ..plan import Job, Plan
 from ..view import NetworkView
-from . import ktree, mst, multicast, netstorm, packing, ring, star
+from . import blink, dbtree, ktree, mst, multicast, netstorm, packing, plink, ring, shardps, star
 
 Memory = dict[str, Any]
 Planner = Callable[[NetworkView, Job, Memory], Plan]
@@ -71,6 +71,12 @@ register(PlannerSpec("netstorm", netstorm.plan, {"awareness": True, "aux": True}
 # topology-adaptive tree packing (seed 001): the LP re-solved from the view as it moves, off the loop
 register(PlannerSpec("packing", packing.plan, adaptive=True, offload=True))
 register(PlannerSpec("packing-no-overlap", packing.plan, {"no_overlap": True}, adaptive=True, offload=True))
+# tree packing's baselines (digest 001 §5): sharded PS, BLINK-like (packed from one root), and for GPU
+# clusters NCCL's double binary tree and a PLink-like hierarchy
+register(PlannerSpec("shardps", _stateless(shardps.plan)))
+register(PlannerSpec("blink", blink.plan, adaptive=True, offload=True))
+register(PlannerSpec("dbtree", _stateless(dbtree.plan)))
+register(PlannerSpec("plink", _stateless(plink.plan), adaptive=True))
 
 # the plain planners by scheme name (tests and tools that plan once)
 PLANNERS: dict[str, Callable[..., Plan]] = {"star": star.plan, "ring": ring.plan, "mst": mst.plan,
