@@ -420,6 +420,10 @@ class Exact:
             pair_flow, res_ids = self.m.pairs(shared)
             uniq, pair_res = np.unique(res_ids, return_inverse=True)
             new.extend(max_min_rates(pair_flow, pair_res, np.asarray(cap)[uniq], len(shared)).tolist())
+        self._apply(t, keys, new)
+
+    def _apply(self, t: float, keys: list[int], new: list[float]) -> None:
+        """New rates from time t: what each key had left is charged at its old rate, its end re-timed."""
         rate, left, since, version, events = self.rate, self.left, self.since, self.version, self.events
         for k, r in zip(keys, new, strict=True):
             old = rate[k]
