@@ -267,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--chunk", default=None, metavar="SIZE", help=CHUNK_HELP)
     m.add_argument("--hub", type=int, default=None)
     m.add_argument("--k", type=int, default=2)
+    m.add_argument("--costs", choices=("agents", "none"), default="agents",
+                   help="agents (default): our data plane's per-chunk costs (sim/costs.py); none: links alone "
+                        "(GPU clusters, whose endpoints are not our agents)")
 
     args = ap.parse_args(argv)
     # Ctrl-C must reach us (and so reap the agents) even if a shell started us with SIGINT ignored
@@ -457,7 +460,10 @@ def _simulate(args: argparse.Namespace) -> int:
     chunk = _chunk_arg(args) or chunk_params(args.scale)
     options: dict = {"k": args.k} | ({} if args.hub is None else {"hub": args.hub})
     schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
-    preds = predict(topo, _trace(args, topo), schemes, params, chunk, options)
+    from sim import MEASURED, NONE
+
+    preds = predict(topo, _trace(args, topo), schemes, params, chunk, options,
+                    costs=MEASURED if args.costs == "agents" else NONE)
     t = Table(title=f"predicted on {topo.name} ({topo.nodes} nodes, {len(topo.links)} directed links), "
                     f"{args.model} x{args.scale} = {params * 4 / 1e6:.1f} MB, planners on the configured rates")
     for col in ("scheme", "round s", "algbw MB/s", "busiest links (MB)", "engine", "plan s", "simulate s"):

@@ -27,5 +27,7 @@ def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -
     view.require_connected(members)
     capacity = {(a, b): view.rate(a, b) for a, b in view.links() if a in members and b in members}
     roots = members if len(members) <= TRY_EVERY_ROOT else [best_hub(view, members)]
-    best = max((pack(capacity, members, overlap=False, roots=[r]) for r in roots), key=lambda pk: pk.sum_chi)
+    # one root needs as many trees as its cut has links: no cap on trees per root
+    best = max((pack(capacity, members, overlap=False, roots=[r], max_trees_per_root=None) for r in roots),
+               key=lambda pk: pk.sum_chi)
     return compile_packing(best, job, scheme="blink")

@@ -147,12 +147,12 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
     t_eff = max(n / a for n, a in used)
     info = {"sum_chi": pk.sum_chi, "sum_chi_lp": pk.sum_chi_lp, "lambda": pk.lam, "trees": pk.trees,
             "iterations": pk.iterations, "lp_gap_pct": pk.gap_pct, "solve_s": pk.solve_s, "overlap": pk.overlap,
-            "pruning_loss_pct": 100.0 * (1.0 - pk.sum_chi / pk.sum_chi_lp) if pk.sum_chi_lp > 0 else 0.0,
+            "pruning_loss_pct": max(0.0, 100.0 * (1.0 - pk.sum_chi / pk.sum_chi_lp)) if pk.sum_chi_lp > 0 else 0.0,
             "params": job.params, "groups": len(groups), "chunks": len(layout),
             "t_lp_s": _seconds(job.params, pk.sum_chi, overlap=pk.overlap),
             "s_over_lambda_s": _seconds(job.params, pk.lam, overlap=True),
             "sum_chi_rounded": job.params / t_eff,
-            "rounding_loss_pct": 100.0 * (1.0 - job.params / t_eff / pk.sum_chi)}
+            "rounding_loss_pct": max(0.0, 100.0 * (1.0 - job.params / t_eff / pk.sum_chi))}
     return Plan(0, scheme, tuple(job.participants), {n: 1.0 for n in job.participants}, tuple(layout),
                 tuple(groups), info=info)
 
