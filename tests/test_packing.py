@@ -28,6 +28,7 @@ from scheduler.planners.dbtree import btree, dtree
 from scheduler.planners.machines import machines_of
 from scheduler.planners.packing import pair_trees
 from scheduler.planners.packing_lp import Tree, min_cut, pack
+from scheduler.view import NetworkView
 from wansync.planinfo import info_line
 from wansync.predict import oracle_view
 
@@ -280,6 +281,20 @@ def test_the_plan_validates_gives_chunks_in_proportion_and_reports_the_lp():
     line_ = info_line("packing", info)
     assert line_ is not None and "T_LP" in line_ and "lambda 86.0" in line_
     assert info_line("mst", {}) is None
+
+
+def test_links_not_measured_yet_count_at_the_median_of_those_measured():
+    """A WAN much slower than the nominal guess: once some links are known, the others are taken at
+    their median, not at the nominal 100 Mbit/s (Σχ on the view says which was used)."""
+    view = NetworkView(uniform(4).links)
+    for a, b in [(0, 1), (1, 0), (1, 2), (2, 1), (2, 3)]:
+        for _ in range(3):
+            view.observe(a, b, 125_000, 0.1)  # 10 Mbit/s
+    assert view.known(0, 1) and not view.known(0, 3)
+    plan = resolve("packing").plan(view, Job(PARAMS, CHUNK, (0, 1, 2, 3)))
+    assert plan.info["sum_chi"] == pytest.approx(4 * 10.0 / 2, rel=1e-6)  # every link at 10: K4 packs N b / 2
+    fresh = resolve("packing").plan(NetworkView(uniform(4).links), Job(PARAMS, CHUNK, (0, 1, 2, 3)))
+    assert fresh.info["sum_chi"] == pytest.approx(4 * NetworkView(()).nominal / 2, rel=1e-6)
 
 
 @pytest.mark.parametrize("opts, message", [

@@ -47,13 +47,23 @@ def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -
     members = tuple(sorted(job.participants))
     relays = _relays(view, members, opts.get("relays", "all"))
     nodes = set(members) | relays
-    capacity = {(a, b): view.rate(a, b) for a, b in view.links() if a in nodes and b in nodes}
+    capacity = _capacity(view, nodes)
     overlap = not opts.get("no_overlap", False)
     pk = pack(capacity, members, overlap=overlap,
               max_trees_per_root=int(opts.get("max_trees_per_root", MAX_TREES_PER_ROOT)))
     return compile_packing(pk, job, fill=float(opts.get("fill", FILL)),
                            min_chunk_params=int(opts.get("min_chunk_params", MIN_CHUNK_PARAMS)),
                            pace=bool(opts.get("pace", False)))
+
+
+def _capacity(view: NetworkView, nodes: set[int]) -> dict[tuple[int, int], float]:
+    """The view's rates of the links among `nodes`. A link not measured yet counts at the median of
+    those measured (once some are): the nominal guess would make the LP pile trees onto every
+    unknown link of a slower WAN, and their measurements arrive as the trees use them anyway."""
+    links = [(a, b) for a, b in view.links() if a in nodes and b in nodes]
+    known = sorted(view.rate(a, b) for a, b in links if view.known(a, b))
+    typical = known[len(known) // 2] if known else None
+    return {(a, b): view.rate(a, b) if typical is None or view.known(a, b) else typical for a, b in links}
 
 
 def _relays(view: NetworkView, members: Sequence[int], spec: Any) -> set[int]:
