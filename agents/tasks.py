@@ -80,6 +80,9 @@ class TaskRunner:
         self._go_event: dict[int, asyncio.Event] = {}
         self.go_wait_s = 0.0  # time this worker waited for a GO (SSP's bound holding it back)
         self.dropped: dict[tuple[int, int], set[int]] = {}  # (job, task) -> receivers dropped from it
+        # job -> how a receiver checks its result, when the job's workload is not the synthetic one
+        # (agents.training: real training, checked within float32 rounding by its own trailer)
+        self.verifiers: dict[int, Callable[[np.ndarray, Plan], tuple[bool, str]]] = {}
 
     async def allowed(self, job: int, rnd: int) -> None:
         """Until a GO allows iteration `rnd` (SSP); counts the time this worker waited."""
@@ -118,6 +121,10 @@ class TaskRunner:
         """Until the scheduler ends a job whose tasks it formed (JOB_END)."""
         fut = self._ended.setdefault(job, asyncio.get_running_loop().create_future())
         await fut
+
+    def ending(self, job: int) -> asyncio.Future:
+        """Done once the scheduler ends the job (JOB_END): a job of rounds stops at its time budget."""
+        return self._ended.setdefault(job, asyncio.get_running_loop().create_future())
 
     def end_job(self, job: int) -> None:
         fut = self._ended.setdefault(job, asyncio.get_running_loop().create_future())
@@ -228,7 +235,13 @@ class TaskRunner:
 
     def _verify(self, result: np.ndarray, msg: Task, plan: Plan) -> tuple[bool, str]:
         """Exact check against the closed-form (weighted) sum of the members' contributions, each from
-        its own iteration."""
+        its own iteration; or the job's own check (a real-training workload's)."""
+        check = self.verifiers.get(msg.job)
+        if check is not None:
+            ok, error = check(result, plan)
+            if not ok:
+                log.error("node %d task %d: %s", self.node, msg.task, error)
+            return ok, error
         iters = msg.iters or {}
         want = expected(msg.round, 0, plan.participants, plan.params, plan.weights,
                         iters={m: iters.get(m, msg.round) for m in plan.participants})
