@@ -121,7 +121,7 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
     return Topology("internet2", 9, links)
 
 
-BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME")
+BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME", "switch:N")
 PRESETS = Path(__file__).parent / "presets"  # measured matrices; each file names its source
 
 
@@ -182,6 +182,10 @@ def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
         topo = from_spec(spec)
     elif name == "geo":
         topo = preset(spec)
+    elif name == "switch":  # seed 003's network: uneven capped host edges on a non-blocking fabric
+        from .switch import from_spec as switch_spec
+
+        topo = switch_spec(spec)
     elif name == "internet2":
         topo = internet2(seed=seed)
     elif name in ("uniform", "hetero"):

@@ -331,6 +331,7 @@ class Controller:
             "scheme": self.cfg.scheme, "workers": len(self.w), "p": self.cfg.p,
             "syncs": len(over), "partial_syncs": len(partial), "full_syncs": len(over) - len(partial),
             "mean_sync_s": statistics.fmean(s.t_done - s.t_launch for s in over) if over else None,  # type: ignore[operator]
+            "mean_partial_sync_s": statistics.fmean(s.t_done - s.t_launch for s in partial) if partial else None,  # type: ignore[operator]
             "mean_ready_to_done_s": statistics.fmean(ready_to_done) if ready_to_done else None,
             "mean_scale": statistics.fmean(len(s.members) for s in over) if over else None,
             "iterations": sum(iters.values()), "iterations_per_worker": sum(iters.values()) / len(self.w),
