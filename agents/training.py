@@ -18,9 +18,12 @@ in any order, elementwise
 own check in band: after the model come K = 4 sketch values R x (R a seeded +-1 matrix, the same on
 every worker) and ||x||_1. Summation is linear, so the result's trailer holds sum_j w_j R x_j and
 sum_j w_j ||x_j||_1, and a receiver checks |R r - trailer| <= 2 (m + 2) u (sum_j w_j ||x_j||_1) per
-sketch row: the bound above summed over elements, for both the model and the trailer. A missing,
-doubled, stale or corrupted contribution breaks it (unless it is below that tolerance); tests also
-compare elementwise with a numpy reference. The integer workload (agents/workload.py) keeps `==`.
+sketch row: the bound above summed over elements, for both the model and the trailer. A value that
+is not the weighted sum of whole contributions — corrupted, landed at the wrong offset, a chunk of
+another round mixed in — breaks it (unless below that tolerance); a missing or doubled contribution
+is still a consistent sum, and is what the engine's contributor bitmaps catch, for every workload.
+Tests also compare elementwise with a numpy reference. The integer workload (agents/workload.py)
+keeps `==`.
 
 Spec (the JOB's `workload`): "digits:n=16[,hidden=512x320][,batch=32][,lr=0.1][,steps=2]
 [,shard=iid|noniid][,eval=1.0][,seed=1]". 64-512-320-10 has 200,650 parameters (0.80 MB of float32).

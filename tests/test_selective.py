@@ -195,3 +195,80 @@ def test_a_bad_configuration_is_refused_naming_the_field():
             SelectiveConfig(**kw)
     with pytest.raises(ValueError, match="bandwidth"):
         Controller(SelectiveConfig(), [0, 1], {0: 1.0})
+
+
+# --- the simulator's job mode runs the same controller ----------------------------------------------------
+def _job(scheme, engine, n=6, budget=20.0, seed=3):
+    from emulation.simnet import sim_network
+    from emulation.switch import switch
+    from scheduler.plan import Job
+    from scheduler.planners import ring
+    from sim.compute import ComputeModel
+    from sim.job import Selective, simulate_job
+    from wansync.predict import oracle_view
+
+    topo = switch(n, unit=10.0, seed=seed)
+    view, params = oracle_view(topo), 250_000
+    bw = dict(topo.uplink_mbps)
+    cfg = SelectiveConfig(scheme=scheme, p=2, dt=0.01, v_mbit=params * 32 / 1e6, strict_trigger=True, seed=seed)
+    samples = [ComputeModel("cnn:mean=0.2", seed=99).draw(0, k) for k in range(200)]
+    return simulate_job(Selective(cfg, bw, tuple(samples)), lambda m, r: ring.plan(view, Job(params, 10_000, m)),
+                        ComputeModel("cnn:mean=0.2", seed=seed), range(n), sim_network(topo), budget, engine=engine)
+
+
+@pytest.mark.parametrize("scheme", ["sr", "pr", "ar"])
+def test_job_mode_forms_exactly_the_controllers_groups(scheme):
+    pred = _job(scheme, "ring")
+    c = pred.controller
+    assert c is not None and c.syncs
+    assert [tuple(t.members) for t in pred.tasks] == [s.members for s in c.syncs.values()]
+    done = [s for s in c.syncs.values() if s.t_done is not None]
+    for s in done:  # the ring cost model, Eq. 2, for every finished group (alpha = 1 ms)
+        want = t_sync(len(s.members), min(c.bw[m] for m in s.members), 250_000 * 32 / 1e6, alpha=0.001)
+        assert s.t_done - s.t_launch == pytest.approx(want)
+    if scheme == "ar":
+        assert all(len(s.members) == 6 for s in c.syncs.values())
+
+
+def test_the_ring_cost_model_agrees_with_the_exact_engine_on_disjoint_rings():
+    ring_eng, exact = _job("pr", "ring", budget=10.0), _job("pr", "exact", budget=10.0)
+    a = [t.end_s - t.start_s for t in ring_eng.tasks if t.end_s is not None][:10]
+    b = [t.end_s - t.start_s for t in exact.tasks if t.end_s is not None][:10]
+    assert len(a) == len(b) == 10
+    for x, y in zip(a, b, strict=True):  # per-chunk store and forward vs the closed form: close, not equal
+        assert x == pytest.approx(y, rel=0.08)
+
+
+# --- compute stand-ins and the switch ---------------------------------------------------------------------
+def test_the_runtime_stand_ins_have_the_digests_spread_and_spikes():
+    from sim.compute import ComputeError, ComputeModel
+
+    cnn = [ComputeModel("cnn:mean=0.5", seed=1).draw(0, k) for k in range(6000)]
+    tr = [ComputeModel("transformer:mean=0.5", seed=1).draw(0, k) for k in range(6000)]
+    plain = [ComputeModel("lognormal:mean=0.5,cv=0.1", seed=1).draw(0, k) for k in range(6000)]
+    spikes = sum(1 for x in cnn if x > 0.5 * 1.45)  # beyond any plain cv-0.1 draw: a 1.5-2x spike
+    assert 0.03 < spikes / len(cnn) < 0.07 and max(plain) < 0.5 * 1.45
+    assert statistics.pstdev(tr) / statistics.fmean(tr) == pytest.approx(0.5, abs=0.05)
+    assert statistics.pstdev(plain) / statistics.fmean(plain) == pytest.approx(0.1, abs=0.01)
+    for spec, msg in [("cnn:mean=1,cv=2", "unknown option"), ("cnn:mean=1,spike=2", "probability"),
+                      ("transformer:cv=1", "unknown option")]:
+        with pytest.raises(ComputeError, match=msg):
+            ComputeModel(spec)
+
+
+def test_the_switch_draws_the_papers_bandwidths_at_any_unit():
+    from emulation.switch import edge_bandwidths, switch
+    from emulation.topology import TopologyError, build
+
+    gbit, mbit = edge_bandwidths(200, 0.05, 1000.0, 7), edge_bandwidths(200, 0.05, 4.0, 7)
+    assert all(1000 <= b <= 20_000 for b in gbit.values())
+    assert all(b / 1000 == pytest.approx(round(b / 1000, 3)) for b in gbit.values())  # round(20u, 3) units
+    assert all(gbit[n] / 1000 == pytest.approx(mbit[n] / 4) for n in gbit)  # the same draws
+    t = build("switch:5:unit=4:seed=7:delay_ms=2")
+    assert t.uplink_mbps == t.downlink_mbps == {n: mbit[n] for n in range(5)}
+    assert all(s.rate_mbps == 80.0 and s.delay_s == 0.002 for s in t.links.values())
+    assert switch(3).full_mesh
+    for spec, msg in [("switch:x", "whole number"), ("switch:4:speed=2", "unknown option"),
+                      ("switch:4:lam=0", "lam"), ("switch:1", "at least 2")]:
+        with pytest.raises(TopologyError, match=msg):
+            build(spec)
