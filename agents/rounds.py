@@ -139,7 +139,9 @@ class RoundLoop:
                 if trainer is not None:  # real SGD steps, then a sleep up to the drawn compute time
                     trained[rnd] = await asyncio.to_thread(trainer.step, rnd)
                 if (s := model.draw(self.node, rnd) - (time.time() - tc)) > 0:
-                    await asyncio.sleep(s)
+                    nap = asyncio.ensure_future(asyncio.sleep(s))
+                    await asyncio.wait({nap, stop}, return_when=asyncio.FIRST_COMPLETED)
+                    nap.cancel()
                 computed[rnd] = time.time() - tc
             if trainer is not None:
                 contrib = trained[rnd]

@@ -185,6 +185,29 @@ async def test_selective_reduce_live_keeps_the_integer_workloads_exact_sums_and_
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.timeout(120)
+async def test_a_job_of_rounds_ends_at_job_end_while_workers_wait_in_the_queue_or_compute(tmp_path):
+    """The budget's end: workers waiting for a sync that will never form, and one in a long round, stop."""
+    trace = tmp_path / "compute.csv"
+    trace.write_text("\n".join(f"{n},0,0.01\n{n},1,{600 if n == 0 else 0.01}" for n in range(3)))
+    sched, agents, tasks = await start_cluster(uniform(3), cluster="stop")
+    try:
+        pol = SelectiveReduce("ar", group=2, bandwidth=dict.fromkeys(range(3), 10.0))
+        job = asyncio.create_task(sched.run_job("ring", rounds=1000, params=1000, chunk_params=100, progress=pol,
+                                                compute=f"csv:{trace}"))
+        await asyncio.sleep(0)
+        js = sched.current
+        # after the first all-reduce, 1 and 2 wait in the queue for 0, which computes for 10 minutes
+        await until(lambda: len(js.records) == 1 and len(pol.controller.queue) == 2, "1 and 2 to wait for 0")
+        pol.stop()
+        for n in sched.agents:
+            sched.send(n, JobEnd(job=js.job))
+        await asyncio.wait_for(job, 30)  # every worker stopped and sent its stats
+        assert sorted(js.stats) == [0, 1, 2] and len(js.records) == 1
+    finally:
+        await stop_cluster(sched, tasks)
+
+
 async def test_selective_reduce_refuses_a_cluster_without_bandwidths():
     sched, agents, tasks = await start_cluster(uniform(3), cluster="sr-nobw")
     try:
