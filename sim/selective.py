@@ -12,8 +12,10 @@ together, and when. One state machine for every scheme the issue compares, so th
 Events in, launches out: `ready` (a worker finished its round), `done` (a group's sync ended; each
 member resumed training at its own time), `aborted`, `lost`, and `tick` at `wake_at` (set while a
 group waits on bpaWR's advice). Every c-th sync is a full all-reduce of all active workers (A7: the
-counter counts full syncs too). A pass is recomputed from scratch (digest §2.5); the trigger is
-`len(Q) >= p` (A6; `strict_trigger` gives the paper's `> p`). Only LAUNCH launches (A4).
+counter counts full syncs too). A pass is recomputed from scratch (digest §2.5); the trigger is the
+paper's `len(Q) > p` (A6: its pseudocode and prose agree; `strict_trigger=False` gives `>= p`, with
+which a group launches the moment p are ready and BAG has nobody to leave out: at n = 16 selective
+reduce is then P-Reduce). P-Reduce launches at p. Only LAUNCH launches (A4).
 
 Time is whatever clock the caller uses (seconds). Metrics (`summary`): sync time from launch to done
 (Fig. 3's CT, A20) and from each member's READY to done, scale, syncs, iterations per worker, wasted
@@ -50,7 +52,7 @@ class SelectiveConfig:
     c: int | None = None  # every c-th sync is a full all-reduce; None: never
     prob_model: str = "paper"
     warm: bool = True  # the runtime CDF is known in advance (the samples given); False: built as rounds end
-    strict_trigger: bool = False  # the paper's `len(Q) > p` (A6)
+    strict_trigger: bool = True  # the paper's `len(Q) > p` (A6, pseudocode and prose); False: `>= p`
     bw_error: float = 0.0  # e: every pass sees b (1 + e x), x ~ U[-1, 1] per worker (A18: per query)
     weights: str = "staleness"  # inside a group (digest §2.6); full syncs are uniform
     seed: int = 1

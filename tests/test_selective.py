@@ -48,7 +48,7 @@ def toy(cfg: SelectiveConfig) -> tuple[float, float, list[tuple[float, tuple[int
 
 
 def cfg(scheme, **kw):
-    base = dict(scheme=scheme, p=2, eta=0.3, theta=1.0, dt=1.0, v_mbit=TOY_V, weights="uniform")
+    base = dict(scheme=scheme, p=2, eta=0.3, theta=1.0, dt=1.0, v_mbit=TOY_V, weights="uniform", strict_trigger=False)
     return SelectiveConfig(**{**base, **kw})
 
 
@@ -60,10 +60,12 @@ def test_fig3_all_reduce_and_p_reduce_give_the_papers_numbers():
 
 
 @pytest.mark.parametrize("prob_model", ["paper", "hazard"])
-def test_fig3_selective_reduce_waits_at_2s_and_groups_by_bandwidth_at_3s(prob_model):
-    ct, scale, launched = toy(cfg("sr", prob_model=prob_model))
+@pytest.mark.parametrize("strict", [False, True])
+def test_fig3_selective_reduce_waits_at_2s_and_groups_by_bandwidth_at_3s(prob_model, strict):
+    ct, scale, launched = toy(cfg("sr", prob_model=prob_model, strict_trigger=strict))
     assert (ct, scale) == (6.0, 2.0)  # the bandwidth-aware case: CT 2 and 10
-    assert sorted(launched) == [(3.0, (1, 3)), (3.0, (2, 4))]  # nothing at 2 s: bpaWR predicted w4
+    # nothing at 2 s: bpaWR predicted w4 (with the paper's `> p`, 2 ready are not enough to look)
+    assert sorted(launched) == [(3.0, (1, 3)), (3.0, (2, 4))]
 
 
 def test_fig3_progress_aware_waits_for_one_group_of_four():

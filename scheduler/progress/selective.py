@@ -38,7 +38,7 @@ class SelectiveReduce:
     def __init__(self, scheme: str = "sr", group: int = 2, *, eta: float = 0.3, theta: float = 1.0,
                  dt: float = 0.01, c: int | None = None, prob_model: str = "hazard", warm: bool = True,
                  samples: Sequence[float] = (), bw_error: float = 0.0, weights: str = "staleness",
-                 strict_trigger: bool = False, bandwidth: Mapping[int, float] | None = None, seed: int = 1,
+                 strict_trigger: bool = True, bandwidth: Mapping[int, float] | None = None, seed: int = 1,
                  **_: Any) -> None:
         """group: p, the minimum group; samples: the runtime profile (warm start); bandwidth: per worker
         Mbit/s (default: the registered caps). The model size comes from the job."""
