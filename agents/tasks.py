@@ -196,7 +196,12 @@ class TaskRunner:
         t_wait = time.time() - prep.t_ready if prep is not None else None  # READY -> TASK: the barrier
         t_compute = prep.t_compute if prep is not None else 0.0
         contrib = None
-        if member:
+        missing = ""
+        if member and prep is None and job in self.verifiers:  # a real workload has nothing to stand in for it
+            missing = f"node {self.node} has no contribution of iteration {mine} for task {msg.task}"
+            log.error("%s", missing)
+            contrib = np.zeros(plan.params, np.float32)
+        elif member:
             contrib = prep.contribution if prep is not None else await asyncio.to_thread(
                 contribution, mine, 0, self.node, plan.params)
         t_start = self.clock.now()
@@ -207,7 +212,7 @@ class TaskRunner:
             return
         for gone in self.dropped.get(key, ()):  # dropped before this node began its part
             self.engine.drop_receiver(st, gone)
-        error = ""
+        error = missing
         try:
             result = await st.done
             ok = True
@@ -219,6 +224,7 @@ class TaskRunner:
         t_end = self.clock.now()
         self.engine.end_task(st)
         digest = None
+        ok = ok and not missing  # said plainly: the sum holds zeros for this member
         if st.receiver and result is not None:
             if ok:  # numpy and blake2b release the GIL: verify off the loop, which still forwards chunks
                 ok, error = await asyncio.to_thread(self._verify, result, msg, plan)

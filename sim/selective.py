@@ -150,15 +150,18 @@ class Controller:
         st = self._worker(w)
         if st.state == "gone":
             return []
+        if st.state == "syncing" and iteration <= st.iteration:
+            return []  # its group's attempt was aborted: the scheduler retries that task, it is still in it
         self._arrived = True
-        if st.state == "syncing":  # its result arrived before the group's end reached us
+        if st.state == "syncing":  # its result arrived (and it computed on) before the group's end reached us
             st.state = "training"
         elif st.state == "training" and not self.cfg.warm:
             self.F.add(t - st.round_start)
-        if st.state != "queued":  # else a repeated READY (a retried attempt): it keeps its place
-            st.state, st.iteration, st.t_ready, st.last = "queued", iteration, t, last
-            st.tau += 1
+        if st.state != "queued":
+            st.state, st.tau = "queued", st.tau + 1
             self.queue[w] = None
+        if iteration != st.iteration:  # (a repeated READY of the same iteration keeps its place and time)
+            st.iteration, st.t_ready, st.last = iteration, t, last
         return [] if defer else self._pass(t, arrival=True)
 
     def done(self, gid: int, t: float, back: Mapping[int, float] | None = None, t_end: float | None = None

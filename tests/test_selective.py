@@ -189,6 +189,21 @@ def test_a_wait_with_no_arrival_in_its_window_is_charged_to_every_waiting_member
     assert sum(st.wasted for st in c.w.values()) == pytest.approx(0.2)
 
 
+def test_a_ready_again_for_an_iteration_in_flight_is_not_a_new_arrival():
+    """An attempt of a group's task was aborted (an agent lost): the scheduler retries the task, and its
+    members say READY again for the same iteration. They are still in that group: never in a second
+    one (their one contribution would be summed twice, or not be there). A READY of a later iteration
+    (its result came before the group's end reached the controller) is an arrival."""
+    c = Controller(cfg("pr", p=2), range(4), dict.fromkeys(range(4), 1.0))
+    (a,) = c.ready(0, 5, 0.1) or c.ready(1, 3, 0.2)
+    assert c.ready(0, 5, 0.3) == [] and c.ready(1, 3, 0.3) == [] and not c.queue  # still syncing in a
+    assert c.ready(2, 0, 0.4) == [] and c.ready(0, 6, 0.5)[0].iters == {0: 6, 2: 0}  # 0 computed on: new
+    c.done(a.gid, 0.6)
+    c.ready(3, 1, 0.7)
+    c.ready(3, 1, 0.8)  # repeated while queued: keeps its place and time
+    assert c.w[3].t_ready == 0.7 and list(c.queue) == [3]
+
+
 def test_a_bad_configuration_is_refused_naming_the_field():
     for kw, field in [({"p": 0}, "p:"), ({"eta": -0.1}, "eta"), ({"dt": 0}, "dt"), ({"c": 0}, "c:"),
                       ({"scheme": "xx"}, "scheme"), ({"prob_model": "x"}, "prob_model"),
