@@ -167,13 +167,15 @@ async def test_training_reaches_90_percent_on_digits_under_every_scheme():
 
 
 @pytest.mark.timeout(120)
-async def test_selective_reduce_live_keeps_the_integer_workloads_exact_sums_and_the_controllers_groups():
+@pytest.mark.parametrize("planner", ["ring", "mst", "netstorm"])
+async def test_selective_reduce_live_keeps_the_integer_workloads_exact_sums_and_the_controllers_groups(planner):
     topo = switch(6, unit=50.0, seed=2)  # caps 50-1000 Mbit/s, registered by the agents
     sched, agents, tasks = await start_cluster(topo, cluster="sr-int", shaped=True)
-    try:
+    try:  # a group's plan is any planner's: the ring (the paper's), a spanning tree, NetStorm's trees
         pol = SelectiveReduce("sr", group=2, dt=0.01, eta=0.3, strict_trigger=True)
-        js = await run_until(sched, agents, pol, params=50_000, chunk=5_000, compute="cnn:mean=0.05",
+        js = await run_until(sched, agents, pol, scheme=planner, params=50_000, chunk=5_000, compute="cnn:mean=0.05",
                              until_fn=lambda: len(sched.current.records) >= 12, what="12 syncs")
+        assert {sched.plans[r.version].scheme for r in js.records} == {planner}
         assert pol.controller.bw == {n: topo.uplink_mbps[n] for n in range(6)}  # the caps as registered
         assert pol.controller.cfg.weights == "uniform"  # integer contributions: a plain sum
         for rec in js.records:  # each member's own iteration, summed exactly: == against this test's sum
