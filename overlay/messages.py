@@ -308,6 +308,9 @@ class Job(Record):
     compute: str | None = f(fc.text(), optional=True)  # the compute model (sim.compute spec); seeded by `seed`
     compute_scale: float | None = f(lo=0, optional=True)  # its times shrink by this (the run's --scale)
     seed: int | None = _count(optional=True)
+    # what a member contributes: None, the synthetic integers (exact checks); else a workload spec the
+    # agent runs (agents.training: real training, e.g. "digits:n=16,shard=iid")
+    workload: str | None = f(fc.text(), optional=True)
 
 
 @message

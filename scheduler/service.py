@@ -200,7 +200,7 @@ class Scheduler:
     def _open(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float,
               options: dict[str, Any] | None, warmup: int, t0: float | None, mode: str, ahead: int,
               progress: Any = None, compute: str | None = None, seed: int = 1,
-              compute_scale: float = 1.0) -> JobState:
+              compute_scale: float = 1.0, workload: str | None = None) -> JobState:
         """A new job on every agent: its first plan published, JOB sent."""
         self.cap_sharing.clear()  # an earlier job's tasks share nothing with this one's
         spec = planners.resolve(scheme)
@@ -217,7 +217,8 @@ class Scheduler:
         js.job_msg = JobMsg(job=js.job, scheme=scheme, rounds=js.rounds, params=params, compute_s=compute_s,
                             t0=js.t0, warmup=warmup, ahead=ahead, mode=mode,
                             rule=None if progress is None else progress.rule, compute=compute,
-                            compute_scale=compute_scale if compute else None, seed=seed if compute else None).wire()
+                            compute_scale=compute_scale if compute else None, seed=seed if compute else None,
+                            workload=workload).wire()
         for a in list(self.agents.values()):
             self.registry.send(a, js.job_msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": js.plan.version,
@@ -227,21 +228,24 @@ class Scheduler:
 
     async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
                       options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None,
-                      progress: str = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
-                      seed: int = 1, compute_scale: float = 1.0) -> JobState:
+                      progress: str | Any = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
+                      seed: int = 1, compute_scale: float = 1.0, workload: str | None = None) -> JobState:
         """Every agent iterates `warmup + rounds` times; `progress` decides how they synchronize (bsp: a
         task per round, everyone contributes and receives; ssp: a multicast per worker per iteration,
         at most `staleness` iterations ahead of the slowest; queue: partial reduces of the first
-        `group` ready). `compute`: a compute model spec (sim.compute), else `compute_s` seconds each.
-        Returns the job with its records."""
-        model = progress_models.resolve(progress, staleness=staleness, group=group)
+        `group` ready). `progress` may also be a progress model built by the caller (scheduler.progress,
+        e.g. selective.SelectiveReduce with its options). `compute`: a compute model spec (sim.compute),
+        else `compute_s` seconds each. `workload`: what members contribute (None: the synthetic
+        integers; a spec of agents.training: real training). Returns the job with its records."""
+        model = (progress_models.resolve(progress, staleness=staleness, group=group) if isinstance(progress, str)
+                 else progress)
         if planners.resolve(scheme).one_source and model.name != "ssp":
             raise ValueError(f"{scheme} plans one worker's multicast: it fits progress ssp (a multicast per "
                              f"worker and iteration), not {model.name} (reduces of several workers)")
         ahead = BSP_AHEAD if model.name == "bsp" else max(8, 4 * self.expected)
         js = self._open(scheme, rounds=rounds, params=params, chunk_params=chunk_params, compute_s=compute_s,
                         options=options, warmup=warmup, t0=t0, mode="rounds", ahead=ahead, progress=model,
-                        compute=compute, seed=seed, compute_scale=compute_scale)
+                        compute=compute, seed=seed, compute_scale=compute_scale, workload=workload)
         model.start(self, js)
         await js.finished.wait()
         return js
@@ -249,6 +253,12 @@ class Scheduler:
     # --- what progress models may ask (scheduler.progress.Control) --------------------------------
     def alive(self) -> list[int]:
         return sorted(self.agents)
+
+    def node_bandwidth(self) -> dict[int, float]:
+        """Each registered agent's b = min(uplink, downlink) of its configured caps, Mbit/s (those
+        with both caps): what a bandwidth-aware model (selective reduce) groups workers by."""
+        return {n: min(a.uplink_mbps, a.downlink_mbps) for n, a in sorted(self.agents.items())
+                if a.uplink_mbps is not None and a.downlink_mbps is not None}
 
     def form(self, js: JobState, members: Iterable[int], receivers: Iterable[int] | None, rnd: int | None,
              iters: dict[int, int] | None = None, options: dict[str, Any] | None = None) -> Task:

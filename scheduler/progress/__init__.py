@@ -12,6 +12,8 @@ holds their contribution) or "bound" (a GO that allows the iteration).
             iteration whose multicast is over) + 1 + s (SelMcast's SSP, digest 000 §2.4)
     queue   a ready queue: workers queue on READY, the first p queued form a partial reduce (P-Reduce);
             the last workers, when fewer than p remain, form one with whoever is left
+    selective  selective reduce (seed 003) and its baselines on one controller (sim.selective): BAG
+            groups by bandwidth, bpaWR waits for faster workers, P-Reduce, all-reduce (scheme=sr|pr|ar|pa)
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Control(Protocol):
 
     def alive(self) -> list[int]: ...
 
+    def node_bandwidth(self) -> dict[int, float]: ...
+
 
 class Progress(Protocol):
     name: str
@@ -49,9 +53,11 @@ class Progress(Protocol):
 
 
 def resolve(name: str, **options: Any) -> Progress:
-    """A progress model by name: bsp, ssp (staleness=S), queue (group=P)."""
-    from . import bsp, queue, ssp
-    makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue}
+    """A progress model by name: bsp, ssp (staleness=S), queue (group=P), selective (group=P, scheme,
+    eta, theta, dt, c, ...: selective.SelectiveReduce)."""
+    from . import bsp, queue, selective, ssp
+    makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue,
+                                                  "selective": selective.SelectiveReduce}
     if name not in makers:
         raise ValueError(f"unknown progress model {name!r}; known: {', '.join(sorted(makers))}")
     return makers[name](**options)
