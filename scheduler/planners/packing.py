@@ -105,7 +105,7 @@ def pair_trees(reduce: Sequence[Tree], broadcast: Sequence[Tree]) -> list[tuple[
     return out
 
 
-def _largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
+def largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
     """`total` split in proportion to `shares`, whole numbers summing to it exactly."""
     s = sum(shares)
     raw = [total * x / s for x in shares]
@@ -126,7 +126,7 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
              pair_trees(pk.reduce.get(v, ()), pk.broadcast.get(v, ()))]
     if not pairs:
         raise PlanError("packing: the LP found no tree (sum chi = 0)")
-    sizes = _largest_remainder(job.params, [a for *_, a in pairs])
+    sizes = largest_remainder(job.params, [a for *_, a in pairs])
     layout: list[tuple[int, int]] = []
     groups: list[ChunkGroup] = []
     off = 0
@@ -135,12 +135,9 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
         if n == 0:
             continue  # a sliver the rounding left nothing: its tree carries nothing this round
         parent = _pruned(dict(r.parent), members)
-        children = _children(_pruned(dict(b.parent), members))
-        depth = _depth(parent) + _depth(b.parent)
-        size = max(min_chunk_params, math.ceil(n * fill / max(1, depth - 1)))
+        children = children_of(_pruned(dict(b.parent), members))
         first = len(layout)
-        for o in range(off, off + n, size):
-            layout.append((o, min(size, off + n - o)))
+        layout += pipelined(off, n, tree_depth(parent) + tree_depth(b.parent), fill, min_chunk_params)
         off += n
         rates: dict[tuple[int, int], float] = {}
         if pace:
@@ -167,12 +164,19 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
                 tuple(groups), info=info)
 
 
+def pipelined(off: int, n: int, depth: int, fill: float, min_chunk_params: int) -> list[tuple[int, int]]:
+    """Chunks (offset, length) for n parameters from `off` on a group `depth` store-and-forward steps
+    deep (aggregation plus broadcast): its pipeline then costs about `fill` of the group's time."""
+    size = max(min_chunk_params, math.ceil(n * fill / max(1, depth - 1)))
+    return [(o, min(size, off + n - o)) for o in range(off, off + n, size)]
+
+
 def _seconds(params: int, mbps: float, *, overlap: bool) -> float:
     """S / rate (overlapped stages) or 2 S / rate (reduce, then broadcast)."""
     return (1 if overlap else 2) * params * FLOAT32 * 8 / (mbps * 1e6) if mbps > 0 else math.inf
 
 
-def _depth(parent: Mapping[int, int | None]) -> int:
+def tree_depth(parent: Mapping[int, int | None]) -> int:
     """Hops from the deepest node to the root."""
     def hops(n: int) -> int:
         k = 0
@@ -193,7 +197,7 @@ def _pruned(parent: dict[int, int | None], members: set[int]) -> dict[int, int |
             del parent[n]
 
 
-def _children(parent: Mapping[int, int | None]) -> dict[int, tuple[int, ...]]:
+def children_of(parent: Mapping[int, int | None]) -> dict[int, tuple[int, ...]]:
     kids: dict[int, list[int]] = {}
     for n, p in parent.items():
         if p is not None:
