@@ -74,7 +74,11 @@ class NodeWan:
             self._trace_task.cancel()
         for b in self.shapers:
             self.set_link_rate(b, self.topo.links[(self.node, b)].rate_mbps)
-        mine = [e for e in self.trace.events if e.src == self.node and e.dst in self.shapers]
+        for kind, cap in (("up", self.uplink), ("down", self.downlink)):
+            if cap is not None:
+                self.set_cap_rate(kind, (self.topo.uplink_mbps if kind == "up" else self.topo.downlink_mbps)[self.node])
+        mine = [e for e in self.trace.events if (e.src == self.node and e.dst in self.shapers)
+                or (e.cap is not None and e.cap[0] == self.node)]
         if mine:
             self._trace_task = asyncio.create_task(self._apply_trace(t0, mine))
 
@@ -83,7 +87,17 @@ class NodeWan:
             wait = t0 + e.t - self.now()
             if wait > 0:
                 await asyncio.sleep(wait)
-            self.set_link_rate(e.dst, e.rate_mbps)
+            if e.cap is not None:
+                self.set_cap_rate(e.cap[1], e.rate_mbps)
+            else:
+                self.set_link_rate(e.dst, e.rate_mbps)
+
+    def set_cap_rate(self, kind: str, mbps: float) -> None:
+        """A node cap's rate from the trace (a big switch's fluctuating port); on the tc backend the
+        launcher changes the kernel's (this node has no cap bucket then). 0 is not a cap's rate."""
+        cap = self.uplink if kind == "up" else self.downlink
+        if cap is not None and mbps > 0:
+            cap.set_rate(mbps * MBIT)
 
     def set_link_rate(self, dst: int, mbps: float) -> None:
         """Our shaper paces the link; or, on the tc backend (the launcher applies the same trace to

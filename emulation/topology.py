@@ -121,7 +121,7 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
     return Topology("internet2", 9, links)
 
 
-BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME")
+BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME", "bigswitch:N")
 PRESETS = Path(__file__).parent / "presets"  # measured matrices; each file names its source
 
 
@@ -174,9 +174,14 @@ def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
 
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
     """`internet2`, `uniform[:Mbps]`, `hetero[:lo-hi][:x=F]`, `waxman:N[:seed=S][:x=F]`,
-    `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), or a .toml/.json file."""
+    `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), `bigswitch:N[:...]`
+    (emulation.bigswitch), or a .toml/.json file."""
     name, _, arg = spec.partition(":")
-    if name in ("waxman", "crew"):
+    if name == "bigswitch":
+        from .bigswitch import from_spec as switch_spec  # bigswitch builds on this module
+
+        topo = switch_spec(spec)
+    elif name in ("waxman", "crew"):
         from .waxman import from_spec  # waxman builds on this module
 
         topo = from_spec(spec)

@@ -724,6 +724,8 @@ class Scheduler:
         self.version = max(self.version, msg.seen_version or 0)
         self.registry.add(a, msg)
         self.cap_sharing.set_caps(a.node, msg.uplink_mbps, msg.downlink_mbps)
+        self.view.set_cap(a.node, "up", msg.uplink_mbps)  # nominal until its own samples come
+        self.view.set_cap(a.node, "down", msg.downlink_mbps)
         self.view.add_node(a.node)
         self.view.node_up(a.node)
         for n in a.neighbors:
@@ -767,6 +769,8 @@ class Scheduler:
                                     field="samples", msg_type=msg.T)
         for src, dst, nbytes, seconds in msg.samples:
             self.view.observe(src, dst, nbytes, seconds)
+        for kind, nbytes, seconds in msg.caps or ():  # the node's own caps (a big switch's ports)
+            self.view.observe_cap(a.node, ("up", "down")[int(kind)], int(nbytes), seconds)
         self.on_event("samples", {"node": a.node, "samples": msg.samples})
         if self.current is not None:
             self._maybe_refresh_aux(self.current)

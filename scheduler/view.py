@@ -1,5 +1,13 @@
 """What the scheduler knows of the network: only what agents measured, with its age.
 
+Node caps (a big switch's ports: each node's uplink and downlink) are known the same way: a node
+registers its configured caps (the nominal guess, marked unknown), then agents report samples of
+what all of a node's traffic together moved while it stayed busy (agents/capprobes.py). An aggregate
+reaches a cap only while the cap is what binds (otherwise the senders or receivers limit it), so a
+cap's estimate is the highest of its latest KEEP samples rather than their median; it is known once
+KNOWN_S of busy time in KNOWN_SAMPLES samples arrived. A trace that lowers a cap shows as soon as the
+older, faster samples have left the latest KEEP.
+
 It starts uniform (every overlay link at a nominal rate, marked unknown) and learns from passive
 samples: bytes a link delivered over seconds it was continuously busy (agents/probes.py). It never
 looks at the emulator. A link is *known* (`measured`) once at least KNOWN_SAMPLES samples covering
@@ -40,6 +48,7 @@ class NetworkView:
         self.samples = 0
         self.suspended: dict[tuple[int, int], dict[tuple[int, int], dict]] = {}  # link -> its edges' data
         self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
+        self.caps: dict[tuple[int, str], dict] = {}  # (node, "up" | "down") -> its estimate, as an edge's
         for a, b in links:
             self.add_link(a, b)
 
@@ -68,6 +77,40 @@ class NetworkView:
     def rate(self, a: int, b: int) -> float:
         return self.g.edges[a, b]["rate"]
 
+
+    # --- node caps -----------------------------------------------------------------------------------
+    def set_cap(self, node: int, kind: str, mbps: float | None) -> None:
+        """A node's configured cap (REGISTER): the nominal estimate until samples are in (None: no cap)."""
+        if kind not in ("up", "down"):
+            raise ValueError(f"kind: up or down, got {kind!r}")
+        if mbps is None:
+            self.caps.pop((node, kind), None)
+        elif (node, kind) not in self.caps:
+            self.caps[(node, kind)] = dict(rate=float(mbps), nominal=float(mbps), measured=False, t=0.0, n=0,
+                                           busy_s=0.0, recent=())
+
+    def observe_cap(self, node: int, kind: str, nbytes: int, seconds: float, now: float | None = None) -> None:
+        """One passive sample of a node cap: all of the node's traffic that way moved nbytes over `seconds`
+        of busy time. Samples of caps the node never registered are ignored."""
+        e = self.caps.get((node, kind))
+        if e is None or not (math.isfinite(seconds) and seconds > 0 and nbytes > 0):
+            return
+        recent = e["recent"] = (*e["recent"][-(KEEP - 1):], (nbytes * 8 / seconds / 1e6, seconds))
+        e["busy_s"] += seconds
+        e["n"] += 1
+        if e["measured"] or (e["busy_s"] >= KNOWN_S - 1e-12 and e["n"] >= KNOWN_SAMPLES):
+            e["rate"] = max(r for r, _ in recent)
+            e["measured"] = True
+        e["t"] = time.time() if now is None else now
+
+    def cap(self, node: int, kind: str) -> float | None:
+        """The cap's estimate in Mbit/s (the configured value until measured), or None: no such cap."""
+        e = self.caps.get((node, kind))
+        return None if e is None else e["rate"]
+
+    def cap_known(self, node: int, kind: str) -> bool:
+        e = self.caps.get((node, kind))
+        return e is not None and bool(e["measured"])
 
     def observe(self, src: int, dst: int, nbytes: int, seconds: float, now: float | None = None) -> None:
         """One passive sample: the link delivered nbytes over `seconds` of continuous busy time."""

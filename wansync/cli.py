@@ -38,8 +38,9 @@ def _trace(args: argparse.Namespace, topo: Topology):  # noqa: ANN202
     from emulation.trace import Trace
     from emulation.trace import build as build_trace
 
+    caps = [(n, "up") for n in topo.uplink_mbps] + [(n, "down") for n in topo.downlink_mbps]
     if getattr(args, "trace_file", None):
-        return Trace.read(args.trace_file).check(topo.links, f"trace file {args.trace_file}")
+        return Trace.read(args.trace_file).check(topo.links, f"trace file {args.trace_file}", caps)
     spec = getattr(args, "trace", None)
     if spec is not None and getattr(args, "dynamic", False):
         raise TraceError("trace: give --trace or --dynamic/--period (an alias of --trace redraw:PERIOD), not both")
@@ -48,7 +49,7 @@ def _trace(args: argparse.Namespace, topo: Topology):  # noqa: ANN202
             return Trace()
         spec = f"redraw:{args.period:g}"
     base = {k: s.rate_mbps for k, s in topo.links.items()}
-    return build_trace(spec, base, horizon_s=TRACE_HORIZON_S, seed=args.seed).scaled(args.scale)
+    return build_trace(spec, base, horizon_s=TRACE_HORIZON_S, seed=args.seed, topology=topo).scaled(args.scale)
 
 
 def _faults(args: argparse.Namespace, topo: Topology) -> list:
