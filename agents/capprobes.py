@@ -6,11 +6,12 @@ period if its sender stamped it before the previous chunk, from anyone, had arri
 chunk's bytes are not counted, so no token bucket's burst reads as rate), counting the bytes of the
 overlay's receive meters of all links together. Uplink: the sender's side, ticked every TICK_S: while
 any of this node's links has data waiting (its shapers' backlog count, on both backends), the bytes
-all its links handed to the transport, from the first tick that found it busy (not counted) to the
-last. Samples are [kind, bytes, seconds] (kind 0 = uplink, 1 = downlink) in the REPORT's `caps`.
+its links wrote to the wire at their due times, from the third tick that found it busy (the bucket's
+burst is through by then; not counted) to the last. Samples cover CAP_SAMPLE_S of busy time at least
+and go out as [kind, bytes, seconds] (kind 0 = uplink, 1 = downlink) in the REPORT's `caps`.
 
-An aggregate reaches the cap only while the cap binds; the scheduler's view keeps the highest of a
-cap's latest samples (scheduler/view.py).
+An aggregate reaches the cap only while the cap binds; the scheduler's view keeps a high quantile of
+a cap's latest samples (scheduler/view.py).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from .probes import MIN_PERIOD_S, MIN_SAMPLE_S, SAMPLE_S, LinkProbes
+from .probes import MIN_PERIOD_S, SAMPLE_S, LinkProbes
 
 TICK_S = 0.01
+CAP_SAMPLE_S = 0.15  # busy time per sample: a tick's grain (10 ms) is a few % of it
+SKIP_TICKS = 2  # a busy period counts from its third tick: a cap's burst (16 KiB: 13 ms at 10 Mbit/s) is through
 UP, DOWN = 0, 1
 PORT = -1
 
@@ -34,9 +37,11 @@ class CapProbes:
         self.node, self.now = node, now
         self.up, self.down = up, down
         self.tx_total, self.sending = tx_total, sending
-        self._down = LinkProbes(now, probe_bytes, probe_num, rx_bytes=lambda _src: rx_total())
+        self._down = LinkProbes(now, probe_bytes, probe_num, rx_bytes=lambda _src: rx_total(),
+                                min_sample_s=CAP_SAMPLE_S)
         self._period: list[float] | None = None  # uplink: [start, last, bytes at start, bytes at last]
         self._acc = [0.0, 0.0]  # uplink bytes, seconds not yet a sample
+        self._busy_ticks = 0  # consecutive ticks that found the uplink busy
         self.samples: list[list[float]] = []
         self._task: asyncio.Task | None = None
 
@@ -66,6 +71,9 @@ class CapProbes:
         p = self._period
         if busy:
             tx = self.tx_total()
+            self._busy_ticks += 1
+            if self._busy_ticks <= SKIP_TICKS:  # an idle cap starts with a full bucket: its burst is no rate
+                return
             if p is None:
                 self._period = [now, now, tx, tx]
                 return
@@ -73,9 +81,11 @@ class CapProbes:
             if p[1] - p[0] >= SAMPLE_S:  # a long period: report this much, go on from here
                 self._emit(p)
                 self._period = [now, now, tx, tx]
-        elif p is not None:
-            self._emit(p)
-            self._period = None
+        else:
+            self._busy_ticks = 0
+            if p is not None:
+                self._emit(p)
+                self._period = None
 
     def _emit(self, p: list[float]) -> None:
         seconds, nbytes = p[1] - p[0], p[3] - p[2]
@@ -83,7 +93,7 @@ class CapProbes:
             return
         self._acc[0] += nbytes
         self._acc[1] += seconds
-        if self._acc[1] >= MIN_SAMPLE_S:
+        if self._acc[1] >= CAP_SAMPLE_S:
             self.samples.append([UP, int(self._acc[0]), self._acc[1]])
             self._acc = [0.0, 0.0]
 

@@ -184,6 +184,11 @@ class LinkShaper:
         self._wake()
 
     @property
+    def written_bytes(self) -> int:
+        """Bytes written to the wire so far, at their due times (not when scheduled ahead)."""
+        return self.sent_bytes + self._pending
+
+    @property
     def backlogged(self) -> bool:
         """True from the first piece of a backlog until the wire is idle again (the loop-lag check
         judges the loop while the node had traffic)."""

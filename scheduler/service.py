@@ -228,16 +228,20 @@ class Scheduler:
     async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
                       options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None,
                       progress: str = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
-                      seed: int = 1, compute_scale: float = 1.0) -> JobState:
+                      seed: int = 1, compute_scale: float = 1.0,
+                      progress_options: Mapping[str, Any] | None = None) -> JobState:
         """Every agent iterates `warmup + rounds` times; `progress` decides how they synchronize (bsp: a
         task per round, everyone contributes and receives; ssp: a multicast per worker per iteration,
         at most `staleness` iterations ahead of the slowest; queue: partial reduces of the first
-        `group` ready). `compute`: a compute model spec (sim.compute), else `compute_s` seconds each.
+        `group` ready; mcast-bsp, mcast-ssp: multicasts to chosen receivers, `progress_options` say how:
+        select, p, k, eta). `compute`: a compute model spec (sim.compute), else `compute_s` seconds each.
         Returns the job with its records."""
-        model = progress_models.resolve(progress, staleness=staleness, group=group)
-        if planners.resolve(scheme).one_source and model.name != "ssp":
+        model = progress_models.resolve(progress, staleness=staleness, group=group, **(progress_options or {}))
+        if planners.resolve(scheme).one_source and not getattr(model, "multicasts", False):
             raise ValueError(f"{scheme} plans one worker's multicast: it fits progress ssp (a multicast per "
                              f"worker and iteration), not {model.name} (reduces of several workers)")
+        if model.name.startswith("mcast-") and not planners.resolve(scheme).one_source:
+            raise ValueError(f"progress {model.name} forms multicasts: scheme mcast or mcast-l3, not {scheme}")
         ahead = BSP_AHEAD if model.name == "bsp" else max(8, 4 * self.expected)
         js = self._open(scheme, rounds=rounds, params=params, chunk_params=chunk_params, compute_s=compute_s,
                         options=options, warmup=warmup, t0=t0, mode="rounds", ahead=ahead, progress=model,

@@ -4,7 +4,8 @@ Node caps (a big switch's ports: each node's uplink and downlink) are known the 
 registers its configured caps (the nominal guess, marked unknown), then agents report samples of
 what all of a node's traffic together moved while it stayed busy (agents/capprobes.py). An aggregate
 reaches a cap only while the cap is what binds (otherwise the senders or receivers limit it), so a
-cap's estimate is the highest of its latest KEEP samples rather than their median; it is known once
+cap's estimate is a high quantile (CAP_QUANTILE, duration-weighted) of its latest KEEP samples rather
+than their median (the highest would pick the noise of a short sample); it is known once
 KNOWN_S of busy time in KNOWN_SAMPLES samples arrived. A trace that lowers a cap shows as soon as the
 older, faster samples have left the latest KEEP.
 
@@ -33,6 +34,7 @@ KNOWN_S = 0.05  # busy time a link's samples must cover before its estimate is t
 KNOWN_SAMPLES = 2  # ... in at least this many samples (or one of twice KNOWN_S)
 AGREE = 0.10  # ... at least half of whose busy time lies within this of their median (else: unknown yet)
 KEEP = 7  # latest samples per link the estimate is the (duration-weighted) median of
+CAP_QUANTILE = 0.75  # a cap's estimate: this quantile of its latest samples (aggregates only reach it binding)
 
 
 class DisconnectedView(ValueError):
@@ -99,7 +101,7 @@ class NetworkView:
         e["busy_s"] += seconds
         e["n"] += 1
         if e["measured"] or (e["busy_s"] >= KNOWN_S - 1e-12 and e["n"] >= KNOWN_SAMPLES):
-            e["rate"] = max(r for r, _ in recent)
+            e["rate"] = _weighted_quantile(recent, CAP_QUANTILE)
             e["measured"] = True
         e["t"] = time.time() if now is None else now
 
@@ -235,6 +237,18 @@ def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:
     for rate, w in ordered:
         acc += w
         if acc >= half:
+            return rate
+    return ordered[-1][0]
+
+
+def _weighted_quantile(samples: Iterable[tuple[float, float]], q: float) -> float:
+    """The rate below which a share q of the samples' busy time lies."""
+    ordered = sorted(samples)
+    target = q * sum(w for _, w in ordered)
+    acc = 0.0
+    for rate, w in ordered:
+        acc += w
+        if acc >= target:
             return rate
     return ordered[-1][0]
 

@@ -71,6 +71,18 @@ class SspResult:
     per_worker: dict[int, float]  # utilisation per worker
 
 
+def blocked_for(k: int, staleness: int, done: np.ndarray, finish: np.ndarray, per_iter: np.ndarray) -> float:
+    """tau: how long a worker whose multicast of iteration k ended now would wait for the SSP bound —
+    until every worker u has done iteration k - s. done[u]: u's last done iteration; finish[u]: the
+    estimated seconds until u's next iteration (done[u] + 1) is done; per_iter[u]: seconds per further
+    iteration (compute plus a multicast). 0 when nobody is that far behind."""
+    m = k - staleness
+    behind = np.flatnonzero(done < m)
+    if not len(behind):
+        return 0.0
+    return float(max(finish[u] + (m - done[u] - 1) * per_iter[u] for u in behind))
+
+
 def bsp_round(x: np.ndarray, b_in: Sequence[float], b_out: Sequence[float], volume: Sequence[float],
               mode: str = "l3", sharing: str = "maxmin") -> float:
     """One BSP round: every sender i multicasts v_i to its row of x at once; the time until every
@@ -214,21 +226,17 @@ class _Ssp:
         return SspView(now, kappa, active, x, V, self.v, b_in, b_out, tau)
 
     def _blocked_for(self, k: int, now: float, b_in: np.ndarray) -> float:
-        """How long a worker whose multicast of iteration k ended now would wait for the bound: until
-        every worker u has done iteration k - s (0 if all have)."""
-        m = k - self.s
-        eta = 0.0
+        """blocked_for with what the simulator knows: the stragglers' true remaining compute, what
+        their multicasts in flight still have to send, and an uplink-time estimate of a multicast."""
+        if not np.any(self.done < k - self.s):
+            return 0.0
         # an uplink's time for one multicast: one copy (L3), or as many as receivers so far (L7)
         copies = 1.0 if self.mode == "l3" or not self.scales else max(1.0, float(np.mean(self.scales)) * self.n)
-        for u in np.flatnonzero(self.done < m):
-            mc = self.v[u] * copies / max(b_in[u], 1e-300)
-            nxt = int(self.done[u] + 1)  # the iteration u works on
-            if u in self.busy:
-                rest = max(0.0, self.busy[u][2] - now) + mc
-            elif u in self.task:
-                left = self.sw.left(int(u)).values() if u in self.sw.tasks else [0.0]
-                rest = (max(left, default=0.0) if self.mode == "l3" else sum(left)) / max(b_in[u], 1e-300)
-            else:
-                rest = self.mean[u] + mc
-            eta = max(eta, rest + (m - nxt) * (self.mean[u] + mc))
-        return eta
+        mc = self.v * copies / np.maximum(b_in, 1e-300)
+        finish = self.mean + mc  # waiting for the bound: at least one compute and multicast away
+        for u, (_, _, end) in self.busy.items():
+            finish[u] = max(0.0, end - now) + mc[u]
+        for u in self.task:
+            left = self.sw.left(u).values() if u in self.sw.tasks else [0.0]
+            finish[u] = (max(left, default=0.0) if self.mode == "l3" else sum(left)) / max(b_in[u], 1e-300)
+        return blocked_for(k, self.s, self.done, finish, self.mean + mc)

@@ -128,6 +128,15 @@ class Switch:
         if not task.flows and task.end is None:
             task.end = self.now
 
+    def set_capacity(self, worker: int, kind: str, rate: float) -> None:
+        """A port's capacity from now on (a caller following a measured view, not a trace)."""
+        port = worker + (self.n if kind == "down" else 0)
+        if kind not in ("up", "down") or not 0 <= worker < self.n or rate < 0:
+            raise ValueError(f"set_capacity: ({worker}, {kind!r}, {rate}) is no port capacity")
+        if self.cap[port] != rate:
+            self.cap[port] = rate
+            self._dirty = True
+
     def set_level(self, key: Hashable, level: tuple[float, ...]) -> None:
         task = self.tasks[key]
         if task.level != level:
@@ -183,12 +192,15 @@ class Switch:
         return out
 
     def _run_to(self, t: float) -> None:
-        dt = t - self.now
-        if dt > 0 and len(self._ids):
+        dt = max(0.0, t - self.now)
+        # a flow due within the clock's float grain is done (at clock values like the epoch's, a tiny
+        # remainder's finish time rounds to now and would never be reached)
+        grain = 1e-12 * max(1.0, abs(t)) + 1e-12
+        if len(self._ids):
             for fid, r in zip(self._ids, self._rate.tolist(), strict=True):
                 if r > 0:
                     f = self._flows[fid]
-                    moved = min(f.left, r * dt)
+                    moved = f.left if f.left <= r * (dt + grain) else r * dt
                     f.left -= moved
                     self.port_bytes[f.src] += moved
                     for j in f.receivers:

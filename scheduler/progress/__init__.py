@@ -12,6 +12,7 @@ holds their contribution) or "bound" (a GO that allows the iteration).
             iteration whose multicast is over) + 1 + s (SelMcast's SSP, digest 000 §2.4)
     queue   a ready queue: workers queue on READY, the first p queued form a partial reduce (P-Reduce);
             the last workers, when fewer than p remain, form one with whoever is left
+    mcast-bsp, mcast-ssp   multicasts to chosen receivers (SelMcast, Orpheus): mcast.py
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ class Control(Protocol):
 
     def alive(self) -> list[int]: ...
 
+    # what multicast models (mcast.py) use besides: the view's node caps, shrinking a running
+    # multicast's receivers, and the timeline
+    view: Any
+
+    def drop_receiver(self, js: JobState, tid: int, node: int) -> None: ...
+
+    def note_event(self, kind: str, **data: Any) -> dict[str, Any]: ...
+
 
 class Progress(Protocol):
     name: str
@@ -49,9 +58,11 @@ class Progress(Protocol):
 
 
 def resolve(name: str, **options: Any) -> Progress:
-    """A progress model by name: bsp, ssp (staleness=S), queue (group=P)."""
-    from . import bsp, queue, ssp
-    makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue}
+    """A progress model by name: bsp, ssp (staleness=S), queue (group=P), mcast-bsp and mcast-ssp
+    (select=selmcast|orpheus|all, p, k, eta, seed; mcast.py)."""
+    from . import bsp, mcast, queue, ssp
+    makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue,
+                                                   "mcast-bsp": mcast.McastBsp, "mcast-ssp": mcast.McastSsp}
     if name not in makers:
         raise ValueError(f"unknown progress model {name!r}; known: {', '.join(sorted(makers))}")
     return makers[name](**options)
