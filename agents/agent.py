@@ -331,8 +331,13 @@ class Agent:
         if self.ctl is None:
             return
         report, caps = self.probes.report(self.node), self.caps.take()
-        if caps:
-            report = Report(node=self.node, samples=report.samples if report else [], caps=caps)
+        declared = None
+        if self.wan.cap_changed:  # a trace moved this node's caps: the scheduler's view follows
+            self.wan.cap_changed = False
+            declared = [self.wan.cap_now.get("up"), self.wan.cap_now.get("down")]
+        if caps or declared:
+            report = Report(node=self.node, samples=report.samples if report else [], caps=caps or None,
+                            declared=declared)
         if report is not None:
             try:
                 self.ctl.send(report.wire())

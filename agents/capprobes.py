@@ -23,7 +23,9 @@ from collections.abc import Callable
 from .probes import MIN_PERIOD_S, SAMPLE_S, LinkProbes
 
 TICK_S = 0.01
-CAP_SAMPLE_S = 0.15  # busy time per sample: a tick's grain (10 ms) is a few % of it
+CAP_SAMPLE_S = 0.15  # busy time per uplink sample: a tick's grain (10 ms) is a few % of it
+# ... per downlink sample: a throttled receiver reads in gulps (a 64 KiB read is 80 ms at 6 Mbit/s)
+DOWN_SAMPLE_S = 0.6
 SKIP_TICKS = 2  # a busy period counts from its third tick: a cap's burst (16 KiB: 13 ms at 10 Mbit/s) is through
 UP, DOWN = 0, 1
 PORT = -1
@@ -38,7 +40,7 @@ class CapProbes:
         self.up, self.down = up, down
         self.tx_total, self.sending = tx_total, sending
         self._down = LinkProbes(now, probe_bytes, probe_num, rx_bytes=lambda _src: rx_total(),
-                                min_sample_s=CAP_SAMPLE_S)
+                                min_sample_s=DOWN_SAMPLE_S)
         self._period: list[float] | None = None  # uplink: [start, last, bytes at start, bytes at last]
         self._acc = [0.0, 0.0]  # uplink bytes, seconds not yet a sample
         self._busy_ticks = 0  # consecutive ticks that found the uplink busy

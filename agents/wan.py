@@ -46,6 +46,11 @@ class NodeWan:
                             for (a, b), s in topo.links.items() if a == node}
         self.downlink = (Downlink(topo.downlink_mbps[node] * MBIT)
                          if shaped and rate_shaping and node in topo.downlink_mbps else None)
+        # the rates this node's caps run at (the trace changes them; on tc too, where the kernel applies
+        # them): what the node declares to the scheduler, which sent them when they changed
+        self.cap_now: dict[str, float] = {k: m[node] for k, m in (("up", topo.uplink_mbps),
+                                                                  ("down", topo.downlink_mbps)) if node in m}
+        self.cap_changed = False
         self.overlay: Overlay | None = None
         self._cap_mark: dict[str, dict[str, float]] = {}  # the caps' books at the previous STATS
         self._trace_task: asyncio.Task | None = None
@@ -74,9 +79,9 @@ class NodeWan:
             self._trace_task.cancel()
         for b in self.shapers:
             self.set_link_rate(b, self.topo.links[(self.node, b)].rate_mbps)
-        for kind, cap in (("up", self.uplink), ("down", self.downlink)):
-            if cap is not None:
-                self.set_cap_rate(kind, (self.topo.uplink_mbps if kind == "up" else self.topo.downlink_mbps)[self.node])
+        for kind, caps in (("up", self.topo.uplink_mbps), ("down", self.topo.downlink_mbps)):
+            if self.node in caps:
+                self.set_cap_rate(kind, caps[self.node])
         mine = [e for e in self.trace.events if (e.src == self.node and e.dst in self.shapers)
                 or (e.cap is not None and e.cap[0] == self.node)]
         if mine:
@@ -98,6 +103,9 @@ class NodeWan:
         cap = self.uplink if kind == "up" else self.downlink
         if cap is not None and mbps > 0:
             cap.set_rate(mbps * MBIT)
+        if kind in self.cap_now and mbps > 0 and self.cap_now[kind] != mbps:
+            self.cap_now[kind] = mbps
+            self.cap_changed = True
 
     def set_link_rate(self, dst: int, mbps: float) -> None:
         """Our shaper paces the link; or, on the tc backend (the launcher applies the same trace to

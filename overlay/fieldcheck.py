@@ -116,6 +116,15 @@ def cap_sample(v: Any) -> None:
         raise Bad(f"cap sample seconds {v[2]!r} is not a finite positive number")
 
 
+def declared_caps(v: Any) -> None:
+    """[uplink, downlink] Mbit/s a node runs its caps at now (None: no such cap)."""
+    if not isinstance(v, list | tuple) or len(v) != 2:
+        raise Bad(f"declared caps {v!r} are not [uplink, downlink]")
+    for x in v:
+        if x is not None and (not is_num(x) or not 0 < x < MAX_MBPS):
+            raise Bad(f"declared cap {x!r} is not a positive rate below {MAX_MBPS:g} Mbit/s")
+
+
 def counters(v: Any) -> None:
     for k, n in _items(v, "links").items():
         node_key(k)

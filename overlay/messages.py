@@ -219,6 +219,8 @@ class Report(Record):
     node: int = _node()
     samples: list[list[float]] = f(fc.list_of(fc.sample, "samples"))
     caps: list[list[float]] | None = f(fc.list_of(fc.cap_sample, "cap samples"), optional=True)
+    # the rates this node's caps run at now, when they changed (a trace: a big switch's fluctuating ports)
+    declared: list[float | None] | None = f(fc.declared_caps, optional=True)
 
 
 @message

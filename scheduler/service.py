@@ -775,6 +775,9 @@ class Scheduler:
             self.view.observe(src, dst, nbytes, seconds)
         for kind, nbytes, seconds in msg.caps or ():  # the node's own caps (a big switch's ports)
             self.view.observe_cap(a.node, ("up", "down")[int(kind)], int(nbytes), seconds)
+        for kind, mbps in zip(("up", "down"), msg.declared or (), strict=False):
+            if mbps is not None:
+                self.view.declare_cap(a.node, kind, mbps)
         self.on_event("samples", {"node": a.node, "samples": msg.samples})
         if self.current is not None:
             self._maybe_refresh_aux(self.current)

@@ -1,13 +1,17 @@
 """What the scheduler knows of the network: only what agents measured, with its age.
 
-Node caps (a big switch's ports: each node's uplink and downlink) are known the same way: a node
-registers its configured caps (the nominal guess, marked unknown), then agents report samples of
+Node caps (a big switch's ports: each node's uplink and downlink) are known two ways. *Declared*: a
+node registers the rates its caps run at and says so again whenever they change (a trace), as the
+paper's manager "collects the available bandwidth" of every port (`cap(..., "declared")`, the default).
+*Measured*, the same way as links (`cap(..., "measured")`): agents report samples of
 what all of a node's traffic together moved while it stayed busy (agents/capprobes.py). An aggregate
 reaches a cap only while the cap is what binds (otherwise the senders or receivers limit it), so a
 cap's estimate is a high quantile (CAP_QUANTILE, duration-weighted) of its latest KEEP samples rather
 than their median (the highest would pick the noise of a short sample); it is known once
-KNOWN_S of busy time in KNOWN_SAMPLES samples arrived. A trace that lowers a cap shows as soon as the
-older, faster samples have left the latest KEEP.
+KNOWN_S of busy time in KNOWN_SAMPLES samples arrived; until then it is the declared rate. A trace that
+lowers a cap shows as soon as the older, faster samples have left the latest KEEP. A measured cap that
+never binds reads low, and a selection that avoids a port it believes slow keeps it from binding: the
+measured estimates are a lower bound, which is why selection uses the declared ones by default.
 
 It starts uniform (every overlay link at a nominal rate, marked unknown) and learns from passive
 samples: bytes a link delivered over seconds it was continuously busy (agents/probes.py). It never
@@ -90,6 +94,16 @@ class NetworkView:
         elif (node, kind) not in self.caps:
             self.caps[(node, kind)] = dict(rate=float(mbps), nominal=float(mbps), measured=False, t=0.0, n=0,
                                            busy_s=0.0, recent=())
+        else:
+            self.declare_cap(node, kind, mbps)
+
+    def declare_cap(self, node: int, kind: str, mbps: float) -> None:
+        """The rate a node says its cap runs at now (a trace changed it)."""
+        e = self.caps.get((node, kind))
+        if e is not None:
+            e["nominal"] = float(mbps)
+            if not e["measured"]:
+                e["rate"] = float(mbps)
 
     def observe_cap(self, node: int, kind: str, nbytes: int, seconds: float, now: float | None = None) -> None:
         """One passive sample of a node cap: all of the node's traffic that way moved nbytes over `seconds`
@@ -105,10 +119,13 @@ class NetworkView:
             e["measured"] = True
         e["t"] = time.time() if now is None else now
 
-    def cap(self, node: int, kind: str) -> float | None:
-        """The cap's estimate in Mbit/s (the configured value until measured), or None: no such cap."""
+    def cap(self, node: int, kind: str, source: str = "declared") -> float | None:
+        """The cap in Mbit/s as the node declares it, or as measured ("measured": the declared rate until
+        known), or None: no such cap."""
         e = self.caps.get((node, kind))
-        return None if e is None else e["rate"]
+        if source not in ("declared", "measured"):
+            raise ValueError(f"source: declared or measured, got {source!r}")
+        return None if e is None else e["nominal" if source == "declared" else "rate"]
 
     def cap_known(self, node: int, kind: str) -> bool:
         e = self.caps.get((node, kind))

@@ -85,8 +85,14 @@ class Switch:
         self._flows: dict[int, _Flow] = {}
         self._seq = 0
         self._dirty = True
-        self._ids: list[int] = []
+        self._ids: list[int] = []  # the flows the arrays below describe, in their order
         self._rate = np.zeros(0)
+        self._left = np.zeros(0)  # bytes left per flow (authoritative while _synced is False)
+        self._vol = np.zeros(0)
+        self._pf = self._pr = np.zeros(0, dtype=np.int64)  # (flow, port) pairs
+        self._synced = True
+        self._reshaped = True  # flows started, or changed receivers, since the arrays were built
+        self._gone: list[int] = []  # rows of flows that ended since
         self.port_bytes = np.zeros(2 * self.n)  # bytes each port carried (an L3 flow counts once per port)
 
     # --- tasks --------------------------------------------------------------------------------------
@@ -108,13 +114,14 @@ class Switch:
             self._seq += 1
             self._flows[self._seq] = _Flow(key, src, list(group), float(volume), float(volume), self._seq)
             task.flows.add(self._seq)
-        self._dirty = True
+        self._dirty = self._reshaped = True
 
     def drop(self, key: Hashable, receiver: int) -> None:
         """Receiver leaves a running task: nothing more is sent to it (its partial data is wasted)."""
         task = self.tasks[key]
         if receiver not in task.receivers:
             raise ValueError(f"task {key!r}: {receiver} is not a receiver still being served")
+        self._sync()
         task.receivers.discard(receiver)
         task.dropped.add(receiver)
         for fid in list(task.flows):
@@ -124,7 +131,7 @@ class Switch:
                 if not f.receivers:
                     del self._flows[fid]
                     task.flows.discard(fid)
-        self._dirty = True
+        self._dirty = self._reshaped = True
         if not task.flows and task.end is None:
             task.end = self.now
 
@@ -146,6 +153,7 @@ class Switch:
     def left(self, key: Hashable) -> dict[int, float]:
         """Bytes each receiver of the task (still served, or done: 0) has yet to get."""
         task = self.tasks[key]
+        self._sync()
         out = dict.fromkeys(task.done, 0.0)
         for fid in task.flows:
             f = self._flows[fid]
@@ -167,9 +175,8 @@ class Switch:
         self._solve()
         t = self._events[0][0] if self._events else np.inf
         if len(self._rate):
-            left = np.array([self._flows[f].left for f in self._ids])
-            with np.errstate(divide="ignore"):
-                dt = np.where(self._rate > 0, left / np.maximum(self._rate, 1e-300), np.inf)
+            with np.errstate(divide="ignore", over="ignore"):
+                dt = np.where(self._rate > 0, self._left / np.maximum(self._rate, 1e-300), np.inf)
             t = min(t, self.now + float(dt.min()))
         return t
 
@@ -197,22 +204,34 @@ class Switch:
         # remainder's finish time rounds to now and would never be reached)
         grain = 1e-12 * max(1.0, abs(t)) + 1e-12
         if len(self._ids):
-            for fid, r in zip(self._ids, self._rate.tolist(), strict=True):
-                if r > 0:
-                    f = self._flows[fid]
-                    moved = f.left if f.left <= r * (dt + grain) else r * dt
-                    f.left -= moved
-                    self.port_bytes[f.src] += moved
-                    for j in f.receivers:
-                        self.port_bytes[self.n + j] += moved
+            r = self._rate
+            moved = np.where(self._left <= r * (dt + grain), self._left, r * dt)
+            moved[r <= 0] = 0.0
+            self._left -= moved
+            np.add.at(self.port_bytes, self._pr, moved[self._pf])
+            self._synced = False
         self.now = max(self.now, t)
+
+    def _sync(self) -> None:
+        """The flows' remaining bytes from the arrays the engine runs on."""
+        if not self._synced:
+            for fid, left in zip(self._ids, self._left.tolist(), strict=True):
+                f = self._flows.get(fid)
+                if f is not None:
+                    f.left = left
+            self._synced = True
 
     def _complete(self) -> list[tuple[Hashable, int | None, float]]:
         out: list[tuple[Hashable, int | None, float]] = []
-        for fid in [f for f in self._ids if f in self._flows]:
-            f = self._flows[fid]
-            if f.left > _EPS * f.volume:
+        if not len(self._ids):
+            return out
+        self._sync()
+        for k in np.flatnonzero(self._left <= _EPS * self._vol).tolist():
+            fid = self._ids[k]
+            f = self._flows.get(fid)
+            if f is None:
                 continue
+            self._gone.append(k)
             task = self.tasks[f.key]
             for j in f.receivers:
                 task.done[j] = self.now
@@ -229,17 +248,34 @@ class Switch:
     def _solve(self) -> None:
         if not self._dirty:
             return
+        self._sync()
         self._dirty = False
-        self._ids = list(self._flows)
+        if self._reshaped:  # flows started or lost receivers: the arrays anew
+            self._reshaped = False
+            self._ids = list(self._flows)
+            flows = [self._flows[f] for f in self._ids]
+            self._left = np.array([f.left for f in flows], dtype=float)
+            self._vol = np.array([f.volume for f in flows], dtype=float)
+            self._pf = np.fromiter((i for i, f in enumerate(flows) for _ in range(1 + len(f.receivers))),
+                                   dtype=np.int64)
+            self._pr = np.fromiter((p for f in flows for p in (f.src, *(self.n + j for j in f.receivers))),
+                                   dtype=np.int64)
+        elif self._gone:  # only ended flows left: drop their rows (the common case, and the cheap one)
+            keep = np.ones(len(self._ids), dtype=bool)
+            keep[self._gone] = False
+            index = np.cumsum(keep) - 1
+            pairs = keep[self._pf]
+            self._pf, self._pr = index[self._pf[pairs]], self._pr[pairs]
+            self._left, self._vol = self._left[keep], self._vol[keep]
+            self._ids = [f for f, k in zip(self._ids, keep.tolist(), strict=True) if k]
+        self._gone = []
         nf = len(self._ids)
+        flows = [self._flows[f] for f in self._ids]
         if not nf:
             self._rate = np.zeros(0)
             return
-        flows = [self._flows[f] for f in self._ids]
         if self.sharing == "maxmin":
-            pf = np.fromiter((i for i, f in enumerate(flows) for _ in range(1 + len(f.receivers))), dtype=np.int64)
-            pr = np.fromiter((p for f in flows for p in (f.src, *(self.n + j for j in f.receivers))), dtype=np.int64)
-            self._rate = max_min_rates(pf, pr, self.cap, nf)
+            self._rate = max_min_rates(self._pf, self._pr, self.cap, nf)
             return
         left = self.cap.copy()
         rate = np.zeros(nf)

@@ -3,7 +3,8 @@
 Every worker multicasts its parameters after every iteration (schemes `mcast`: L7, `mcast-l3`: L3);
 a chooser (scheduler/selection/choosers.py) decides the receivers: `selmcast` (Algorithms 1 and 2),
 `orpheus` (forced pairs, then random up to p) or `all`. Bandwidth comes from the view's node caps (a
-big switch's ports: registered, then passively measured), remaining volumes from the scheduler's own
+big switch's ports; `caps`: as the nodes declare them, the default, or as passively measured, a lower
+bound where a cap never binds: scheduler/view.py), remaining volumes from the scheduler's own
 replay of the tasks in flight on those caps (sim/switch.py), re-anchored by every receiver's
 TASK_DONE. Rule "bound": a worker waits for a GO before its next iteration.
 
@@ -66,6 +67,8 @@ class RoundLog:
 class _Choosing:
     """What both models share: the workers (indices for the chooser), its caps from the view, the chooser."""
 
+    caps = "declared"  # where the ports' bandwidth comes from: the view's declared or measured caps
+
     def _setup(self, ctl: Control, js: JobState, select: str, p: int | None, options: Mapping[str, Any]) -> None:
         self.workers = list(ctl.alive())
         self.ix = {w: i for i, w in enumerate(self.workers)}
@@ -78,12 +81,19 @@ class _Choosing:
     def _bandwidth(self, ctl: Control) -> tuple[np.ndarray, np.ndarray]:
         """Every worker's uplink and downlink in bytes/s, as the view knows them; a worker without a
         cap in the view is not limited by the switch (its largest known port stands in)."""
-        up = [ctl.view.cap(w, "up") for w in self.workers]
-        down = [ctl.view.cap(w, "down") for w in self.workers]
+        up = [ctl.view.cap(w, "up", self.caps) for w in self.workers]
+        down = [ctl.view.cap(w, "down", self.caps) for w in self.workers]
         known = [c for c in up + down if c is not None] or [1e3]
         top = max(known)
         return (np.array([top if c is None else c for c in up]) * MBIT,
                 np.array([top if c is None else c for c in down]) * MBIT)
+
+
+def _check(select: str, caps: str) -> None:
+    if select not in choosers.SCHEMES:
+        raise ValueError(f"select: unknown {select!r}; known: {', '.join(choosers.SCHEMES)}")
+    if caps not in ("declared", "measured"):
+        raise ValueError(f"caps: declared or measured, got {caps!r}")
 
 
 class McastBsp(_Choosing):
@@ -92,10 +102,9 @@ class McastBsp(_Choosing):
     multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3)
 
     def __init__(self, select: str = "selmcast", p: int | None = None, k: int | None = 4, seed: int = 1,
-                 **_: Any) -> None:
-        if select not in choosers.SCHEMES:
-            raise ValueError(f"select: unknown {select!r}; known: {', '.join(choosers.SCHEMES)}")
-        self.select, self.p_opt, self.k, self.seed = select, p, k, seed
+                 caps: str = "declared", **_: Any) -> None:
+        _check(select, caps)
+        self.select, self.p_opt, self.k, self.seed, self.caps = select, p, k, seed, caps
         self.barrier: dict[int, set[int]] = {}
         self.rounds: list[RoundLog] = []
         self._of_task: dict[int, RoundLog] = {}
@@ -181,11 +190,10 @@ class McastSsp(Ssp, _Choosing):
     multicasts = True
 
     def __init__(self, staleness: int = 4, select: str = "selmcast", p: int | None = None, k: int | None = 4,
-                 eta: float = 0.75, seed: int = 1, **_: Any) -> None:
+                 eta: float = 0.75, seed: int = 1, caps: str = "declared", **_: Any) -> None:
         super().__init__(staleness)
-        if select not in choosers.SCHEMES:
-            raise ValueError(f"select: unknown {select!r}; known: {', '.join(choosers.SCHEMES)}")
-        self.select, self.p_opt, self.k, self.eta, self.seed = select, p, k, eta, seed
+        _check(select, caps)
+        self.select, self.p_opt, self.k, self.eta, self.seed, self.caps = select, p, k, eta, seed, caps
         self.live: dict[int, _Live] = {}  # sender -> its multicast in flight
         self.tasks: list[dict[str, Any]] = []  # per ended multicast: sender, k, chosen, delivered, dropped
         self.free_t: dict[int, float] = {}  # worker -> when it could start its current computation
