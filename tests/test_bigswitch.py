@@ -174,3 +174,34 @@ def test_blocked_for_waits_for_the_slowest_to_reach_k_minus_s():
     assert blocked_for(6, 2, done, finish, per) == pytest.approx(2.0)  # worker 1 must finish iteration 4
     assert blocked_for(7, 2, done, finish, per) == pytest.approx(12.0)  # ...and 5: one more at 10 s each
     assert blocked_for(5, 2, done, finish, per) == 0.0
+
+
+# --- the wire and the view -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, field", [
+    ({"caps": [[2, 100, 0.1]]}, "caps"), ({"caps": [[0, 0, 0.1]]}, "caps"), ({"caps": [[1, 100, -1.0]]}, "caps"),
+    ({"caps": [[0, 100]]}, "caps"), ({"declared": [5.0]}, "declared"), ({"declared": [0.0, None]}, "declared"),
+    ({"declared": [float("nan"), 3.0]}, "declared"),
+])
+def test_a_bad_cap_sample_or_declaration_is_refused_naming_the_field(change, field):
+    from overlay.messages import ProtocolError, Report, validate
+
+    good = Report(node=1, samples=[], caps=[[0, 100, 0.2], [1, 50, 0.3]], declared=[5.0, None]).wire()
+    validate(good)
+    with pytest.raises(ProtocolError) as e:
+        validate(good | change)
+    assert e.value.field == field
+
+
+def test_the_view_measures_only_registered_caps_and_keeps_a_high_quantile():
+    view = NetworkView()
+    view.set_cap(3, "down", 10.0)
+    view.observe_cap(3, "up", 1_000_000, 1.0)  # never registered: ignored
+    assert view.cap(3, "up") is None and view.cap(3, "down") == 10.0 and not view.cap_known(3, "down")
+    for mbps in (4.0, 8.0, 7.0, 8.2, 8.1):  # 4: a period the downlink did not bind
+        view.observe_cap(3, "down", int(mbps * MB * 0.2), 0.2)
+    assert view.cap_known(3, "down") and view.cap(3, "down", "measured") == pytest.approx(8.1, rel=0.01)
+    assert view.cap(3, "down") == 10.0  # the declared rate stays what the node says...
+    view.declare_cap(3, "down", 6.0)
+    assert view.cap(3, "down") == 6.0  # ...until it says otherwise
+    with pytest.raises(ValueError, match="source: declared or measured"):
+        view.cap(3, "down", "guessed")
