@@ -134,3 +134,26 @@ async def test_node_caps_reach_the_view_declared_and_measured():
     finally:
         await stop_cluster(sched, tasks)
     assert not sched.errors
+
+
+@pytest.mark.parametrize("mode", ["l3", "l7"])
+async def test_through_the_switch_node_l3_injects_each_byte_once_and_l7_once_per_receiver(mode):
+    """bigswitch:N:switch: node N is the switch, an agent that replicates (L3: the tree src -> N ->
+    receivers) or relays (L7: one unicast per receiver over src -> N). Every receiver exact; the
+    sender's port (its link to the switch) carries the tensor once (L3) or once per receiver (L7)."""
+    topo = build("bigswitch:4:bw=200:seed=1:switch")
+    sched, agents, tasks = await start_cluster(topo, cluster=f"switch-{mode}", shaped=True)
+    try:
+        js = sched.open_tasks("mcast-l3" if mode == "l3" else "mcast", params=PARAMS, chunk_params=CHUNK)
+        rec = await asyncio.wait_for(sched.run_task(js, (1,), receivers=(0, 2, 3)), 60)
+        assert_round_exact(rec, sched.plans[rec.version])
+        plan = sched.plans[rec.version]
+        if mode == "l3":
+            assert plan.groups[0].children == {1: (4,), 4: (0, 2, 3)} and 4 in rec.aggregators
+        sent = agents[1].overlay.senders[4].meter.bytes
+        copies = 1 if mode == "l3" else 3
+        assert copies * PARAMS * 4 <= sent < copies * PARAMS * 4 * 1.05  # payload, plus frame headers
+        await asyncio.wait_for(sched.close_job(js), 30)
+    finally:
+        await stop_cluster(sched, tasks)
+    assert not sched.errors
