@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from scheduler.progress import resolve as resolve_progress
 from scheduler.selection import Consistency, completion, orpheus, selmcast_bsp, selmcast_ssp
 from scheduler.selection.choosers import make
 from scheduler.selection.optimal import optimal_bsp
@@ -193,7 +194,19 @@ def test_the_milp_honours_forced_pairs():
                           eta=1.5), "eta: must be in"),
     (lambda: make("random", 3, 1), "select: unknown"),
     (lambda: Consistency(3, -1), "k: must be an integer"),
+    (lambda: resolve_progress("mcast-bsp", select="random"), "select: unknown 'random'"),
+    (lambda: resolve_progress("mcast-ssp", caps="guessed"), "caps: declared or measured"),
 ])
 def test_bad_input_is_refused_naming_the_field(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+async def test_multicast_progress_models_refuse_reduce_schemes_and_reduce_models_multicast_ones():
+    from scheduler.service import Scheduler
+
+    sched = Scheduler("refuse", 3)
+    with pytest.raises(ValueError, match="progress mcast-bsp forms multicasts: scheme mcast or mcast-l3, not star"):
+        await sched.run_job("star", rounds=1, params=10, chunk_params=10, progress="mcast-bsp")
+    with pytest.raises(ValueError, match="mcast plans one worker's multicast"):
+        await sched.run_job("mcast", rounds=1, params=10, chunk_params=10, progress="queue")
