@@ -122,7 +122,7 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
 
 
 BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME", "gpumesh:AxB", "gpunic:AxB",
-           "switch:N")
+           "switch:N", "bigswitch:N")
 PRESETS = Path(__file__).parent / "presets"  # measured matrices; each file names its source
 
 
@@ -193,10 +193,14 @@ def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
     """`internet2[:seed=S][:x=F]`, `uniform[:Mbps]`, `hetero[:lo-hi][:x=F]`, `waxman:N[:seed=S][:x=F]`,
     `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), `gpumesh:AxB[:inter=G][:intra=G]`,
-    `gpunic:AxB[...]` (GPU clusters, Gbit/s), `switch:N[...]` (capped hosts on a non-blocking fabric), or
-    a .toml/.json file."""
+    `gpunic:AxB[...]` (GPU clusters, Gbit/s), `switch:N[...]` (capped hosts on a non-blocking fabric),
+    `bigswitch:N[:...]` (emulation.bigswitch), or a .toml/.json file."""
     name, _, arg = spec.partition(":")
-    if name in ("waxman", "crew"):
+    if name == "bigswitch":
+        from .bigswitch import from_spec as switch_spec  # bigswitch builds on this module
+
+        topo = switch_spec(spec)
+    elif name in ("waxman", "crew"):
         from .waxman import from_spec  # waxman builds on this module
 
         topo = from_spec(spec)

@@ -229,19 +229,23 @@ class Scheduler:
     async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
                       options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None,
                       progress: str | Any = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
-                      seed: int = 1, compute_scale: float = 1.0, workload: str | None = None) -> JobState:
+                      seed: int = 1, compute_scale: float = 1.0, workload: str | None = None,
+                      progress_options: Mapping[str, Any] | None = None) -> JobState:
         """Every agent iterates `warmup + rounds` times; `progress` decides how they synchronize (bsp: a
         task per round, everyone contributes and receives; ssp: a multicast per worker per iteration,
         at most `staleness` iterations ahead of the slowest; queue: partial reduces of the first
-        `group` ready). `progress` may also be a progress model built by the caller (scheduler.progress,
-        e.g. selective.SelectiveReduce with its options). `compute`: a compute model spec (sim.compute),
-        else `compute_s` seconds each. `workload`: what members contribute (None: the synthetic
-        integers; a spec of agents.training: real training). Returns the job with its records."""
-        model = (progress_models.resolve(progress, staleness=staleness, group=group) if isinstance(progress, str)
-                 else progress)
-        if planners.resolve(scheme).one_source and model.name != "ssp":
+        `group` ready; mcast-bsp, mcast-ssp: multicasts to chosen receivers, `progress_options` say how:
+        select, p, k, eta). `progress` may also be a progress model built by the caller
+        (scheduler.progress, e.g. selective.SelectiveReduce with its options). `compute`: a compute model
+        spec (sim.compute), else `compute_s` seconds each. `workload`: what members contribute (None: the
+        synthetic integers; a spec of agents.training: real training). Returns the job with its records."""
+        model = (progress_models.resolve(progress, staleness=staleness, group=group, **(progress_options or {}))
+                 if isinstance(progress, str) else progress)
+        if planners.resolve(scheme).one_source and not getattr(model, "multicasts", False):
             raise ValueError(f"{scheme} plans one worker's multicast: it fits progress ssp (a multicast per "
                              f"worker and iteration), not {model.name} (reduces of several workers)")
+        if model.name.startswith("mcast-") and not planners.resolve(scheme).one_source:
+            raise ValueError(f"progress {model.name} forms multicasts: scheme mcast or mcast-l3, not {scheme}")
         ahead = BSP_AHEAD if model.name == "bsp" else max(8, 4 * self.expected)
         js = self._open(scheme, rounds=rounds, params=params, chunk_params=chunk_params, compute_s=compute_s,
                         options=options, warmup=warmup, t0=t0, mode="rounds", ahead=ahead, progress=model,
@@ -734,6 +738,8 @@ class Scheduler:
         self.version = max(self.version, msg.seen_version or 0)
         self.registry.add(a, msg)
         self.cap_sharing.set_caps(a.node, msg.uplink_mbps, msg.downlink_mbps)
+        self.view.set_cap(a.node, "up", msg.uplink_mbps)  # nominal until its own samples come
+        self.view.set_cap(a.node, "down", msg.downlink_mbps)
         self.view.add_node(a.node)
         self.view.node_up(a.node)
         for n in a.neighbors:
@@ -777,6 +783,11 @@ class Scheduler:
                                     field="samples", msg_type=msg.T)
         for src, dst, nbytes, seconds in msg.samples:
             self.view.observe(src, dst, nbytes, seconds)
+        for kind, nbytes, seconds in msg.caps or ():  # the node's own caps (a big switch's ports)
+            self.view.observe_cap(a.node, ("up", "down")[int(kind)], int(nbytes), seconds)
+        for kind, mbps in zip(("up", "down"), msg.declared or (), strict=False):
+            if mbps is not None:
+                self.view.declare_cap(a.node, kind, mbps)
         self.on_event("samples", {"node": a.node, "samples": msg.samples})
         if self.current is not None:
             self._maybe_refresh_aux(self.current)

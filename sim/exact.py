@@ -200,7 +200,7 @@ class Exact:
                     self._cap_rates(k, ver)
                 else:
                     _, a, b, mbps = self.m.later_events[k]
-                    r = self.m.res_of_link[(a, b)]
+                    r = self.m.res_of_event(a, b)
                     self.cap[r] = mbps * MBIT
                     self.changed_res.add(r)
             if self.changed or self.changed_res:

@@ -258,15 +258,25 @@ class Model:
             self.res_of_link[link] = len(cap)
             cap.append(mbps * MBIT)
         self.nlinks = len(cap)
-        for t, a, b, mbps in net.events:  # the trace's state at start_s is the starting capacity
-            if (a, b) not in self.res_of_link:
-                raise ValueError(f"trace event at {t} s for {a}->{b}, which is not a link")
-            if t <= self.t0:
-                cap[self.res_of_link[(a, b)]] = mbps * MBIT
         self.up_res = {n: self._add(cap, m) for n, m in net.uplink_mbps.items()}
         self.down_res = {n: self._add(cap, m) for n, m in net.downlink_mbps.items()}
+        for t, a, b, mbps in net.events:  # the trace's state at start_s is the starting capacity
+            r = self.res_of_event(a, b)
+            if r is None:
+                raise ValueError(f"trace event at {t} s for {a}->{b}, which is not a link or node cap")
+            if t <= self.t0:
+                cap[r] = mbps * MBIT
         self.cap = cap
         self.later_events = sorted((e for e in net.events if e[0] > self.t0), key=lambda e: e[0])
+
+    def res_of_event(self, a: int, b: int) -> int | None:
+        """The resource a trace event (t, a, b, rate) changes: link a->b, or a node cap (a, -1): a's
+        uplink, (-1, b): b's downlink (emulation.trace.PORT)."""
+        if b == -1:
+            return self.up_res.get(a)
+        if a == -1:
+            return self.down_res.get(b)
+        return self.res_of_link.get((a, b))
 
     @staticmethod
     def _add(cap: list[float], mbps: float) -> int:
