@@ -429,10 +429,11 @@ class Scheduler:
         avoid = self.view.unusable()
         if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
             self._replan_members(js, alive, avoid)
-        elif js.replanning is not None:
-            if js.replanning.done():
-                self._adopt_replan(js)
-        elif (js.planner is not None and js.planner.adaptive and t.round > 0
+            t.version = js.plan.version
+            return t.version
+        if js.replanning is not None and js.replanning.done():
+            self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
+        if (js.replanning is None and js.planner is not None and js.planner.adaptive and t.round > 0
                 and time.time() - js.last_plan_t >= self.update_time
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
             js.replans += 1
@@ -595,6 +596,7 @@ class Scheduler:
         js.policy_s += time.perf_counter() - start
         js.spec, js.avoid, js.memory = spec, avoid, memory
         js.plan = self._publish(plan)
+        js.replanning = None  # an off-loop solve under way planned for the old members and links: dropped
         js.replans += 1
         js.view_at_plan = self.view.snapshot()
         js.last_plan_t = time.time()
