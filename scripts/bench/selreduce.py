@@ -321,6 +321,7 @@ class LiveRun:
 class LiveBench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.live_p = args.live_p if args.live_p is not None else p_of(LIVE_N)
         self.topo = switch(LIVE_N, LAMBDA, LIVE_UNIT, args.seed)
         self.topo_spec = f"switch:{LIVE_N}:lam={LAMBDA}:unit={LIVE_UNIT:g}:seed={args.seed}"
         self.bw = {n: self.topo.uplink_mbps[n] for n in range(LIVE_N)}
@@ -372,7 +373,7 @@ class LiveBench:
             self.results.close()
 
     def policy(self, scheme: str) -> SelectiveReduce:
-        return SelectiveReduce(scheme, group=p_of(LIVE_N), eta=ETA, theta=THETA,
+        return SelectiveReduce(scheme, group=self.live_p, eta=ETA, theta=THETA,
                                dt=DT_FRACTION * self.args.compute_mean, c=LIVE_C if scheme != "ar" else None,
                                prob_model=PROB_MODEL, samples=profile(self.compute, self.args.seed), warm=LIVE_WARM,
                                weights="staleness", strict_trigger=STRICT_TRIGGER, seed=self.args.seed)
@@ -544,7 +545,7 @@ def live_figures(bench: LiveBench, con: Console) -> dict[str, Any]:
         "live_bandwidth_mbps": [min(bench.bw.values()), max(bench.bw.values())],
         "live_full_allreduce_s": 2 * (LIVE_N - 1) / LIVE_N * bench.spec.vector_params * 32 / 1e6
         / min(bench.bw.values()),
-        "live_budget_s": bench.args.budget, "live_p": p_of(LIVE_N),
+        "live_budget_s": bench.args.budget, "live_p": bench.live_p,
         "live_float_tolerance": "(m+1) * 2^-24 * sum_j w_j |x_j| per element",
         **live_guard(jobs)}
     return out
@@ -562,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="the live run's bandwidth, compute and data seed")
     ap.add_argument("--budget", type=float, default=None, help=f"live seconds per scheme (default {FULL_BUDGET_S:g})")
     ap.add_argument("--compute-mean", type=float, default=0.2, help="live mean round, s (default 0.2)")
+    ap.add_argument("--live-p", type=int, default=None,
+                    help=f"live p, the minimum group (default round({P_FRACTION} x {LIVE_N}))")
     ap.add_argument("--eval-s", type=float, default=2.0, help="a worker evaluates held-out accuracy this often")
     ap.add_argument("--no-live", action="store_true", help="the simulator only")
     ap.add_argument("--no-sweeps", action="store_true", help="skip the sweeps of the full run")
