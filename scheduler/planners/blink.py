@@ -25,8 +25,8 @@ from .common import best_hub
 from .machines import machines_of
 from .packing import (
     FILL,
-    MIN_CHUNK_PARAMS,
     children_of,
+    chunk_floor,
     compile_packing,
     largest_remainder,
     pair_trees,
@@ -46,7 +46,7 @@ def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -
         return _hierarchical(view, job, machines)
     roots = members if len(members) <= TRY_EVERY_ROOT else [best_hub(view, members)]
     best = max((_packed(view, members, r) for r in roots), key=lambda pk: pk.sum_chi)
-    return compile_packing(best, job, scheme="blink")
+    return compile_packing(best, job, scheme="blink", min_chunk_params=chunk_floor(job))
 
 
 def _packed(view: NetworkView, nodes: Sequence[int], root: int) -> Packing:
@@ -103,7 +103,7 @@ def _hierarchical(view: NetworkView, job: Job, machines: list[list[int]]) -> Pla
                 bparent[nxt] = a
             bparent[chain[-1]] = None
             first = len(layout)
-            layout += pipelined(off, n, tree_depth(parent) + tree_depth(bparent), FILL, MIN_CHUNK_PARAMS)
+            layout += pipelined(off, n, tree_depth(parent) + tree_depth(bparent), FILL, chunk_floor(job))
             off += n
             groups.append(ChunkGroup(tuple(range(first, len(layout))), chain[-1], parent, children_of(bparent)))
     return Plan(0, "blink", tuple(job.participants), {n: 1.0 for n in job.participants}, tuple(layout),

@@ -20,7 +20,9 @@ pipeline costs about `fill` of T_LP.
 Options (Job.options): `relays` (nodes outside the members the trees may use: "all" known nodes,
 the default, or a list; "none"), `no_overlap` (reduce and broadcast packed as separate stages,
 digest LP (4): T = 2 S / sum chi; the data plane still pipelines them), `max_trees_per_root`
-(per role, default 8), `fill` (default 0.1), `min_chunk_params` (default 1024), `pace` (default off).
+(per role, default 8), `fill` (default 0.1), `min_chunk_params` (default: a twelfth of the job's
+chunk, at least 1024: every chunk costs our agents CPU at every hop, and a dense mesh's thin trees
+at 1024 starved 10 agents on 2 cores), `pace` (default off).
 The plan's `info` records sum chi (LP and after pruning and rounding), T_LP, lambda, S / lambda, trees,
 column-generation iterations, the LP gap and the solve time.
 """
@@ -38,6 +40,7 @@ from .packing_lp import Packing, Tree, pack
 FLOAT32 = 4
 FILL = 0.1
 MIN_CHUNK_PARAMS = 1024
+CHUNK_FLOOR_DIVISOR = 12
 MAX_TREES_PER_ROOT = 8
 
 
@@ -52,7 +55,7 @@ def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -
     pk = pack(capacity, members, overlap=overlap,
               max_trees_per_root=int(opts.get("max_trees_per_root", MAX_TREES_PER_ROOT)))
     return compile_packing(pk, job, fill=float(opts.get("fill", FILL)),
-                           min_chunk_params=int(opts.get("min_chunk_params", MIN_CHUNK_PARAMS)),
+                           min_chunk_params=chunk_floor(job),
                            pace=bool(opts.get("pace", False)))
 
 
@@ -162,6 +165,12 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
             "rounding_loss_pct": max(0.0, 100.0 * (1.0 - job.params / t_eff / pk.sum_chi))}
     return Plan(0, scheme, tuple(job.participants), {n: 1.0 for n in job.participants}, tuple(layout),
                 tuple(groups), info=info)
+
+
+def chunk_floor(job: Job) -> int:
+    """The smallest chunk a packing cuts: the `min_chunk_params` option, else a twelfth of the job's
+    chunk size (the data plane's granularity the user chose), never below MIN_CHUNK_PARAMS."""
+    return int(job.options.get("min_chunk_params", max(MIN_CHUNK_PARAMS, job.chunk_params // CHUNK_FLOOR_DIVISOR)))
 
 
 def pipelined(off: int, n: int, depth: int, fill: float, min_chunk_params: int) -> list[tuple[int, int]]:

@@ -136,10 +136,12 @@ def gpu_point(kind: str, g: int, flat: bool) -> dict[str, Any]:
     machine and runs a ring between machines): shown, not counted as a baseline."""
     params = GPU_MB * 250_000
     machines = [[m * 4 + i for i in range(4)] for m in range(4)]
-    r, info = gpu_rounds(f"{kind}:4x4:inter={g}", ["packing", *GPU_BASELINES], params, {"machines": machines})
+    # GPUs pay no per-chunk agent costs: chunks as fine as the pipelines want (1024 parameters at least)
+    fine = {"machines": machines, "min_chunk_params": 1024}
+    r, info = gpu_rounds(f"{kind}:4x4:inter={g}", ["packing", *GPU_BASELINES], params, fine)
     if flat:  # the full run's extra column (a simulation as long as packing's)
         r["one-root packing"] = gpu_rounds(f"{kind}:4x4:inter={g}", ["blink"], params,
-                                           {"machines": [sum(machines, [])]})[0]["blink"]
+                                           {**fine, "machines": [sum(machines, [])]})[0]["blink"]
     return {"_gpu": [(kind, g, r, info["t_lp_s"])]}
 
 
@@ -254,7 +256,7 @@ def live(topo: Topology, name: str, schemes: list[str], rounds: int, warmup: int
 def live_runs(quick: bool) -> dict[str, Any]:
     """Live on the application backend: median round of the measured rounds (after warm-up rounds
     in which the passive view learns the links) against T_LP on the configured rates."""
-    rounds, warmup = (4, 2) if quick else (10, 3)
+    rounds, warmup = (4, 3) if quick else (10, 4)
     params = model_params(MODEL, SCALE)
     out: dict[str, Any] = {}
     t = Table(title=f"live (application backend, {MODEL} x{SCALE}): round s, median [min-max] of {rounds} "
