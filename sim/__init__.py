@@ -65,7 +65,7 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
     """
     m = Model([TaskRun(0, plan, start_s)], net, start_s, segment_bytes, costs)
     if mode == "auto":
-        mode = "exact" if m.has_aux or m.classed or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
+        mode = "exact" if m.has_aux or m.classed or any(m.direct) or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":
         pred = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates).run()
         task = pred.tasks[0]

@@ -31,6 +31,7 @@ from .compute import ComputeModel
 from .costs import NONE, WanCosts
 from .exact import Exact
 from .model import Model, SimNetwork, TaskRun
+from .stepped import DT, Stepped
 
 PlanFor = Callable[[tuple[int, ...], tuple[int, ...]], Plan]
 
@@ -82,13 +83,21 @@ class JobPrediction:
 def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: Iterable[int], net: SimNetwork,
                  budget_s: float, *, rounds: int | None = None, start_s: float = 0.0, segment_bytes: int = 65536,
                  costs: WanCosts = NONE, primary_busy_bound: int = 2, aux_queue_length: int = 5,
-                 cap_rates: bool = True) -> JobPrediction:
+                 cap_rates: bool = True, engine: str = "exact", dt: float = DT) -> JobPrediction:
     """Replay a job from `start_s` for `budget_s` seconds: every worker starts computing iteration 0 at
-    start_s; rounds: iterations per worker (None: as many as the budget allows)."""
-    nodes = {n for link in net.rates_mbps for n in link}
-    m = Model([], net, start_s, segment_bytes, costs, nodes=nodes)
-    job = _Job(policy, plan_for, compute, tuple(sorted(workers)), rounds,
-               Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates))
+    start_s; rounds: iterations per worker (None: as many as the budget allows). engine: "exact" (every
+    chunk an event), or "stepped" (sim/stepped.py: flows advanced together in steps of dt, for
+    one-hop plans on networks without node caps, such as CREW's at n = 60; costs do not apply)."""
+    if engine == "stepped":
+        eng: Exact | Stepped = Stepped(net, dt)
+        eng.now = start_s
+    elif engine == "exact":
+        nodes = {n for link in net.rates_mbps for n in link}
+        m = Model([], net, start_s, segment_bytes, costs, nodes=nodes)
+        eng = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates)
+    else:
+        raise ValueError(f"engine must be exact or stepped, got {engine!r}")
+    job = _Job(policy, plan_for, compute, tuple(sorted(workers)), rounds, eng)
     return job.run(start_s, start_s + budget_s)
 
 
@@ -97,7 +106,7 @@ class _Job:
     the engine advanced up to each of them."""
 
     def __init__(self, policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: tuple[int, ...],
-                 rounds: int | None, eng: Exact) -> None:
+                 rounds: int | None, eng: Exact | Stepped) -> None:
         if isinstance(policy, Queue) and policy.group < 1:
             raise ValueError(f"group must be >= 1, got {policy.group}")
         if isinstance(policy, Ssp) and policy.staleness < 0:
