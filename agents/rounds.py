@@ -128,8 +128,14 @@ class RoundLoop:
                 rnd += 1
                 continue
             assert fut is not None
+            ended = runner.ended(job)  # JOB_END: the scheduler ended the job early (a time budget)
+            await asyncio.wait({fut, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not fut.done():
+                fut.cancel()
+                runner.prepared.pop((job, rnd), None)
+                break
             try:
-                out: Outcome = await fut
+                out: Outcome = fut.result()
             except TaskAborted:
                 continue  # an attempt was aborted: ready again (or go back, above)
             except Skipped:  # rejoined after this round's task formed

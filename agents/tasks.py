@@ -116,8 +116,11 @@ class TaskRunner:
 
     async def job_over(self, job: int) -> None:
         """Until the scheduler ends a job whose tasks it formed (JOB_END)."""
-        fut = self._ended.setdefault(job, asyncio.get_running_loop().create_future())
-        await fut
+        await self.ended(job)
+
+    def ended(self, job: int) -> asyncio.Future:
+        """Resolved by the job's JOB_END (a tasks job's end, or a rounds job ended early)."""
+        return self._ended.setdefault(job, asyncio.get_running_loop().create_future())
 
     def end_job(self, job: int) -> None:
         fut = self._ended.setdefault(job, asyncio.get_running_loop().create_future())

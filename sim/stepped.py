@@ -15,15 +15,18 @@ What it models, per task (TaskRun) and group (block):
 - per directed link, flows served by class as the data plane does (overlay.classes): higher priority
   first, then earlier deadline (fcfs classes: the moment the flow first had bytes to send, so a flow
   that came first is never preempted by a later one), then weighted fair shares between equals, each
-  within what it has ready; unclassed transfers are ordered by their arrival too (the live FIFO per
-  origin -> destination serves chunks in the order they came);
+  within what it has ready; unclassed transfers are ordered by their arrival too: the live FIFO
+  per origin -> destination serves chunks in the order they were ready, the same for flows that are backlogged
+  from their start (scatters), an approximation where two tasks' multicasts trickle into one FIFO
+  (a hub's, as with a parameter server: within ~10 %, tests);
 - a receiver holds the result one link delay after the last byte it needs left its sender.
 
-Time advances in steps of at most `dt` (and to every time the caller asks for); rates are constant
-within a step, a flow ending inside one gets its exact end time, and the link's rest of that step is
-not given to others (the error is at most dt per flow end on a link; tests compare with the exact
-engine). Rates changes of a trace apply at their times. Not modelled: relays, node caps, auxiliary
-routes, per-chunk transfer granularity beyond the store-and-forward availability above.
+Time advances in steps of `dt` (a task added between two steps starts at the next one, at most dt
+late); rates are constant within a step, a flow ending inside one gets its exact end time, and the
+link's rest of that step is not given to others (the error is at most dt per flow end on a link;
+tests compare with the exact engine). Rate changes of a trace apply at their times. Not modelled:
+relays, node caps, auxiliary routes, per-chunk transfer granularity beyond the store-and-forward
+availability above.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class Stepped:
         self.f_to = np.zeros(0, np.int64)  # the receiver it delivers to (-1: an aggregator that receives nothing)
         self.f_done = np.zeros(0, bool)
         self.f_fin = np.zeros(0)  # when its last byte left
+        self.f_first = np.zeros(0)  # when its first byte left
         # groups
         self.g_chunk = np.zeros(0)  # its chunk size (bytes): results move in whole chunks
         self.g_size = np.zeros(0)
@@ -188,6 +192,7 @@ class Stepped:
         self.f_to = np.concatenate([self.f_to, np.array(cols[9], np.int64)])
         self.f_done = np.concatenate([self.f_done, np.zeros(n, bool)])
         self.f_fin = np.concatenate([self.f_fin, np.full(n, _INF)])
+        self.f_first = np.concatenate([self.f_first, np.full(n, _INF)])
 
     def _receiver_done(self, t_idx: int, r: int) -> None:
         task = self.tasks[t_idx]
@@ -201,7 +206,9 @@ class Stepped:
         """Step to `until`; with stop_at_end, return after the first step in which a receiver or a task
         ended. Returns (task key, receiver, time it held the result) and (task key, None, the task's end)."""
         while self.now < until and not (stop_at_end and self.ended):
-            t1 = min(until, self.now + self.dt)
+            # whole steps, even past `until` (the caller's next event): a task it then adds starts at
+            # the clock, at most one step late; stepping to every caller event would double the steps
+            t1 = self.now + self.dt
             while self._ev < len(self.events) and self.events[self._ev][0] <= self.now:
                 _, a, b, mbps = self.events[self._ev]
                 self.cap[self.links[(a, b)]] = mbps * MBIT
@@ -209,8 +216,6 @@ class Stepped:
             if self._ev < len(self.events):
                 t1 = min(t1, self.events[self._ev][0])
             self._step(t1)
-        if not self.ended:
-            self.now = max(self.now, until) if until < _INF else self.now
         ended, self.ended = self.ended, []
         return [(self.tasks[i].key, None if r < 0 else r, t) for i, r, t in ended]
 
@@ -267,14 +272,12 @@ class Stepped:
         cap = self.cap[link]
         left = self.f_size[live] - self.f_sent[live]
         res = self.f_result[live]
-        have = np.where(res, self.g_avail[self.f_group[live]] - self.f_sent[live], left)
-        demand = np.minimum(np.maximum(have, 0.0) / dt, cap)
-        # a result flow that caught up with its root keeps pace with what arrives (its contributions' rate)
-        if res.any():
-            feed = self._feed_rate()
-            catch = res & (demand < cap)
-            demand = np.where(catch, np.minimum(cap, demand + feed[self.f_group[live]]), demand)
-        demand = np.minimum(demand, left / dt + 0.0)
+        demand = cap.copy()
+        if res.any():  # a result flow sends what its root holds, and keeps pace with what arrives there
+            have = self.g_avail[self.f_group[live]] - self.f_sent[live]
+            feed = self._feed_rate()[self.f_group[live]]
+            demand = np.where(res, np.clip(have / dt + feed, 0.0, cap), demand)
+        demand = np.minimum(demand, left / dt)
         out = np.zeros(len(live))
         busy = np.flatnonzero(demand > 0)  # flows with nothing ready take nothing (and keep no place)
         if not len(busy):
@@ -314,16 +317,24 @@ class Stepped:
         return out
 
     def _feed_rate(self) -> np.ndarray:
-        """Per group, the slowest rate its unfinished contributions arrive at (last step's)."""
-        contrib = np.flatnonzero(~self.f_result & ~self.f_done)
+        """Per group, the rate its root's reduced bytes grow at: the slowest rate at which its
+        contributions still arriving arrive (each one link delay after it was sent; 0 before a
+        contribution's first byte landed, so nothing is projected before the pipeline fills)."""
+        now = self.now
+        contrib = np.flatnonzero(~self.f_result)
+        delay = self.delay[self.f_link[contrib]]
+        coming = now < self.f_fin[contrib] + delay - 1e-12
+        rate = np.where(now >= self.f_first[contrib] + delay, self.f_rate[contrib], 0.0)
         feed = np.full(len(self.g_size), _INF)
-        np.minimum.at(feed, self.f_group[contrib], self.f_rate[contrib])
+        np.minimum.at(feed, self.f_group[contrib[coming]], rate[coming])
         return np.where(np.isinf(feed), 0.0, feed)
 
     def _move(self, live: np.ndarray, rate: np.ndarray, now: float, dt: float) -> None:
         left = self.f_size[live] - self.f_sent[live]
         fin = (rate > 0) & (rate * dt >= left - 1e-6)
         self.f_rate[live] = rate
+        started = (rate > 0) & np.isinf(self.f_first[live])
+        self.f_first[live[started]] = now
         self.f_sent[live] = np.minimum(self.f_size[live], self.f_sent[live] + rate * dt)
         if not fin.any():
             return
@@ -356,7 +367,7 @@ class Stepped:
             return
         remap = np.cumsum(keep_g) - 1
         for name in ("f_link", "f_size", "f_sent", "f_rate", "f_begin", "f_result", "f_prio", "f_deadline",
-                     "f_fcfs", "f_weight", "f_task", "f_to", "f_done", "f_fin"):
+                     "f_fcfs", "f_weight", "f_task", "f_to", "f_done", "f_fin", "f_first"):
             setattr(self, name, getattr(self, name)[keep_f])
         self.f_group = remap[self.f_group[keep_f]]
         for name in ("g_chunk", "g_size", "g_avail", "g_task"):

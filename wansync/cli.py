@@ -141,10 +141,12 @@ def _run_options(r: argparse.ArgumentParser) -> None:
                    help="per-node compute time per iteration, seeded by --seed (overrides --compute): "
                         "constant:S | normal:mean=S,sd=S[,spread=F] | lognormal:mean=S,cv=F[,spread=F] | csv:FILE "
                         "(node,iteration,seconds); spread: each node's own mean within +-F of mean")
-    r.add_argument("--progress", choices=("bsp", "ssp", "queue"), default="bsp",
+    r.add_argument("--progress", choices=("bsp", "ssp", "queue", "crew"), default="bsp",
                    help="how workers synchronize: bsp (a reduce of all per round, default), ssp (each worker's "
                         "parameters multicast after every iteration, at most --staleness ahead of the slowest; "
-                        "schemes mcast, mcast-l3), queue (reduces of the first --group ready workers)")
+                        "schemes mcast, mcast-l3), queue (reduces of the first --group ready workers), crew (the "
+                        "same queue with CREW's failure rules: a lost member's task abandoned, a lost aggregator's "
+                        "block moved)")
     r.add_argument("--staleness", type=int, default=2, metavar="S", help="SSP's bound s (default 2)")
     r.add_argument("--group", type=int, default=2, metavar="P", help="ready queue: workers per reduce (default 2)")
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")

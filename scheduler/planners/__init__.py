@@ -80,8 +80,8 @@ for _split in ("na", "ed"):
     for _sched in ("fl", "fs", "tl", "c1", "c2", "none"):
         register(PlannerSpec(f"crew-{_split}-{_sched}", _stateless(crew.plan), {"split": _split, "sched": _sched}))
         register(PlannerSpec(f"opr-{_split}-{_sched}", _stateless(crew.plan),
-                             {"split": _split, "sched": _sched, "aggregators": "members"}))
-register(PlannerSpec("opr", _stateless(crew.plan), {"split": "na", "sched": "fl", "aggregators": "members"}))
+                             {"split": _split, "sched": _sched, "aggregate": "members"}))
+register(PlannerSpec("opr", _stateless(crew.plan), {"split": "na", "sched": "fl", "aggregate": "members"}))
 register(PlannerSpec("a2a", _stateless(a2a.plan)))
 register(PlannerSpec("ps", _stateless(ps.plan)))
 register(PlannerSpec("gring", _stateless(gring.plan)))

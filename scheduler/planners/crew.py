@@ -18,18 +18,19 @@ scatter and its multicast are two classes on a link (its aggregation and its bro
     c2   scatter preempts multicast (aggregation at a higher priority), FCFS within each
     none plain round-robin (the data plane's default: one FIFO per origin -> destination)
 
-Options: `aggregators` ("all": every node the view has live links to, the default; "members": only
-P, which is OPR, the original partial reduce; or a list), `split` (na | ed), `sched`, `chunks` (cut
-the tensor into this many chunks instead of the job's chunk size; the simulator's job mode uses
-few), `blocks` ([[root, [[lo, hi], ...]], ...]: a fixed assignment, as a failover re-plan passes it:
-the same chunks, a block moved to its replacement). The plan's `info` holds the split (x per
-aggregator, T_s, T_m of LP (2) in seconds on the view's rates) for tools and the failover policy.
+Options: `aggregate` ("all": every node the view still has links of, the default; "members": only
+P, which is OPR, the original partial reduce, scheme "opr"), `aggregators` (the generic option: a list
+of nodes outside the members; A is then the members and those), `split` (na | ed), `sched`, `chunks`
+(cut the tensor into this many chunks instead of the job's chunk size), `blocks` ([[root, [[lo, hi],
+...]], ...]: a fixed assignment, as a failover re-plan passes it: the same chunks, a block moved to
+its replacement). The plan's `info` holds the split (x per aggregator, T_s and T_m of LP (2) in
+seconds on the view's rates) for tools and the failure policy's time budget.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..plan import ChunkGroup, Job, Plan, PlanError, make_layout
@@ -48,21 +49,22 @@ def plan(view: NetworkView, job: Job) -> Plan:
     if sched not in SCHEDULES:
         raise PlanError(f"sched: {sched!r} is not one of {', '.join(SCHEDULES)}")
     layout = _layout(job)
+    scheme = "opr" if opts.get("aggregate") == "members" else "crew"
     if len(members) == 1:  # nothing to reduce: the member keeps its own tensor
         g = ChunkGroup(tuple(range(len(layout))), members[0], {members[0]: None}, {})
-        return Plan(0, "crew", members, {members[0]: 1.0}, layout, (g,))
+        return Plan(0, scheme, members, {members[0]: 1.0}, layout, (g,))
     if opts.get("blocks") is not None:
         blocks = _fixed_blocks(opts["blocks"], len(layout))
         info: dict[str, Any] = {"blocks": "fixed"}
     else:
-        aggs = aggregators(view, members, opts.get("aggregators", "all"))
+        aggs = aggregators(view, members, opts.get("aggregators") or opts.get("aggregate", "all"))
         mode = opts.get("split", "na")
-        s = split(members, aggs, lambda i, j: rate(view, i, j), mode)
+        s = split(members, aggs, _rates_of(view, members), mode)
         chunks = assign(s.x, len(layout))
         blocks = [(j, tuple(c)) for j, c in zip(s.aggregators, chunks, strict=True) if c]
         info = split_info(s, job.params * 4)
     groups = tuple(star_group(chunks, root, members, sched) for root, chunks in blocks)
-    return Plan(0, "crew", members, {m: 1.0 for m in members}, layout, groups, info=info)
+    return Plan(0, scheme, members, {m: 1.0 for m in members}, layout, groups, info=info)
 
 
 def rate(view: NetworkView, a: int, b: int) -> float:
@@ -71,16 +73,30 @@ def rate(view: NetworkView, a: int, b: int) -> float:
     return e["rate"] * MBIT_BYTES if e is not None else 0.0
 
 
+def _rates_of(view: NetworkView, members: Sequence[int]) -> Callable[[int, int], float]:
+    """b(i, j) in bytes/s, read once per member from the view (rates to and from the members are all
+    LP (2) needs: p (n - 1) of each)."""
+    g = view.g
+    table: dict[tuple[int, int], float] = {}
+    for m in members:
+        if m in g:
+            for j, e in g.succ[m].items():
+                table[(m, j)] = e["rate"] * MBIT_BYTES
+            for j, e in g.pred[m].items():
+                table[(j, m)] = e["rate"] * MBIT_BYTES
+    return lambda a, b: table.get((a, b), 0.0)
+
+
 def aggregators(view: NetworkView, members: Sequence[int], spec: Any) -> tuple[int, ...]:
     """Who may aggregate: "all" active workers (nodes the view still has links of), "members" (OPR),
-    or a list."""
+    or the members and a list of other nodes."""
     if spec == "all":
         return tuple(n for n in view.nodes if view.g.degree(n) > 0 or n in members)
     if spec == "members":
         return tuple(members)
-    if isinstance(spec, list | tuple) and spec:
-        return tuple(sorted({int(n) for n in spec} | set()))
-    raise PlanError(f"aggregators: {spec!r} is not 'all', 'members' or a list of nodes")
+    if isinstance(spec, list | tuple):
+        return tuple(sorted({int(n) for n in spec} | set(members)))
+    raise PlanError(f"aggregate: {spec!r} is not 'all' or 'members' (or a list of aggregators)")
 
 
 def split_info(s: Split, model_bytes: int) -> dict[str, Any]:

@@ -12,6 +12,8 @@ holds their contribution) or "bound" (a GO that allows the iteration).
             iteration whose multicast is over) + 1 + s (SelMcast's SSP, digest 000 §2.4)
     queue   a ready queue: workers queue on READY, the first p queued form a partial reduce (P-Reduce);
             the last workers, when fewer than p remain, form one with whoever is left
+    crew    the ready queue with CREW's failure rules: a task whose member is lost or that overruns its
+            time budget is abandoned, a failed aggregator's block moves to the Eq. (3) replacement
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ class Progress(Protocol):
 
 
 def resolve(name: str, **options: Any) -> Progress:
-    """A progress model by name: bsp, ssp (staleness=S), queue (group=P)."""
-    from . import bsp, queue, ssp
-    makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue}
+    """A progress model by name: bsp, ssp (staleness=S), queue (group=P), crew (group=P, budget_s=S)."""
+    from . import bsp, crew, queue, ssp
+    makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue,
+                                                  "crew": crew.CrewQueue}
     if name not in makers:
         raise ValueError(f"unknown progress model {name!r}; known: {', '.join(sorted(makers))}")
     return makers[name](**options)
