@@ -115,7 +115,9 @@ class Stepped:
         for gi, g in enumerate(plan.groups):
             if g.aux or g.rates:
                 raise NotOneHop("the stepped engine models no auxiliary routes or per-edge rates")
-            mine = lengths[np.fromiter(g.chunks, np.int64, len(g.chunks))]
+            first, last = g.chunks[0], g.chunks[-1]
+            mine = (lengths[first:last + 1] if last - first + 1 == len(g.chunks)  # a contiguous block
+                    else lengths[np.fromiter(g.chunks, np.int64, len(g.chunks))])
             size, chunk = float(mine.sum()) * FLOAT32, float(mine.max()) * FLOAT32
             gidx = g0 + gi
             g_rows.append((chunk, size))
@@ -123,22 +125,22 @@ class Stepped:
             fcfs = g.fcfs or not g.classed
             prio_bcast = g.priority_of("bcast")
 
-            def begin(n: int) -> float:
-                return max(start, ready.get(n, start))
             if g.direct:
                 for m, kids in g.children.items():
                     for r in kids:
-                        rows.append((self._link(m, r), size, begin(m), False, gidx, g.priority, dl, fcfs, g.weight, r))
+                        rows.append((self._link(m, r), size, max(start, ready.get(m, start)), False, gidx, g.priority,
+                                     dl, fcfs, g.weight, r))
                         waiting[r] += 1
                 continue
             for n, p in g.parent.items():
                 if p is None:
                     continue
-                if g.parent.get(p) is not None:
+                if p != g.root:
                     raise NotOneHop("the stepped engine models stars (depth 1), not deeper trees")
-                rows.append((self._link(n, p), size, begin(n), False, gidx, g.priority, dl, fcfs, g.weight,
-                             p if p in rset else -1))
-                if p in rset:
+                to = p if p in rset else -1
+                rows.append((self._link(n, p), size, max(start, ready.get(n, start)), False, gidx, g.priority, dl,
+                             fcfs, g.weight, to))
+                if to >= 0:
                     waiting[p] += 1
             for p, kids in g.children.items():
                 if p != g.root:

@@ -18,7 +18,7 @@ An abandoned task is recorded as aborted: nobody applied anything of it (the dat
 result only once every chunk of it is final and exact), and its surviving members queue again with
 the same iteration. Only the affected tasks abort; others run on.
 
-Link failures: a link whose chunks wait unacknowledged for `link_timeout` seconds (agents report it in
+Link failures: a link whose chunks wait unacknowledged for `link_timeout_s` (agents report it in
 their heartbeats: `down` cuts the connection, a blackhole swallows the bytes) is LINK_DOWN for every
 running task with a plan edge over it: the link leaves the view (planning and Eq. (3) avoid it) for
 `suspect_s`, and those tasks abort; then `retry` moves the blocks that needed it. A watchdog ticks
@@ -44,7 +44,8 @@ log = logging.getLogger("wansync.scheduler")
 
 BUDGET_MIN_S = 30.0  # a task's time budget is at least this ...
 BUDGET_FACTOR = 10.0  # ... and this many times its plan's LP time on the view
-LINK_TIMEOUT_S = 1.5  # chunks unacknowledged this long on a link: it is down
+LINK_TIMEOUT_S = 3.0  # chunks unacknowledged this long on a link: it is down (at least; see link_timeout_s)
+LINK_SEGMENTS = 8  # ... and at least this many segment times of the slowest link the view knows
 SUSPECT_S = 30.0  # a link found down stays out of planning this long (then it is tried again)
 TICK_S = 0.25
 
@@ -98,6 +99,13 @@ class CrewQueue(ReadyQueue):
             self._watch.cancel()
 
     # --- failures -----------------------------------------------------------------------------------
+    def link_timeout_s(self, view: Any) -> float:
+        """How long a link's chunks may wait for an acknowledgement before it counts as down: the
+        configured floor, or a few segment times of the slowest link the view knows (a slow link
+        still acknowledges a segment now and then)."""
+        slowest = min((r for *_, r in view.g.edges(data="rate")), default=100.0)
+        return max(self.link_timeout, LINK_SEGMENTS * 64 * 1024 * 8 / (max(slowest, 1e-3) * 1e6))
+
     def budget(self, plan: Plan | None) -> float:
         if self.budget_s is not None:
             return self.budget_s
@@ -177,9 +185,10 @@ class CrewQueue(ReadyQueue):
                 del self.suspected[link]
                 ctl.view.unsuspend(*link)
         down: set[tuple[int, int]] = set()
+        timeout = self.link_timeout_s(ctl.view)
         for a in list(ctl.agents.values()):
             for b, waited in a.stuck.items():
-                if waited >= self.link_timeout:
+                if waited >= timeout:
                     down.add((min(a.node, b), max(a.node, b)))
         for link in sorted(down - set(self.suspected)):
             if ctl.view.suspend(*link):

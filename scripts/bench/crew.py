@@ -405,11 +405,12 @@ class LivePart:
                                               ("fault" if kk == "kind" else kk): v for kk, v in rec.items()
                                               if kk != "type"}))
             self.injector.start()
-        js = await self.job("outage", "crew", self.args.live_budget, before_stop=arm)
+        js = await self.job("outage", "crew", self.args.outage_budget, before_stop=arm)
         pol = js.progress
         self.outage.update(failovers=len(pol.failovers), abandoned_by_policy=len(pol.abandoned),
                            failover_list=pol.failovers[:10], abandoned_list=[x["why"][:90] for x in pol.abandoned[:5]],
-                           injected=[x.get("fault") for x in (self.injector.log if self.injector else [])])
+                           injected=[f"{x.get('action')} {x.get('spec', x.get('kind'))} at {x.get('t_run') or 0:.1f} s"
+                                     for x in (self.injector.log if self.injector else [])])
 
     def judge(self, js: JobState, budget: float, hung: list[int]) -> dict[str, Any]:
         """Every record against the exact sum computed here; rounds per worker within the budget."""
@@ -508,13 +509,14 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--skip-live", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--live-budget", type=float, default=30.0, help="wall-clock seconds per live scheme (>= 30)")
-    ap.add_argument("--warmup", type=float, default=8.0, help="seconds of a crew job first (the view learns)")
+    ap.add_argument("--warmup", type=float, default=6.0, help="seconds of a crew job first (the view learns)")
+    ap.add_argument("--outage-budget", type=float, default=20.0, help="seconds of the outage job")
     ap.add_argument("--live-x", type=float, default=0.1, help="rate multiplier of the live crew:12 (default 0.1)")
     ap.add_argument("--live-seed", type=int, default=1)
     ap.add_argument("--live-model-mb", type=int, default=8, help="live model size in MB (default 8)")
     ap.add_argument("--live-chunk-kib", type=int, default=64)
-    ap.add_argument("--down-at", type=float, default=6.0, help="outage job: the link goes down at t (s)")
-    ap.add_argument("--kill-at", type=float, default=14.0, help="outage job: the worker is killed at t (s)")
+    ap.add_argument("--down-at", type=float, default=4.0, help="outage job: the link goes down at t (s)")
+    ap.add_argument("--kill-at", type=float, default=9.0, help="outage job: the worker is killed at t (s)")
     ap.add_argument("--agent-logs", type=Path, default=None)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(list(argv) if argv is not None else None)
