@@ -159,6 +159,14 @@ class Stepped:
                 self._receiver_done(t_idx, r)
         return t_idx
 
+    def abort(self, key: Hashable) -> None:
+        """The running task `key` ends here, delivering nothing more (a failure aborted it)."""
+        for t_idx, task in enumerate(self.tasks):
+            if task.key == key and task.left:
+                task.left = 0
+                self.f_done[self.f_task == t_idx] = True
+                self.ended = [e for e in self.ended if e[0] != t_idx]
+
     def _link(self, a: int, b: int) -> int:
         i = self._direct.get((a, b))
         if i is not None:

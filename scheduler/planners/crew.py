@@ -168,3 +168,36 @@ def loads(plans: Mapping[int, Plan]) -> dict[int, float]:
             if g.children:
                 out[g.root] = out.get(g.root, 0.0) + len(g.chunks) / k
     return out
+
+
+def move_blocks(plan: Plan, alive: Sequence[int], b: Callable[[int, int], float], load: Mapping[int, float]
+                ) -> tuple[list[list[Any]], list[dict[str, Any]]] | None:
+    """§2.9's failover on a plan: every block whose aggregator is not alive or has a dead link (b = 0)
+    to or from a member moves to the worker Eq. (3) picks (OPR: among the members); the others stay.
+    Returns (the `blocks` option of the re-plan, the moves), or None if some block has no candidate
+    (the task must be abandoned). `load`: l_k, every worker's blocks over unfinished tasks, this one's
+    included."""
+    from .crew_split import replacement
+    members = plan.participants
+    live = set(alive)
+    load = dict(load)
+    blocks = blocks_of(plan)
+    k = len(plan.layout)
+    moved: list[dict[str, Any]] = []
+    for blk in blocks:
+        root = blk[0]
+        if root in live and all(min(b(root, m), b(m, root)) > 0 for m in members if m != root):
+            continue
+        share = sum(hi - lo for lo, hi in blk[1]) / k
+        pool = members if plan.scheme == "opr" else sorted(live)
+        new = replacement(members, root, share, pool, b, load)
+        if new is None:
+            return None
+        load[new] = load.get(new, 0.0) + share
+        load[root] = load.get(root, 0.0) - share
+        moved.append({"from": root, "to": new, "share": round(share, 6)})
+        blk[0] = new
+    merged: dict[int, list[list[int]]] = {}
+    for root, rs in blocks:  # a replacement that already held a block takes both
+        merged.setdefault(root, []).extend(rs)
+    return [[r, rs] for r, rs in merged.items()], moved

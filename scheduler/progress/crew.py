@@ -34,8 +34,7 @@ import time
 from typing import Any
 
 from ..plan import Plan
-from ..planners.crew import blocks_of, loads
-from ..planners.crew_split import replacement
+from ..planners.crew import loads, move_blocks
 from ..tasks import JobState, Task, TaskRecord
 from . import Control
 from .queue import ReadyQueue
@@ -130,36 +129,19 @@ class CrewQueue(ReadyQueue):
         def bw(a: int, b: int) -> float:
             e = view.g.adj[a].get(b) if a in view.g else None
             return 0.0 if e is None else float(e["rate"])
-        members = plan.participants
         others = {tt.id: ctl.plans[tt.version] for tt in js.tasks.values()
                   if tt.recorded_t is None and tt.version is not None and tt.id != t.id
                   and ctl.plans[tt.version].scheme in ("crew", "opr")}
-        blocks = blocks_of(plan)
-        load = loads({**others, t.id: plan})  # this task's own blocks count too (the failed ones moved out below)
-        k = len(plan.layout)
-        moved = []
-        for b in blocks:
-            root = b[0]
-            dead = root not in alive or any(min(bw(root, m), bw(m, root)) <= 0 for m in members if m != root)
-            if not dead:
-                continue
-            share = sum(hi - lo for lo, hi in b[1]) / k
-            pool = members if plan.scheme == "opr" else sorted(alive)  # OPR aggregates inside the group
-            new = replacement(members, root, share, pool, bw, load)
-            if new is None:
-                return self._abandon(js, t, f"no worker can take over the block of {root} ({why})")
-            load[new] = load.get(new, 0.0) + share
-            load[root] = load.get(root, 0.0) - share
-            moved.append({"task": t.id, "from": root, "to": new, "share": round(share, 6), "why": why})
-            b[0] = new
+        out = move_blocks(plan, sorted(alive), bw, loads({**others, t.id: plan}))  # its own blocks count too
+        if out is None:
+            return self._abandon(js, t, f"no worker can take over a failed block ({why})")
+        blocks, moved = out
         if moved:
-            merged: dict[int, list[list[int]]] = {}
-            for root, rs in blocks:  # a replacement that already held a block takes both
-                merged.setdefault(root, []).extend(rs)
-            t.options["blocks"] = [[r, rs] for r, rs in merged.items()]
-            self.failovers += moved
+            t.options["blocks"] = blocks
             note = getattr(ctl, "note_event", None)
             for mv in moved:
+                mv.update(task=t.id, why=why)
+                self.failovers.append(mv)
                 log.warning("job %d task %d: block of %d moves to %d (Eq. 3)", js.job, t.id, mv["from"], mv["to"])
                 if note is not None:
                     note("failover", job=js.job, **mv)

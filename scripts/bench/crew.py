@@ -70,11 +70,13 @@ from emulation.topology import Topology, build  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler import planners  # noqa: E402
 from scheduler.plan import Job, Plan  # noqa: E402
+from scheduler.planners import crew  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, SimNetwork, simulate, simulate_job  # noqa: E402
 from sim.compute import ComputeModel  # noqa: E402
 from sim.job import Queue  # noqa: E402
+from sim.outage import simulate_outages  # noqa: E402
 from wansync.cluster import RunConfig, agent_command  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402
 from wansync.predict import oracle_view  # noqa: E402
@@ -164,11 +166,51 @@ def sim_case(case: tuple[str, int, int, str, str, dict[str, Any]]) -> dict[str, 
             "tasks": len(pred.tasks), "plan_s": plan_s[0], "wall_s": time.perf_counter() - t}
 
 
-def run_cases(cases: list[tuple], procs: int) -> list[dict[str, Any]]:
+OUTAGE_DETECT_S = 3.0  # the live policy's floor for a link whose chunks stay unacknowledged
+
+
+def outage_case(case: tuple[int, int, int]) -> dict[str, Any]:
+    """CREW's job with `f` links failing for good at random times in the first half (both directions),
+    the live policy's repair (Eq. (3)) after OUTAGE_DETECT_S: rounds per worker (Fig. 8)."""
+    p, seed, f = case
+    topo = network("N2", N, seed)
+    view, net = oracle_view(topo), sim_network(topo)
+    rng = random.Random(seed * 1000 + f)
+    pairs = sorted({(min(a, b), max(a, b)) for a, b in topo.links})
+    failures = [(rng.uniform(0, BUDGET_S / 2), a, b) for a, b in rng.sample(pairs, f)]
+    spec = planners.resolve("crew")
+    params = MODEL_BYTES // 4
+
+    def plan_for(members: tuple[int, ...], receivers: tuple[int, ...]) -> Plan:
+        return spec.plan(view, Job(params, CHUNK_PARAMS, members, dict(spec.options)))
+
+    def on_detect(links: list[tuple[int, int]]) -> None:
+        for a, b in links:
+            view.suspend(a, b)
+
+    def bw(a: int, b: int) -> float:
+        e = view.g.adj[a].get(b) if a in view.g else None
+        return 0.0 if e is None else float(e["rate"])
+
+    def repair(plan: Plan, dead: set[tuple[int, int]], running: list[Plan]) -> Plan | None:
+        out = crew.move_blocks(plan, range(N), bw, crew.loads(dict(enumerate([*running, plan]))))
+        if out is None:
+            return None
+        return spec.plan(view, Job(params, CHUNK_PARAMS, plan.participants, {**spec.options, "blocks": out[0]}))
+    with tempfile.TemporaryDirectory() as d:
+        compute = compute_trace(Path(d) / "compute.csv", "T1", seed, N)
+        pred = simulate_outages(Queue(p), plan_for, ComputeModel(compute, seed=seed), range(N), net, BUDGET_S,
+                                failures, detect_s=OUTAGE_DETECT_S, on_detect=on_detect, repair=repair, dt=DT)
+    return {"p": p, "seed": seed, "f": f, "rounds": statistics.fmean(pred.iterations.values()),
+            "repaired": pred.repaired, "abandoned": pred.abandoned}
+
+
+def run_cases(cases: list[tuple], procs: int, fn: Any = None) -> list[dict[str, Any]]:
+    fn = fn or sim_case
     if procs <= 1:
-        return [sim_case(c) for c in cases]
+        return [fn(c) for c in cases]
     with multiprocessing.get_context("fork").Pool(procs) as pool:
-        return pool.map(sim_case, cases, chunksize=1)
+        return pool.map(fn, cases, chunksize=1)
 
 
 def med_spread(xs: Sequence[float]) -> dict[str, float]:
@@ -284,6 +326,27 @@ class SimPart:
         for p in ps:
             table.add_row(str(p), *[f"{out[f'{s}_p{p}']:.1f}" for s in scheds])
         Console(width=140).print(table)
+        return out
+
+    def fig8(self) -> dict[str, Any]:
+        """Rounds in 50 s as links fail (paper Fig. 8: a sharp drop once faults start, then nearly flat
+        thanks to load-balanced replacement; larger p more sensitive)."""
+        counts = (0, 1, 2, 4, 8, 16)
+        ps = (5, 10)
+        rows = run_cases([(p, seed, f) for p in ps for f in counts for seed in self.seeds], self.args.procs,
+                         outage_case)
+        out = {f"p{p}_f{f}": {k: statistics.median(r[k] for r in rows if r["p"] == p and r["f"] == f)
+                              for k in ("rounds", "repaired", "abandoned")} for p in ps for f in counts}
+        table = Table(title=f"Fig. 8: rounds per worker in 50 s as links fail for good (crew, detection "
+                            f"{OUTAGE_DETECT_S:g} s, Eq. (3) repair; mean over workers, median over seeds: "
+                            "rounds / repaired / abandoned)")
+        table.add_column("p")
+        for f in counts:
+            table.add_column(f"{f} links", justify="right")
+        for p in ps:
+            table.add_row(str(p), *[f"{out[f'p{p}_f{f}']['rounds']:.1f} / {out[f'p{p}_f{f}']['repaired']:.0f} / "
+                                    f"{out[f'p{p}_f{f}']['abandoned']:.0f}" for f in counts])
+        Console(width=160).print(table)
         return out
 
     def noise(self) -> dict[str, Any]:
@@ -533,6 +596,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         if not args.quick:
             res["fig4"] = sp.fig4()
             res["fig7"] = sp.fig7()
+            res["fig8"] = sp.fig8()
             res["noise"] = sp.noise()
     if not args.skip_live:
         with tempfile.TemporaryDirectory() as d:
