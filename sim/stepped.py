@@ -31,7 +31,7 @@ availability above.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -99,8 +99,10 @@ class Stepped:
         self.ended: list[tuple[int, int, float]] = []
 
     # --- tasks ------------------------------------------------------------------------------------
-    def add(self, task: TaskRun) -> int:
-        """A task starting at task.start_s (clamped to the clock if a step already passed it)."""
+    def add(self, task: TaskRun, credit: Mapping[tuple[int, int], float] | None = None) -> int:
+        """A task starting at task.start_s (clamped to the clock if a step already passed it). credit:
+        bytes of a member's contribution to a root that are there already (non-blocking scatter: sent
+        before the task formed); they count as sent and delivered."""
         plan = task.plan
         t_idx = len(self.tasks)
         start = max(task.start_s, self.now)
@@ -150,6 +152,7 @@ class Stepped:
                                  r if r in rset else -1))
                     if r in rset:
                         waiting[r] += 1
+        first = len(self.f_size)
         self._append_groups(g_rows, t_idx)
         self._append_flows(rows, t_idx)
         done_at = dict.fromkeys(receivers, start)
@@ -157,7 +160,42 @@ class Stepped:
         for r in receivers:  # nothing to wait for (a root that only sums its own part)
             if waiting[r] == 0:
                 self._receiver_done(t_idx, r)
+        if credit:
+            links = {i: link for link, i in self.links.items()}
+            ids = [f for f in range(first, len(self.f_size)) if not self.f_result[f]
+                   and credit.get(links[int(self.f_link[f])], 0.0) > 0]
+            for f in ids:
+                self.f_sent[f] = min(self.f_size[f], credit[links[int(self.f_link[f])]])
+                self.f_first[f] = -_INF  # there already: delivered
+            full = np.array([f for f in ids if self.f_sent[f] >= self.f_size[f] - 1e-6], np.int64)
+            if len(full):
+                self.f_fin[full] = -_INF
+                self._deliver(full, np.full(len(full), start))
         return t_idx
+
+    def add_flows(self, key: Hashable, src: int, sizes: Mapping[int, float], start: float) -> int:
+        """Flows of no task yet (non-blocking scatter: a worker's blocks of the default plan, sent as it
+        is READY): FCFS from `start`, delivering to nobody; read with `sent`, ended with `abort`."""
+        t_idx = len(self.tasks)
+        start = max(start, self.now)
+        dsts = [d for d in sorted(sizes) if sizes[d] > 0]
+        g0 = len(self.g_size)
+        self._append_groups([(sizes[d], sizes[d]) for d in dsts], t_idx)
+        self._append_flows([(self._link(src, d), float(sizes[d]), start, False, g0 + i, 0, _INF, True, 1.0, -1)
+                            for i, d in enumerate(dsts)], t_idx)
+        self.tasks.append(_Task(key, start, {}, {}, (), 1))  # never ends on its own
+        return t_idx
+
+    def sent(self, key: Hashable) -> dict[tuple[int, int], float]:
+        """Bytes each flow of a running task has sent so far, by (src, dst)."""
+        links = {i: link for link, i in self.links.items()}
+        out: dict[tuple[int, int], float] = {}
+        for t_idx, task in enumerate(self.tasks):
+            if task.key == key and task.left:
+                for f in np.flatnonzero(self.f_task == t_idx):
+                    if not self.f_result[f]:
+                        out[links[int(self.f_link[f])]] = float(self.f_sent[f])
+        return out
 
     def abort(self, key: Hashable) -> None:
         """The running task `key` ends here, delivering nothing more (a failure aborted it)."""
@@ -351,9 +389,12 @@ class Stepped:
         ids = live[fin]
         t_fin = now + left[fin] / rate[fin]
         self.f_fin[ids] = t_fin
+        self._deliver(ids, t_fin + self.delay[self.f_link[ids]])
+
+    def _deliver(self, ids: np.ndarray, arrive: np.ndarray) -> None:
+        """These flows are over; their receivers hold their last byte at `arrive`."""
         self.f_done[ids] = True
         self.f_sent[ids] = self.f_size[ids]
-        arrive = t_fin + self.delay[self.f_link[ids]]
         for f, t in sorted(zip(ids.tolist(), arrive.tolist(), strict=True), key=lambda x: x[1]):
             r = int(self.f_to[f])
             if r < 0:

@@ -408,3 +408,62 @@ async def test_a_task_whose_member_is_killed_is_abandoned_and_recorded_with_noth
             later = [r for r in js.records if not r.aborted and r.iters.get(n) == t.iters[n]]
             assert len(later) == 1 and later[0].task > t.id
             assert_round_exact(later[0], sched.plans[later[0].version])
+
+
+def test_a_link_failure_in_the_simulators_job_mode_is_repaired_or_abandoned():
+    """Link 0-1 fails at once: every early task over it stalls until the failure is known, then is re-run
+    with its blocks moved (Eq. 3) or, with no repair, abandoned and its members queue again."""
+    from sim.compute import ComputeModel
+    from sim.job import Queue
+    from sim.outage import simulate_outages
+    topo = build("crew:6:seed=4:x=0.1")
+    net = sim_network(topo)
+    for fix in (True, False):
+        view = oracle_view(topo)
+
+        def plan_for(members, receivers, view=view):
+            return crew.plan(view, Job(250_000, 5_000, members, {}))
+
+        def bw(a, b, view=view):
+            e = view.g.adj[a].get(b)
+            return 0.0 if e is None else e["rate"]
+
+        def repair(plan, dead, running, view=view, fix=fix):
+            out = crew.move_blocks(plan, range(6), bw, crew.loads({0: plan})) if fix else None
+            return None if out is None else crew.plan(view, Job(250_000, 5_000, plan.participants,
+                                                                 {"blocks": out[0]}))
+        pred = simulate_outages(Queue(3), plan_for, ComputeModel("constant:0.05"), range(6), net, 20.0,
+                                [(0.0, 0, 1)], detect_s=1.0, on_detect=lambda links, view=view: [
+                                    view.suspend(*link) for link in links], repair=repair, dt=0.005)
+        hit = pred.repaired if fix else pred.abandoned
+        assert hit >= 1 and (pred.abandoned == 0 if fix else pred.repaired == 0)
+        assert min(pred.iterations.values()) >= 3  # everyone goes on (abandoned members queue again)
+        assert pred.detected == [(1.0, (0, 1))]
+
+
+def test_non_blocking_scatter_rearranges_the_default_plan_and_counts_what_was_sent():
+    """The group's plan moves the fewest chunks off the default assignment (Algorithm 2); in the
+    stepped engine, contribution bytes already sent count, so a fully pre-sent scatter leaves only the
+    multicast; a whole non-blocking job runs to its budget."""
+    from sim.compute import ComputeModel
+    from sim.job import Queue
+    from sim.nonblocking import default_blocks, simulate_nonblocking
+    topo = build("crew:6:seed=4:x=0.1")
+    view, net = oracle_view(topo), sim_network(topo)
+    default = crew.plan(view, Job(300_000, 5_000, tuple(range(6)), {}))
+    plan = crew.plan(view, Job(300_000, 5_000, (0, 2, 4), {"from_blocks": crew.blocks_of(default)}))
+    fresh = crew.plan(view, Job(300_000, 5_000, (0, 2, 4), {}))
+    assert [len(g.chunks) for g in plan.groups] == [len(g.chunks) for g in fresh.groups]  # the same split
+    before, after = default_blocks(default), default_blocks(plan)
+    moved = sum(len(set(after[j]) - set(before.get(j, ()))) for j in after)
+    assert moved == sum(max(0, len(before.get(j, ())) - len(after.get(j, ()))) for j in before)  # the fewest
+    alone = Stepped(net, 0.002)
+    alone.add(TaskRun(0, plan, 0.0))
+    sent = {(m, g.root): 4.0 * 5_000 * len(g.chunks) for g in plan.groups for m in plan.members if m != g.root}
+    ahead = Stepped(net, 0.002)
+    ahead.add(TaskRun(0, plan, 0.0), credit=sent)
+    assert ahead.run()[0][0] < 0.75 * alone.run()[0][0]
+    pred = simulate_nonblocking(Queue(3), lambda m, r: crew.plan(view, Job(300_000, 5_000, m, {
+        "from_blocks": crew.blocks_of(default)})), before, default.layout, ComputeModel("constant:0.05"),
+        range(6), net, 5.0, dt=0.005)
+    assert min(pred.iterations.values()) >= 3

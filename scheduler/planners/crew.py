@@ -23,8 +23,10 @@ P, which is OPR, the original partial reduce, scheme "opr"), `aggregators` (the 
 of nodes outside the members; A is then the members and those), `split` (na | ed), `sched`, `chunks`
 (cut the tensor into this many chunks instead of the job's chunk size), `blocks` ([[root, [[lo, hi],
 ...]], ...]: a fixed assignment, as a failover re-plan passes it: the same chunks, a block moved to
-its replacement). The plan's `info` holds the split (x per aggregator, T_s and T_m of LP (2) in
-seconds on the view's rates) for tools and the failure policy's time budget.
+its replacement), `from_blocks` (the same form: the default plan the members already scattered by,
+non-blocking scatter; the new split re-arranges it by Algorithm 2). The plan's `info` holds the
+split (x per aggregator, T_s and T_m of LP (2) in seconds on the view's rates) for tools and the
+failure policy's time budget.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 from ..plan import ChunkGroup, Job, Plan, PlanError, make_layout
 from ..view import NetworkView
-from .crew_split import Split, assign, split
+from .crew_split import Split, assign, rearrange, split
 
 SCHEDULES = ("fl", "fs", "tl", "c1", "c2", "none")
 MBIT_BYTES = 1e6 / 8
@@ -60,8 +62,14 @@ def plan(view: NetworkView, job: Job) -> Plan:
         aggs = aggregators(view, members, opts.get("aggregators") or opts.get("aggregate", "all"))
         mode = opts.get("split", "na")
         s = split(members, aggs, _rates_of(view, members), mode)
-        chunks = assign(s.x, len(layout))
-        blocks = [(j, tuple(c)) for j, c in zip(s.aggregators, chunks, strict=True) if c]
+        if opts.get("from_blocks") is not None:  # non-blocking scatter: Algorithm 2 from the default plan
+            current = dict(_fixed_blocks(opts["from_blocks"], len(layout)))
+            order = [*s.aggregators, *sorted(set(current) - set(s.aggregators))]
+            x = [*s.x, *[0.0] * (len(order) - len(s.aggregators))]
+            chunks = rearrange(x, [list(current.get(j, ())) for j in order])
+        else:
+            order, chunks = list(s.aggregators), assign(s.x, len(layout))
+        blocks = [(j, tuple(c)) for j, c in zip(order, chunks, strict=True) if c]
         info = split_info(s, job.params * 4)
     groups = tuple(star_group(chunks, root, members, sched) for root, chunks in blocks)
     return Plan(0, scheme, members, {m: 1.0 for m in members}, layout, groups, info=info)

@@ -26,9 +26,10 @@ worker blind; `sim_vs_live_max_err_pct` is the worst of the three.
 
 The full run (without --quick) adds: Fig. 4 (one task's completion time per scheme: crew, OPR, PS,
 greedy ring, ToA, A2A, on N1 and N2 (N1: a lognormal surrogate of EC2's inter-region rates, 50-500
-Mbit/s), planning time apart), Fig. 7 (the five flow-scheduling schemes at p = 4, 5, 10, 12),
-noise robustness (N-A and E-D deciding on rates x (1 + U[-l, l])) and the outage curve (rounds as
-links fail, in the simulator: a failed link's tasks time out and are re-planned around it).
+Mbit/s), planning time apart), Fig. 6 (non-blocking vs blocking scatter, sim/nonblocking.py), Fig. 7
+(the five flow-scheduling schemes at p = 4, 5, 10, 12), Fig. 8 (rounds as links fail for good, in the
+simulator: a failed link's tasks are repaired by Eq. (3) once it is known, sim/outage.py) and Fig.
+11 (N-A and E-D deciding on rates x (1 + U[-l, l])).
 
     python scripts/bench/crew.py [--quick] [--seeds 10] [--live-budget 30] [--skip-live] [--skip-sim]
 
@@ -76,6 +77,7 @@ from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, SimNetwork, simulate, simulate_job  # noqa: E402
 from sim.compute import ComputeModel  # noqa: E402
 from sim.job import Queue  # noqa: E402
+from sim.nonblocking import default_blocks, simulate_nonblocking  # noqa: E402
 from sim.outage import simulate_outages  # noqa: E402
 from wansync.cluster import RunConfig, agent_command  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402
@@ -205,6 +207,27 @@ def outage_case(case: tuple[int, int, int]) -> dict[str, Any]:
             "repaired": pred.repaired, "abandoned": pred.abandoned}
 
 
+def scatter_case(case: tuple[int, int, bool]) -> dict[str, Any]:
+    """CREW with blocking or non-blocking scatter (Fig. 6): rounds per worker in 50 s."""
+    p, seed, nonblocking = case
+    topo = network("N2", N, seed)
+    view, net = oracle_view(topo), sim_network(topo)
+    params = MODEL_BYTES // 4
+    default = crew.plan(view, Job(params, CHUNK_PARAMS, tuple(range(N)), {}))  # P = every worker
+    opts = {"from_blocks": crew.blocks_of(default)} if nonblocking else {}
+
+    def plan_for(members: tuple[int, ...], receivers: tuple[int, ...]) -> Plan:
+        return crew.plan(view, Job(params, CHUNK_PARAMS, members, opts))
+    with tempfile.TemporaryDirectory() as d:
+        comp = ComputeModel(compute_trace(Path(d) / "compute.csv", "T1", seed, N), seed=seed)
+        if nonblocking:
+            pred = simulate_nonblocking(Queue(p), plan_for, default_blocks(default), default.layout, comp, range(N),
+                                        net, BUDGET_S, dt=DT)
+        else:
+            pred = simulate_job(Queue(p), plan_for, comp, range(N), net, BUDGET_S, engine="stepped", dt=DT)
+    return {"p": p, "seed": seed, "nonblocking": nonblocking, "rounds": statistics.median(pred.iterations.values())}
+
+
 def run_cases(cases: list[tuple], procs: int, fn: Any = None) -> list[dict[str, Any]]:
     fn = fn or sim_case
     if procs <= 1:
@@ -325,6 +348,26 @@ class SimPart:
             table.add_column(s.upper(), justify="right")
         for p in ps:
             table.add_row(str(p), *[f"{out[f'{s}_p{p}']:.1f}" for s in scheds])
+        Console(width=140).print(table)
+        return out
+
+    def fig6(self) -> dict[str, Any]:
+        """Non-blocking vs blocking scatter (paper Fig. 6: never worse, up to 1.2x, sometimes slight)."""
+        ps = (4, 5, 10, 12)
+        rows = run_cases([(p, seed, nb) for p in ps for seed in self.seeds for nb in (False, True)],
+                         self.args.procs, scatter_case)
+        by = {(r["p"], r["seed"], r["nonblocking"]): r["rounds"] for r in rows}
+        out = {f"p{p}": {"blocking": statistics.median(by[(p, s, False)] for s in self.seeds),
+                         "nonblocking": statistics.median(by[(p, s, True)] for s in self.seeds),
+                         "gain": statistics.median(by[(p, s, True)] / by[(p, s, False)] for s in self.seeds)}
+               for p in ps}
+        table = Table(title="Fig. 6: rounds per worker in 50 s, blocking vs non-blocking scatter (crew, median over "
+                            "seeds; gain per seed)")
+        for col in ("p", "blocking", "non-blocking", "gain"):
+            table.add_column(col, justify="right")
+        for p in ps:
+            o = out[f"p{p}"]
+            table.add_row(str(p), f"{o['blocking']:.1f}", f"{o['nonblocking']:.1f}", f"{o['gain']:.3f}")
         Console(width=140).print(table)
         return out
 
@@ -595,6 +638,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         res.update(head)
         if not args.quick:
             res["fig4"] = sp.fig4()
+            res["fig6"] = sp.fig6()
             res["fig7"] = sp.fig7()
             res["fig8"] = sp.fig8()
             res["noise"] = sp.noise()
