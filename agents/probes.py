@@ -23,9 +23,10 @@ Why: with a sample per chunk from its sender's `t_send` to its arrival, chunks t
 bucket's burst (20 KB at --scale 0.005 against a 2 ms burst of 37 KB at 150 Mbit/s) arrived one
 delay after they were sent and read 400-900 Mbit/s on 20-155 Mbit/s links, while chunks queued
 behind others included up to 20 ms of the sender's lookahead and read a quarter of the rate.
-Only chunks above `probe_bytes` count toward `probe_num` (NetStorm's PROBE_CHUNK_SIZE and _NUM: an
-estimate needs that many, besides each period's first); smaller ones still occupy the link and count
-in bytes. The agent sends the samples in REPORT messages; the scheduler's view
+A chunk of `probe_bytes` or more counts as one probe toward `probe_num` (NetStorm's PROBE_CHUNK_SIZE
+and _NUM: an estimate needs that many, besides each period's first); a smaller one counts as its
+fraction of a probe, so plans of many small chunks (tree packing's thin trees) are measured once
+their chunks add up to as many bytes. The agent sends the samples in REPORT messages; the scheduler's view
 (scheduler/view.py) weighs them by their duration.
 """
 
@@ -58,7 +59,7 @@ class _Period:
     start: float  # arrival of the first chunk (not counted)
     last: float  # arrival of the latest chunk
     nbytes: int = 0  # bytes the link delivered since the first chunk's arrival
-    probes: int = 0  # chunks above probe_bytes after the first
+    probes: float = 0.0  # probes after the first chunk: one per chunk of probe_bytes, smaller ones pro rata
     base: int = 0  # the receive meter at the first chunk's arrival
 
 
@@ -93,7 +94,7 @@ class LinkProbes:
         if p is not None and now - seconds <= p.last + self.contiguous_s and now >= p.last:
             p.last = now
             p.nbytes = meter - p.base if self.rx_bytes is not None else p.nbytes + nbytes
-            p.probes += nbytes > self.probe_bytes
+            p.probes += min(1.0, nbytes / self.probe_bytes) if self.probe_bytes > 0 else 1.0
             if p.last - p.start >= self.sample_s:  # long: report this much, go on from here
                 self._emit(key, p)
                 self._periods[key] = _Period(now, now, base=meter)
@@ -111,7 +112,7 @@ class LinkProbes:
         acc[0] += p.nbytes
         acc[1] += seconds
         acc[2] += p.probes
-        if acc[1] >= self.min_sample_s and acc[2] >= self.probe_num:
+        if acc[1] >= self.min_sample_s and acc[2] >= self.probe_num - 1e-9:
             self.samples.append([key[0], key[1], int(acc[0]), acc[1]])
             del self._acc[key]
 

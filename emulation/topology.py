@@ -121,7 +121,7 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
     return Topology("internet2", 9, links)
 
 
-BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME")
+BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME", "gpumesh:AxB", "gpunic:AxB")
 PRESETS = Path(__file__).parent / "presets"  # measured matrices; each file names its source
 
 
@@ -157,6 +157,23 @@ def _x_option(spec: str, opt: str) -> float:
     return factor
 
 
+def _internet2_spec(spec: str, arg: str, seed: int) -> Topology:
+    """`internet2[:seed=S][:x=F]`: the seed of the rate draws (default: the run's --seed) and a rate
+    multiplier (the same draws, every rate times F)."""
+    factor = 1.0
+    for opt in (p for p in arg.split(":") if p):
+        key, _, val = opt.partition("=")
+        if key == "seed":
+            try:
+                seed = int(val)
+            except ValueError:
+                raise TopologyError(f"topology: {spec!r}: seed must be an integer, got {val!r}") from None
+        else:
+            factor = _x_option(spec, opt)
+    topo = internet2(seed=seed)
+    return topo if factor == 1.0 else topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
+
+
 def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
     """`hetero[:lo-hi][:x=F]`: the range part and the rate multiplier (default 1)."""
     parts = [p for p in arg.split(":") if p] if arg else []
@@ -173,17 +190,22 @@ def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
 
 
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
-    """`internet2`, `uniform[:Mbps]`, `hetero[:lo-hi][:x=F]`, `waxman:N[:seed=S][:x=F]`,
-    `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), or a .toml/.json file."""
+    """`internet2[:seed=S][:x=F]`, `uniform[:Mbps]`, `hetero[:lo-hi][:x=F]`, `waxman:N[:seed=S][:x=F]`,
+    `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), `gpumesh:AxB[:inter=G][:intra=G]`,
+    `gpunic:AxB[...]` (GPU clusters, Gbit/s), or a .toml/.json file."""
     name, _, arg = spec.partition(":")
     if name in ("waxman", "crew"):
         from .waxman import from_spec  # waxman builds on this module
 
         topo = from_spec(spec)
+    elif name in ("gpumesh", "gpunic"):
+        from .gpumesh import from_spec as gpu_spec  # gpumesh builds on this module
+
+        topo = gpu_spec(spec)
     elif name == "geo":
         topo = preset(spec)
     elif name == "internet2":
-        topo = internet2(seed=seed)
+        topo = _internet2_spec(spec, arg, seed)
     elif name in ("uniform", "hetero"):
         n = 9 if nodes is None else nodes
         if n < 2:

@@ -327,6 +327,22 @@ def test_chunks_that_shared_the_link_count_with_the_bytes_it_delivered():
         assert nbytes / seconds == pytest.approx(want, rel=0.01)
 
 
+def test_small_chunks_count_as_fractions_of_a_probe():
+    """A busy period of chunks a tenth of the probe size (tree packing's thin trees): ten of them are
+    one probe's worth, so 4 probes take 40 chunks after the first; fewer make no sample."""
+    for chunks, sampled in ((39, False), (40, True)):
+        clock, meter = Clock(0.0), Meter()
+        p = probes(clock, meter, probe_num=4)
+        for k in range(chunks + 1):  # chunks after the first one
+            arrive(p, clock, meter, 0.002 * k + 0.001, 100, sent=0.002 * k - 0.01)
+        clock.now += 1.0
+        report = p.report(1)
+        assert (report is not None) == sampled, chunks
+        if sampled:
+            [[_, _, nbytes, seconds]] = report.samples  # type: ignore[union-attr]
+            assert nbytes / seconds == pytest.approx(100 / 0.002)
+
+
 def test_short_periods_are_dropped_and_long_ones_cut():
     clock, meter = Clock(0.0), Meter()
     p = probes(clock, meter)

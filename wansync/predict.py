@@ -17,7 +17,7 @@ from emulation.trace import Trace
 from scheduler import planners
 from scheduler.plan import Job, Plan
 from scheduler.view import NetworkView
-from sim import MEASURED, RoundPrediction, SimNetwork, SimulationStalled, simulate
+from sim import MEASURED, RoundPrediction, SimNetwork, SimulationStalled, WanCosts, simulate
 
 
 def oracle_view(topo: Topology) -> NetworkView:
@@ -39,7 +39,9 @@ class SchemePrediction:
 
 
 def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params: int, chunk_params: int,
-            options: dict | None = None) -> list[SchemePrediction]:
+            options: dict | None = None, costs: WanCosts = MEASURED) -> list[SchemePrediction]:
+    """Every scheme planned on the oracle view and simulated; `costs` are this data plane's own
+    (sim/costs.py) by default, `sim.NONE` for a network whose endpoints are not our agents (GPUs)."""
     view = oracle_view(topo)
     net = sim_network(topo, trace)
     out = []
@@ -49,7 +51,7 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
         plan = spec.plan(view, Job(params, chunk_params, tuple(range(topo.nodes)), {**(options or {}), **spec.options}))
         plan = plan.with_version(1).validate(topo.links)
         t1 = time.perf_counter()
-        pred = simulate(plan, net, costs=MEASURED)  # with the data plane's own costs (sim/costs.py)
+        pred = simulate(plan, net, costs=costs)
         out.append(SchemePrediction(scheme, plan, pred, t1 - t, time.perf_counter() - t1))
     return out
 

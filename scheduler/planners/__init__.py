@@ -15,7 +15,24 @@ from typing import Any
 
 from ..plan import Job, Plan
 from ..view import NetworkView
-from . import a2a, crew, gring, ktree, mst, multicast, netstorm, packing, ps, ring, star, toa
+from . import (
+    a2a,
+    blink,
+    crew,
+    dbtree,
+    gring,
+    ktree,
+    mst,
+    multicast,
+    netstorm,
+    packing,
+    plink,
+    ps,
+    ring,
+    shardps,
+    star,
+    toa,
+)
 
 Memory = dict[str, Any]
 Planner = Callable[[NetworkView, Job, Memory], Plan]
@@ -71,6 +88,12 @@ register(PlannerSpec("netstorm", netstorm.plan, {"awareness": True, "aux": True}
 # topology-adaptive tree packing (seed 001): the LP re-solved from the view as it moves, off the loop
 register(PlannerSpec("packing", packing.plan, adaptive=True, offload=True))
 register(PlannerSpec("packing-no-overlap", packing.plan, {"no_overlap": True}, adaptive=True, offload=True))
+# tree packing's baselines (digest 001 §5): sharded PS, BLINK-like (packed from one root), and for GPU
+# clusters NCCL's double binary tree and a PLink-like hierarchy
+register(PlannerSpec("shardps", _stateless(shardps.plan)))
+register(PlannerSpec("blink", blink.plan, adaptive=True, offload=True))
+register(PlannerSpec("dbtree", _stateless(dbtree.plan)))
+register(PlannerSpec("plink", _stateless(plink.plan), adaptive=True))
 
 # CREW (seed 004): every active worker aggregates a block sized by LP (2) (split na) or evenly (ed);
 # per-link flow scheduling fl (flow-level FCFS, the default), fs, tl, c1, c2 (crew.py); OPR is CREW with

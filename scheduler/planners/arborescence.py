@@ -150,3 +150,38 @@ def sparse_graph(w: np.ndarray) -> csr_matrix:
     keep = u != x
     u, x = u[keep], x[keep]
     return csr_matrix((np.maximum(w[u, x], 1e-300), (u, x)), shape=w.shape)
+
+
+def shallow(w: np.ndarray, root: int, depth: int, terminals: np.ndarray | None = None) -> np.ndarray | None:
+    """A cheap out-arborescence from `root` of at most `depth` levels (Prim's greedy, each step the
+    cheapest edge from a node above the last level), spanning `terminals` (default: every node),
+    pruned of non-terminal leaves; None if the levels cannot reach them all."""
+    n = w.shape[0]
+    want = np.ones(n, dtype=bool) if terminals is None else np.isin(np.arange(n), terminals)
+    parent = np.full(n, -1)
+    level = np.full(n, -1)
+    level[root] = 0
+    best = w[root].copy()
+    frm = np.full(n, root)
+    best[root] = INF
+    while not (level[want] >= 0).all():
+        x = int(best.argmin())
+        if not np.isfinite(best[x]):
+            return None
+        parent[x], level[x] = frm[x], level[frm[x]] + 1
+        best[x] = INF
+        if level[x] < depth:
+            better = (level < 0) & (w[x] < best)
+            best[better], frm[better] = w[x][better], x
+    return parent if terminals is None else prune(parent, terminals)
+
+
+def depth(parent: np.ndarray) -> int:
+    """Levels below the root of an arborescence given as a parent array."""
+    level = np.where(parent >= 0, 1, 0)
+    up = parent.copy()
+    while (up >= 0).any():
+        nxt = np.where(up >= 0, parent[np.maximum(up, 0)], -1)
+        level += nxt >= 0
+        up = nxt
+    return int(level.max(initial=0))

@@ -12,11 +12,15 @@ a share ∝ its weight, so:
 - `overlap=False` (the digest's LP (4), for the Fig. 7 ablation): reduce and broadcast each get a
   link's full capacity (separate rows: the stages run one after the other). **T = 2·S / Σχ**.
 
-Solved by column generation jointly over all roots: a HiGHS master (`linprog`, sparse), duals as
-edge prices, and per root and role the cheapest arborescence under them (exact Edmonds when every
-node is active, the Steiner heuristic otherwise; `arborescence.py`). A basic solution may hold up
-to |E| + 2|V| trees, too thin to pipeline well; `pack` prunes them and re-solves over what is left,
-reporting both optima. Pure: capacities in, packing out; nothing here knows about plans or agents.
+Solved by column generation jointly over all roots: a HiGHS master (highspy; interior point, whose
+centred duals price out few useless trees), its duals as edge prices, and per root and role the
+cheapest arborescence under them (exact Edmonds when every node is active, the Steiner heuristic
+otherwise; `arborescence.py`) plus depth-limited ones; the Farley bound says how far from the LP
+optimum over all trees it stopped. An optimum may hold up to |E| + 2|V| trees, and a tree d levels
+deep needs ~d/fill chunks to pipeline, so `pack` then takes, among packings of the generated trees
+within SHALLOW_SLACK of the optimum, the vertex of least Σ weight x depth, keeps the heaviest
+`max_trees_per_root` per root and role, and re-solves over those, reporting both optima. Pure:
+capacities in, packing out; nothing here knows about plans or agents.
 """
 
 from __future__ import annotations
@@ -28,16 +32,19 @@ from typing import Literal
 
 import networkx as nx
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csc_matrix, csr_matrix
+from highspy import _core
+from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from .arborescence import INF, cost, edmonds, prune, sparse_graph, steiner
+from .arborescence import INF, cost, depth, edmonds, prune, shallow, sparse_graph, steiner
 
 Role = Literal["reduce", "broadcast"]
 ROLES: tuple[Role, Role] = ("reduce", "broadcast")
-REDUCED_COST_TOL = 1e-7  # a column enters when its reduced cost is below -tol (capacities scaled to max 1)
-IDLE_ROUNDS = 3  # master rounds a zero-weight tree stays in the master before it waits in the pool
+REDUCED_COST_TOL = 1e-6  # a column enters when its reduced cost is below -tol (capacities scaled to max 1;
+# the interior point duals are accurate to about 1e-8)
+SHALLOW_LEVELS = (1, 2, 3)  # depth-limited trees priced each round besides the exact oracle's
+SHALLOW_SLACK = 1e-4  # the shallowest packing may give up this share of the pool's optimum
+PRICINGS = 4  # oracle calls per root and role in one column-generation round (see _column_generation)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,7 @@ class _Graph:
 
     ids: np.ndarray  # internal index -> node id
     active: np.ndarray  # internal indices of the active nodes, ascending id
+    roots: np.ndarray  # positions in `active` of the nodes that may own parameters (every active one by default)
     src: np.ndarray
     dst: np.ndarray
     cap: np.ndarray  # scaled
@@ -127,10 +135,14 @@ class _Graph:
         return self.eidx[parent[kids], kids]  # parent -> child
 
 
-def _graph(capacity: Mapping[tuple[int, int], float], active: Iterable[int]) -> _Graph:
+def _graph(capacity: Mapping[tuple[int, int], float], active: Iterable[int],
+           roots: Iterable[int] | None = None) -> _Graph:
     act = sorted(set(int(v) for v in active))
     if len(act) < 2:
         raise ValueError(f"pack: needs at least two active nodes, got {act}")
+    owners = act if roots is None else sorted(set(int(v) for v in roots))
+    if not owners or not set(owners) <= set(act):
+        raise ValueError(f"pack: roots {owners} must be a non-empty subset of the active nodes {act}")
     for (u, v), b in capacity.items():
         if u == v or not np.isfinite(b) or b <= 0:
             raise ValueError(f"pack: link {u}->{v} has capacity {b}; links need distinct ends and a rate > 0")
@@ -154,20 +166,19 @@ def _graph(capacity: Mapping[tuple[int, int], float], active: Iterable[int]) -> 
     nk = int(keep.sum())
     eidx = np.full((nk, nk), -1)
     eidx[src, dst] = np.arange(len(src))
-    return _Graph(ids[keep], new[act_idx], src, dst, rates / scale, scale, eidx)
+    return _Graph(ids[keep], new[act_idx], np.array([act.index(v) for v in owners]), src, dst, rates / scale,
+                  scale, eidx)
 
 
 @dataclass
 class _Columns:
-    """Every tree generated so far (the pool), with its root (position in `active`) and role. The
-    master holds only the live ones: a tree idle (zero weight) for IDLE_ROUNDS rounds leaves it and
-    comes back when its reduced cost turns negative again; a smaller master solves several x faster."""
+    """Every tree generated so far, with its root (position in `active`) and role; column t of the
+    master is tree t."""
 
     root: list[int] = field(default_factory=list)
     role: list[int] = field(default_factory=list)
     parent: list[np.ndarray] = field(default_factory=list)
     edges: list[np.ndarray] = field(default_factory=list)
-    idle: list[int] = field(default_factory=list)
     seen: set[tuple[int, int, bytes]] = field(default_factory=set)
 
     def add(self, root: int, role: int, parent: np.ndarray, edges: np.ndarray) -> bool:
@@ -179,20 +190,7 @@ class _Columns:
         self.role.append(role)
         self.parent.append(parent)
         self.edges.append(edges)
-        self.idle.append(0)
         return True
-
-    def live(self) -> np.ndarray:
-        return np.flatnonzero(np.array(self.idle) <= IDLE_ROUNDS)
-
-    def reduced_costs(self, sol: _Solution, overlap: bool, m: int) -> np.ndarray:
-        """Σ prices over each tree's links minus its root's and role's equality dual, for every tree."""
-        lens = np.array([len(e) for e in self.edges])
-        role = np.array(self.role)
-        rows = np.concatenate(self.edges) + (0 if overlap else np.repeat(role * m, lens))
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        length = np.add.reduceat(sol.prices[rows], starts)
-        return length - sol.alpha[np.array(self.root), role]
 
 
 @dataclass
@@ -207,31 +205,83 @@ class _Solution:
         return float(self.chi.sum())
 
 
+class _Master:
+    """The restricted master LP, kept in one HiGHS instance that columns are added to as they are priced.
+
+    During column generation (`interior=True`) it is solved by HiGHS's interior point method without
+    crossover: interior duals are well-centred prices, which price out far fewer useless trees than
+    a simplex vertex's extreme duals (30-node mesh: 14 rounds and ~5 s instead of ~65 rounds and
+    minutes of degenerate simplex pivots). The pruned re-solve (`interior=False`) uses the simplex
+    method, whose basic solution holds at most rows-many trees.
+
+    Rows: one capacity row per directed link (two with `overlap=False`: reduce and broadcast each get
+    the link), then per active root v the rows Σ reduce w - χ(v) = 0 and Σ broadcast w - χ(v) = 0.
+    Columns: χ(v) per root (cost -1: HiGHS minimizes), then one per tree."""
+
+    def __init__(self, g: _Graph, overlap: bool, *, interior: bool) -> None:
+        # highspy's Highs() prints a banner from C on construction; the binding underneath does not
+        self.h = _core._Highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.setOptionValue("threads", 1)  # planners run beside the agents' event loops
+        if interior:
+            self.h.setOptionValue("solver", "ipm")
+            self.h.setOptionValue("run_crossover", "off")
+        self.g, self.overlap = g, overlap
+        self.cap_rows = g.m if overlap else 2 * g.m
+        a = len(g.active)
+        inf = self.h.getInfinity()
+        cap = g.cap if overlap else np.concatenate([g.cap, g.cap])
+        none = np.zeros(0, dtype=np.int32)
+        self.h.addRows(self.cap_rows, np.full(self.cap_rows, -inf), cap, 0, none, none, np.zeros(0))
+        self.h.addRows(2 * a, np.zeros(2 * a), np.zeros(2 * a), 0, none, none, np.zeros(0))
+        starts = np.arange(0, 2 * a, 2, dtype=np.int32)
+        rows = (self.cap_rows + np.arange(2 * a)).astype(np.int32)
+        upper = np.zeros(a)
+        upper[g.roots] = inf  # an active node that may not own parameters keeps χ = 0
+        self.h.addCols(a, -np.ones(a), np.zeros(a), upper, 2 * a, starts, rows, -np.ones(2 * a))
+        self.trees = 0
+
+    def add(self, cols: _Columns, t: int) -> None:
+        """Column t of `cols` (columns must be added in order)."""
+        assert t == self.trees
+        role, edges = cols.role[t], cols.edges[t]
+        rows = np.concatenate([edges + (0 if self.overlap else role * self.g.m),
+                               [self.cap_rows + 2 * cols.root[t] + role]]).astype(np.int32)
+        self.h.addCol(0.0, 0.0, self.h.getInfinity(), len(rows), rows, np.ones(len(rows)))
+        self.trees += 1
+
+    def shallowest(self, depths: np.ndarray, floor: float) -> _Solution:
+        """Re-optimise among packings worth at least `floor` (scaled Σχ): the one with the least
+        Σ weight x depth (a vertex: simplex), so the trees kept pipeline in fewer steps."""
+        a = len(self.g.active)
+        costs = np.concatenate([np.zeros(a), depths.astype(float)])
+        self.h.changeColsCost(len(costs), np.arange(len(costs), dtype=np.int32), costs)
+        self.h.addRow(floor, self.h.getInfinity(), a, np.arange(a, dtype=np.int32), np.ones(a))
+        return self.solve()
+
+    def solve(self) -> _Solution:
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status != _core.HighsModelStatus.kOptimal:
+            raise RuntimeError(f"pack: master LP failed: {self.h.modelStatusToString(status)}")
+        sol = self.h.getSolution()
+        x, dual = np.asarray(sol.col_value), np.asarray(sol.row_dual)
+        a = len(self.g.active)
+        # HiGHS row duals are d(objective)/d(rhs) of a minimization: <= 0 on binding <= rows. The
+        # reduced cost of a tree t of root v and role r is Σ_{e in t} prices_e - alpha[v, r].
+        return _Solution(x[a:], x[:a], np.maximum(0.0, -dual[:self.cap_rows]),
+                         dual[self.cap_rows:self.cap_rows + 2 * a].reshape(a, 2))
+
+
 def _solve(g: _Graph, cols: _Columns, subset: np.ndarray, overlap: bool) -> _Solution:
-    """The restricted master over the columns in `subset`: max Σχ (HiGHS dual simplex: a basic solution)."""
-    k, a = len(subset), len(g.active)
-    rows_ub = g.m if overlap else 2 * g.m
-    lens = np.array([len(cols.edges[t]) for t in subset], dtype=int)
-    role = np.array([cols.role[t] for t in subset], dtype=int)
-    root = np.array([cols.root[t] for t in subset], dtype=int)
-    ub_rows = np.concatenate([cols.edges[t] for t in subset]) if k else np.zeros(0, dtype=int)
-    if not overlap:
-        ub_rows = ub_rows + np.repeat(role * g.m, lens)
-    ub_cols = np.repeat(np.arange(k), lens)
-    a_ub = csc_matrix((np.ones(len(ub_rows)), (ub_rows, ub_cols)), shape=(rows_ub, k + a))
-    eq_rows = np.concatenate([2 * root + role, 2 * np.arange(a), 2 * np.arange(a) + 1])
-    eq_cols = np.concatenate([np.arange(k), k + np.arange(a), k + np.arange(a)])
-    eq_vals = np.concatenate([np.ones(k), -np.ones(2 * a)])
-    a_eq = csc_matrix((eq_vals, (eq_rows, eq_cols)), shape=(2 * a, k + a))
-    c = np.concatenate([np.zeros(k), -np.ones(a)])
-    b_ub = g.cap if overlap else np.concatenate([g.cap, g.cap])
-    res = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.zeros(2 * a), bounds=(0, None), method="highs-ds")
-    if res.status != 0:
-        raise RuntimeError(f"pack: master LP failed: {res.message}")
-    # HiGHS marginals are d(objective)/d(rhs) of a minimization: <= 0 on <= rows. Reduced cost of a
-    # tree t of root v and role r: Σ_{e in t} prices_e - alpha[v, r]; χ_v's: alpha[v,0] + alpha[v,1] - 1.
-    return _Solution(res.x[:k], res.x[k:], np.maximum(0.0, -res.ineqlin.marginals),
-                     res.eqlin.marginals.reshape(a, 2))
+    """The master over the columns in `subset` only (the pruned re-solve); `w` follows `subset`."""
+    sub = _Columns()
+    for t in subset:
+        sub.add(cols.root[t], cols.role[t], cols.parent[t], cols.edges[t])
+    master = _Master(g, overlap, interior=False)
+    for t in range(len(subset)):
+        master.add(sub, t)
+    return master.solve()
 
 
 class _Oracle:
@@ -276,58 +326,90 @@ def _widest(g: _Graph, root: int, role: int) -> np.ndarray:
     return prune(parent, g.active)
 
 
-def _column_generation(g: _Graph, cols: _Columns, overlap: bool, max_iterations: int,
-                       deadline: float) -> tuple[_Solution, np.ndarray, int, float]:
-    """Price every root in both roles each round until no tree has a negative reduced cost.
-    Returns the last master, the columns it held, the number of master solves and the Farley gap in %."""
+def _column_generation(g: _Graph, cols: _Columns, overlap: bool, max_iterations: int, gap_pct: float,
+                       deadline: float) -> tuple[_Solution, int, float]:
+    """Price every root in both roles each round until no tree has a negative reduced cost or the
+    Farley bound is within `gap_pct` of the master's value. Returns the last master (its `w` over
+    every column), the number of master solves and the Farley gap in %.
+
+    Each round asks the oracle PRICINGS times per root and role: first under the duals, then under
+    prices raised on the links the round's trees already use, so one round brings several different
+    trees (kept only if their reduced cost under the true duals is negative): fewer master solves."""
+    master = _Master(g, overlap, interior=True)
+    for t in range(len(cols.root)):
+        master.add(cols, t)
     gap = float("inf")
     sol = None
     it = 0
     while it < max_iterations:
         it += 1
-        live = cols.live()
-        sol = _solve(g, cols, live, overlap)
-        for i, t in enumerate(live):
-            cols.idle[t] = 0 if sol.w[i] > 0 else cols.idle[t] + 1
-        rc = cols.reduced_costs(sol, overlap, g.m)
-        back = np.flatnonzero((rc < -REDUCED_COST_TOL) & (np.array(cols.idle) > IDLE_ROUNDS))
-        for t in back:
-            cols.idle[t] = 0
-        oracle = _Oracle(g, sol.prices, overlap)
-        lengths = np.zeros((len(g.active), 2))
-        added = len(back)
-        for v in range(len(g.active)):
+        sol = master.solve()
+        rows = g.m if overlap else 2 * g.m
+        prices = sol.prices.copy()
+        lengths = np.zeros((len(g.roots), 2))
+        added = 0
+        for k in range(PRICINGS):
+            oracle = _Oracle(g, prices, overlap)
+            used = np.zeros(rows)
+            for i, v in enumerate(g.roots):
+                for r in (0, 1):
+                    parent, length = oracle.tree(v, r)
+                    edges = g.tree_edges(parent, r)
+                    rows_of = edges + (0 if overlap else r * g.m)
+                    if k == 0:
+                        lengths[i, r] = length
+                    else:
+                        length = float(sol.prices[rows_of].sum())
+                    if length < sol.alpha[v, r] - REDUCED_COST_TOL and cols.add(v, r, parent, edges):
+                        master.add(cols, len(cols.root) - 1)
+                        added += 1
+                    used[rows_of] += 1
+            cap = g.cap if overlap else np.concatenate([g.cap, g.cap])
+            prices = prices + used * (float(prices.mean()) + 1e-3) / (2 * cap)
+        for v in g.roots:  # shallow trees under the true duals: they pipeline better
             for r in (0, 1):
-                parent, length = oracle.tree(v, r)
-                lengths[v, r] = length
-                if length < sol.alpha[v, r] - REDUCED_COST_TOL:
-                    added += cols.add(v, r, parent, g.tree_edges(parent, r))
+                wm = g.matrix(sol.prices if overlap else sol.prices[r * g.m:(r + 1) * g.m], r)
+                for h in SHALLOW_LEVELS:
+                    parent = shallow(wm, int(g.active[v]), h, None if g.all_active else g.active)
+                    if parent is None:
+                        continue
+                    edges = g.tree_edges(parent, r)
+                    length = float(sol.prices[edges + (0 if overlap else r * g.m)].sum())
+                    if length < sol.alpha[v, r] - REDUCED_COST_TOL and cols.add(v, r, parent, edges):
+                        master.add(cols, len(cols.root) - 1)
+                        added += 1
         # Farley: prices scaled by 1/θ satisfy every tree's dual row, so z/θ bounds the full LP.
         theta = float(lengths.sum(axis=1).min())
         gap = 100.0 * max(0.0, 1.0 / theta - 1.0) if theta > 0 else float("inf")
-        if not added or time.perf_counter() > deadline:
+        if not added or gap <= gap_pct or time.perf_counter() > deadline:
             break
     assert sol is not None
-    return sol, live, it, gap
+    return sol, it, gap
 
 
 def pack(capacity: Mapping[tuple[int, int], float], active: Iterable[int], *, overlap: bool = True,
          max_trees_per_root: int | None = 8, min_weight_frac: float = 0.01, max_iterations: int = 500,
-         time_limit_s: float | None = None) -> Packing:
+         gap_pct: float = 0.01, time_limit_s: float | None = None, roots: Iterable[int] | None = None) -> Packing:
     """Pack reduce and broadcast trees for every active root; `capacity` maps directed links to Mbit/s.
-    Nodes outside `active` may relay and aggregate but are never roots. Raises ValueError when the
-    active nodes are fewer than two or not strongly connected."""
+    Nodes outside `active` may relay and aggregate but are never roots; `roots` (default: every
+    active node) narrows who may own parameters (BLINK packs from one root). Raises ValueError when the
+    active nodes are fewer than two or not strongly connected. Column generation stops at an LP gap
+    (Farley bound) of `gap_pct` % or after `time_limit_s` (the gap then says how far it got)."""
     t0 = time.perf_counter()
     active = list(active)
-    g = _graph(capacity, active)
+    g = _graph(capacity, active, roots)
     deadline = t0 + time_limit_s if time_limit_s is not None else float("inf")
     cols = _Columns()
-    for v in range(len(g.active)):
+    for v in g.roots:
         for r in (0, 1):
             parent = _widest(g, int(g.active[v]), r)
             cols.add(v, r, parent, g.tree_edges(parent, r))
-    sol, live, iterations, gap = _column_generation(g, cols, overlap, max_iterations, deadline)
-    subset = _prune(cols, live, sol.w, max_trees_per_root, min_weight_frac)
+    sol, iterations, gap = _column_generation(g, cols, overlap, max_iterations, gap_pct, deadline)
+    master = _Master(g, overlap, interior=False)
+    for t in range(len(cols.root)):
+        master.add(cols, t)
+    shallow_sol = master.shallowest(np.array([depth(p) for p in cols.parent]), sol.value * (1 - SHALLOW_SLACK))
+    subset = _prune(cols, shallow_sol.w, max_trees_per_root, min_weight_frac)
     final = _solve(g, cols, subset, overlap)
     w = _feasible(g, cols, subset, final.w, overlap)
     packing = _packing(g, cols, subset, w)
@@ -338,14 +420,14 @@ def pack(capacity: Mapping[tuple[int, int], float], active: Iterable[int], *, ov
         overlap=overlap, oracle_exact=g.all_active)
 
 
-def _prune(cols: _Columns, live: np.ndarray, w: np.ndarray, max_per_root: int | None, min_frac: float) -> np.ndarray:
-    """The basic solution's non-zero trees (`w` per `live` column), without those under min_frac of
-    the heaviest, at most max_per_root per root and role (heaviest first); returns column ids."""
+def _prune(cols: _Columns, w: np.ndarray, max_per_root: int | None, min_frac: float) -> np.ndarray:
+    """The basic solution's non-zero trees (`w` per column), without those under min_frac of the
+    heaviest, at most max_per_root per root and role (heaviest first); returns column ids."""
     top = float(w.max()) if len(w) else 0.0
     keep = np.flatnonzero(w > max(min_frac * top, 1e-9 * top))
     groups: dict[tuple[int, int], list[int]] = {}
     for i in keep[np.argsort(-w[keep], kind="stable")]:
-        t = int(live[i])
+        t = int(i)
         groups.setdefault((cols.root[t], cols.role[t]), []).append(t)
     limit = max_per_root if max_per_root is not None else len(w)
     return np.array(sorted(t for ts in groups.values() for t in ts[:limit]), dtype=int)

@@ -1,0 +1,388 @@
+"""Tree packing (seed 001): the LP against bounds computed by hand and by brute force, the pricing
+oracles against networkx and exhaustive search, the compiled plan run live over real TCP (every
+receiver compared with the exact sum the harness computes itself), relays that aggregate without
+contributing, and each tree's bytes against its LP weight."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import networkx as nx
+import numpy as np
+import pytest
+from harness import LocalNet
+from scipy.optimize import linprog
+from test_overlay import line
+
+from emulation.gpumesh import gpumesh, gpunic
+from emulation.link import LinkSpec
+from emulation.topology import Topology, TopologyError, build, internet2, uniform
+from scheduler.plan import Job, PlanError
+from scheduler.planners import resolve
+from scheduler.planners.arborescence import INF, cost, depth, edmonds, shallow, steiner
+from scheduler.planners.dbtree import btree, dtree
+from scheduler.planners.machines import machines_of
+from scheduler.planners.packing import pair_trees
+from scheduler.planners.packing_lp import Tree, min_cut, pack
+from wansync.planinfo import info_line
+from wansync.predict import oracle_view
+
+PARAMS, CHUNK = 96_000, 8_000
+
+
+def capacity(topo: Topology) -> dict[tuple[int, int], float]:
+    return {k: v.rate_mbps for k, v in topo.links.items()}
+
+
+def cut_bound(cap: dict[tuple[int, int], float], nodes: list[int]) -> float:
+    """λ by brute force over every subset: the smallest capacity into a set that misses some node."""
+    best = float("inf")
+    for k in range(1, len(nodes)):
+        for side in itertools.combinations(nodes, k):
+            s = set(side)
+            best = min(best, sum(b for (u, v), b in cap.items() if u not in s and v in s))
+    return best
+
+
+# --- the LP against bounds known by hand ------------------------------------------------------------------
+def test_a_uniform_full_mesh_packs_one_star_per_root_at_half_the_rate_each():
+    """K_N at rate b: each unit of χ needs a reduce and a broadcast spanning tree (2(N-1) link-units) and
+    there are N(N-1)b of them, so Σχ = N b / 2, reached by in- and out-stars (each link carries the
+    reduce star of its head and the broadcast star of its tail)."""
+    pk = pack(capacity(uniform(5, 40.0)), range(5))
+    assert pk.sum_chi == pytest.approx(5 * 40.0 / 2, rel=1e-6)
+    # of the many optimal packings, the shallowest: stars (every tree one level deep)
+    assert all(p == t.root or p is None for side in (pk.reduce, pk.broadcast) for ts in side.values() for t in ts
+               for p in t.parent.values())
+    assert pk.lam == pytest.approx(4 * 40.0)  # one node's in-links
+    assert pk.gap_pct <= 0.01 and pk.round_time_s(100.0) == pytest.approx(100.0 / pk.sum_chi)
+
+
+def test_a_line_packs_its_slowest_link():
+    """A path has one spanning tree per root, and every directed link carries every root's χ once."""
+    topo = line(4, rate=50.0)
+    links = dict(topo.links)
+    links[(2, 1)] = LinkSpec(17.0)
+    pk = pack(capacity(dataclasses.replace(topo, links=links)), range(4))
+    assert pk.sum_chi == pytest.approx(17.0, rel=1e-6) == pk.lam
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_internet2_packs_up_to_its_smallest_directed_cut(seed):
+    """The issue's finding on all five seeds: Σχ = λ, λ found here by brute force over subsets."""
+    cap = capacity(internet2(seed=seed))
+    pk = pack(cap, range(9))
+    assert pk.lam == pytest.approx(cut_bound(cap, list(range(9))))
+    assert pk.sum_chi == pytest.approx(pk.lam, rel=1e-6) and pk.sum_chi_lp == pytest.approx(pk.lam, rel=1e-6)
+
+
+@pytest.mark.parametrize("m, g, inter", [(2, 2, 10.0), (2, 3, 25.0), (4, 4, 10.0)])
+def test_a_gpu_mesh_packs_to_the_digests_closed_form(m, g, inter):
+    """M machines x G GPUs, B_in inside, B_out between: a spanning tree has N-1 edges of which at least
+    M-1 cross machines, so (χ counting one tree per stage, overlapped) Σχ <= min((I+X)/(2(N-1)),
+    X/(2(M-1))) with I = M G (G-1) B_in, X = N (N-G) B_out; the packing reaches it."""
+    n, b_in, b_out = m * g, 100_000.0, inter * 1000.0
+    i, x = m * g * (g - 1) * b_in, n * (n - g) * b_out
+    pk = pack(capacity(gpumesh(m, g, inter)), range(n))
+    assert pk.sum_chi_lp == pytest.approx(min((i + x) / (2 * (n - 1)), x / (2 * (m - 1))), rel=1e-3)
+
+
+def test_no_overlap_gives_each_stage_the_whole_link():
+    """Digest LP (4): reduce and broadcast trees each within capacity, T = 2 S / Σχ; on K_N Σχ = N b."""
+    pk = pack(capacity(uniform(4, 30.0)), range(4), overlap=False)
+    assert pk.sum_chi == pytest.approx(4 * 30.0, rel=1e-6) and not pk.overlap
+    assert pk.round_time_s(60.0) == pytest.approx(2 * 60.0 / pk.sum_chi)
+
+
+def _all_arborescences(n: int, edges: list[tuple[int, int]], root: int, into: bool) -> list[frozenset]:
+    """Every spanning arborescence of a tiny graph (out of `root`, or into it), as edge sets."""
+    out = []
+    for combo in itertools.combinations(edges, n - 1):
+        g = nx.DiGraph(combo)
+        g.add_nodes_from(range(n))
+        h = g.reverse() if into else g
+        if all(h.in_degree(x) == (0 if x == root else 1) for x in range(n)) and nx.is_arborescence(h):
+            out.append(frozenset(combo))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_column_generation_reaches_the_lp_over_every_tree(seed):
+    """On 4 nodes every arborescence can be listed: the full LP (linprog over all of them) and column
+    generation agree on Σχ."""
+    rng = random.Random(seed)
+    n = 4
+    cap = {(a, b): float(rng.randint(5, 50)) for a in range(n) for b in range(n) if a != b and rng.random() < 0.8}
+    for a in range(n):  # keep it strongly connected: a ring both ways
+        cap.setdefault((a, (a + 1) % n), 7.0)
+        cap.setdefault(((a + 1) % n, a), 7.0)
+    edges = sorted(cap)
+    cols = [(v, role, t) for v in range(n) for role, into in ((0, True), (1, False))
+            for t in _all_arborescences(n, edges, v, into)]
+    k = len(cols)
+    # variables: one weight per tree, then χ per root; maximize Σχ
+    c = np.concatenate([np.zeros(k), -np.ones(n)])
+    a_ub = np.zeros((len(edges), k + n))
+    for j, (_, _, t) in enumerate(cols):
+        for e in t:
+            a_ub[edges.index(e), j] = 1.0
+    a_eq = np.zeros((2 * n, k + n))
+    for j, (v, role, _) in enumerate(cols):
+        a_eq[2 * v + role, j] = 1.0
+    for v in range(n):
+        a_eq[2 * v, k + v] = a_eq[2 * v + 1, k + v] = -1.0
+    res = linprog(c, A_ub=a_ub, b_ub=[cap[e] for e in edges], A_eq=a_eq, b_eq=np.zeros(2 * n), method="highs")
+    assert res.status == 0
+    assert pack(cap, range(n), max_trees_per_root=None).sum_chi_lp == pytest.approx(-res.fun, rel=1e-5)
+
+
+def test_a_packing_never_overloads_a_link_and_balances_each_roots_stages():
+    pk = pack(capacity(build("hetero", nodes=7, seed=3)), range(7), max_trees_per_root=3)
+    cap = capacity(build("hetero", nodes=7, seed=3))
+    load = dict.fromkeys(cap, 0.0)
+    for role, side in (("reduce", pk.reduce), ("broadcast", pk.broadcast)):
+        for trees in side.values():
+            for t in trees:
+                for e in t.edges(role):
+                    load[e] += t.weight
+    assert all(load[e] <= cap[e] * (1 + 1e-9) for e in cap)
+    for v in pk.chi:
+        assert sum(t.weight for t in pk.reduce[v]) == pytest.approx(pk.chi[v])
+        assert sum(t.weight for t in pk.broadcast[v]) == pytest.approx(pk.chi[v])
+    assert pk.sum_chi <= pk.sum_chi_lp * (1 + 1e-9) and all(len(ts) <= 3 for ts in pk.reduce.values())
+
+
+def test_relays_let_inactive_nodes_carry_more_than_the_active_ones_links():
+    """Two active nodes joined by a 10 Mbit/s link and a two-hop path through an inactive node at
+    40: each direction carries one root's broadcast and the other's reduce, χ0 + χ1 <= 10 + 40 with
+    the relay, <= 10 without."""
+    cap = {(0, 1): 10.0, (1, 0): 10.0, (0, 2): 40.0, (2, 0): 40.0, (2, 1): 40.0, (1, 2): 40.0}
+    assert pack(cap, [0, 1]).sum_chi == pytest.approx(50.0, rel=1e-6)
+    assert pack({k: v for k, v in cap.items() if 2 not in k}, [0, 1]).sum_chi == pytest.approx(10.0, rel=1e-6)
+
+
+def test_roots_narrow_who_owns_parameters():
+    pk = pack(capacity(uniform(4, 30.0)), range(4), overlap=False, roots=[2])
+    # one root's spanning arborescences on K4: as many as its smallest cut, 3 links of 30 (Edmonds)
+    assert set(v for v, x in pk.chi.items() if x > 0) == {2} and pk.sum_chi == pytest.approx(90.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("cap, active, kw, message", [
+    ({(0, 1): 5.0, (1, 0): 5.0}, [0], {}, "at least two active nodes"),
+    ({(0, 1): 5.0, (1, 0): 5.0, (2, 3): 5.0, (3, 2): 5.0}, [0, 2], {}, "not strongly connected"),
+    ({(0, 1): 5.0, (1, 0): 0.0}, [0, 1], {}, "capacity 0.0"),
+    ({(0, 1): 5.0, (1, 0): float("nan")}, [0, 1], {}, "capacity nan"),
+    ({(0, 1): 5.0, (1, 0): 5.0}, [0, 1], {"roots": [7]}, "subset of the active nodes"),
+])
+def test_impossible_inputs_are_refused_naming_the_reason(cap, active, kw, message):
+    with pytest.raises(ValueError, match=message):
+        pack(cap, active, **kw)
+
+
+# --- the oracles ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(20))
+def test_edmonds_finds_networkx_minimum_arborescence(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 12))
+    w = np.where(rng.random((n, n)) < 0.6, rng.random((n, n)), INF)
+    np.fill_diagonal(w, INF)
+    for a in range(n):  # a Hamiltonian cycle keeps every node reachable from the root
+        w[a, (a + 1) % n] = min(w[a, (a + 1) % n], rng.random())
+    root = int(rng.integers(n))
+    parent = edmonds(w, root)
+    assert parent is not None and parent[root] == -1 and (parent >= 0).sum() == n - 1
+    g = nx.DiGraph()
+    for u in range(n):
+        for x in range(n):
+            if np.isfinite(w[u, x]) and x != root:
+                g.add_edge(u, x, weight=float(w[u, x]))
+    best = nx.minimum_spanning_arborescence(g, attr="weight")
+    assert cost(w, parent) == pytest.approx(best.size(weight="weight"))
+
+
+def test_depth_limited_trees_keep_their_levels_and_say_when_they_cannot_reach():
+    rng = np.random.default_rng(7)
+    w = rng.random((7, 7))
+    np.fill_diagonal(w, INF)
+    for h in (1, 2, 3):
+        parent = shallow(w, 2, h)
+        assert parent is not None and parent[2] == -1 and (parent >= 0).sum() == 6 and depth(parent) <= h
+    assert depth(shallow(w, 0, 1)) == 1 and shallow(w, 0, 1)[1:].tolist() == [0] * 6
+    line3 = np.full((3, 3), INF)
+    line3[0, 1] = line3[1, 2] = 1.0
+    assert shallow(line3, 0, 1) is None and depth(shallow(line3, 0, 2)) == 2
+    assert depth(np.array([-1, 0, 1, 2])) == 3 and depth(np.array([-1])) == 0
+
+
+def test_edmonds_says_when_no_arborescence_exists():
+    w = np.full((3, 3), INF)
+    w[0, 1] = 1.0
+    assert edmonds(w, 0) is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_steiner_heuristic_spans_the_terminals_and_is_near_the_exhaustive_optimum(seed):
+    """On 6 nodes, 3 terminals: a valid arborescence (rooted, spanning the terminals, no useless leaf),
+    at most 1.5 x the cheapest one found by trying every node subset with exact Edmonds."""
+    rng = np.random.default_rng(100 + seed)
+    n = 6
+    w = np.where(rng.random((n, n)) < 0.7, 1 + 9 * rng.random((n, n)), INF)
+    np.fill_diagonal(w, INF)
+    for a in range(n):
+        w[a, (a + 1) % n] = min(w[a, (a + 1) % n], 5.0)
+    terminals = np.array([0, 2, 4])
+    parent = steiner(w, 0, terminals)
+    assert parent is not None and parent[0] == -1
+    inside = {0} | set(np.flatnonzero(parent >= 0).tolist())
+    assert {2, 4} <= inside
+    for x in inside - {0}:  # every tree node reaches the root
+        y, hops = x, 0
+        while y != 0 and hops <= n:
+            y, hops = int(parent[y]), hops + 1
+        assert y == 0
+    leaves = inside - set(parent[parent >= 0].tolist())
+    assert leaves <= {2, 4}
+    best = INF
+    for extra in itertools.chain.from_iterable(itertools.combinations([1, 3, 5], k) for k in range(4)):
+        nodes = np.array(sorted({0, 2, 4, *extra}))
+        sub = edmonds(w[np.ix_(nodes, nodes)], 0)
+        if sub is not None:
+            best = min(best, cost(w[np.ix_(nodes, nodes)], sub))
+    assert cost(w, parent) <= 1.5 * best
+
+
+# --- the plan ---------------------------------------------------------------------------------------------
+def test_pairing_cuts_each_roots_range_into_pieces_of_both_sides():
+    r = [Tree(0, {0: None}, 3.0), Tree(0, {0: None}, 1.0)]
+    b = [Tree(0, {0: None}, 2.0), Tree(0, {0: None}, 2.0)]
+    pairs = pair_trees(r, b)
+    assert [a for *_, a in pairs] == pytest.approx([2.0, 1.0, 1.0])
+    assert pairs[0][0] is r[0] and pairs[1][0] is r[0] and pairs[2][0] is r[1]
+
+
+def test_the_plan_validates_gives_chunks_in_proportion_and_reports_the_lp():
+    topo = internet2(seed=1)
+    plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(9))))
+    plan.with_version(1).validate(topo.links)
+    info = plan.info
+    assert info["sum_chi"] == pytest.approx(86.0) and info["lambda"] == pytest.approx(86.0)
+    assert info["t_lp_s"] == pytest.approx(PARAMS * 32 / 86e6)
+    per_group = [sum(plan.layout[c][1] for c in g.chunks) for g in plan.groups]
+    total_w = sum(g.weight for g in plan.groups)
+    assert sum(per_group) == PARAMS
+    for n, g in zip(per_group, plan.groups, strict=True):
+        assert n == pytest.approx(PARAMS * g.weight / total_w, abs=1)  # largest-remainder rounding
+        assert g.own_class and len(g.chunks) >= min(10, n // 1024)  # pipelined (fill 0.1), or chunks at their floor
+    line_ = info_line("packing", info)
+    assert line_ is not None and "T_LP" in line_ and "lambda 86.0" in line_
+    assert info_line("mst", {}) is None
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"fill": 0.0}, "fill"), ({"fill": 1.5}, "fill"), ({"min_chunk_params": 0}, "min_chunk_params"),
+    ({"relays": [99]}, "not nodes the view knows"), ({"relays": 5}, "relays must be"),
+])
+def test_bad_options_are_refused_naming_them(opts, message):
+    with pytest.raises((ValueError, PlanError), match=message):
+        resolve("packing").plan(oracle_view(uniform(4)), Job(PARAMS, CHUNK, (0, 1, 2, 3), opts))
+
+
+async def test_a_packing_plan_runs_exact_live_and_each_tree_carries_its_weights_share():
+    """internet2's packing on real sockets: every receiver holds the exact sum (the harness computes
+    it), and the bytes each tree's class carried over the wire, per tree edge, are its LP share of
+    the tensor within 10 %."""
+    topo = internet2(seed=1).scaled(0.05)
+    plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(9)))).with_version(1)
+    async with LocalNet(topo) as net:
+        sent: dict[tuple[int, str], int] = {}
+        for ov in net.overlays.values():
+            for s in ov.senders.values():
+                orig = s.send
+
+                def spy(tr, orig=orig):
+                    h = tr.header
+                    if "cls" in h and h["kind"] in ("agg", "bcast"):
+                        key = (h["cls"][0], h["kind"])
+                        sent[key] = sent.get(key, 0) + tr.total
+                    orig(tr)
+                s.send = spy
+        await net.run_round(plan)
+    total_w = sum(g.weight for g in plan.groups)
+    for i, g in enumerate(plan.groups):
+        share = 4 * PARAMS * g.weight / total_w
+        edges = len([n for n, p in g.parent.items() if p is not None])
+        kids = sum(len(k) for k in g.children.values())
+        assert sent[(i, "agg")] / edges == pytest.approx(share, rel=0.10)
+        assert sent[(i, "bcast")] / kids == pytest.approx(share, rel=0.10)
+
+
+async def test_inactive_relays_aggregate_without_contributing():
+    """Members 0, 1, 2 on a star around node 3 whose spokes are the only fast links (the direct links
+    between members crawl): the packing routes through 3, which sums and forwards its children's
+    partial sums and adds nothing of its own (the harness compares with the members' sum alone)."""
+    links = {}
+    for a in range(3):
+        links[(a, 3)] = links[(3, a)] = LinkSpec(400.0)
+        for b in range(3):
+            if a != b:
+                links[(a, b)] = LinkSpec(5.0)
+    topo = Topology("hub", 4, links)
+    plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, (0, 1, 2))).with_version(1)
+    plan.validate(topo.links)
+    assert 3 in plan.nodes and 3 not in plan.participants
+    assert any(p == 3 for g in plan.groups for p in g.parent.values())  # 3 aggregates for someone
+    async with LocalNet(topo) as net:
+        out = await net.run_round(plan, rnd=3)  # == the exact sum of 0, 1, 2 on every receiver
+    assert sorted(out) == [0, 1, 2]
+
+
+# --- baselines --------------------------------------------------------------------------------------------
+def test_nccl_double_binary_trees():
+    """NCCL's btree on 8 ranks; both trees span every rank from one root; with an even count the
+    shifted twin's inner ranks are the first tree's leaves."""
+    assert [btree(r, 8) for r in range(8)] == [None, 2, 4, 2, 0, 6, 4, 6]
+    for n in (2, 4, 5, 8, 9, 16):
+        p1 = [btree(r, n) for r in range(n)]
+        p2 = [dtree(r, n) for r in range(n)]
+        for p in (p1, p2):
+            g = nx.DiGraph((r, x) for r, x in enumerate(p) if x is not None)
+            g.add_nodes_from(range(n))
+            assert sum(x is None for x in p) == 1 and nx.is_arborescence(g.reverse())
+        inner1 = {x for x in p1 if x is not None}
+        inner2 = {x for x in p2 if x is not None}
+        assert n % 2 or not inner1 & inner2
+
+
+def test_machines_come_from_the_option_or_the_fastest_cliques():
+    view = oracle_view(gpumesh(2, 3, 10.0))
+    assert machines_of(view, Job(PARAMS, CHUNK, tuple(range(6)))) == [[0, 1, 2], [3, 4, 5]]
+    assert machines_of(oracle_view(internet2()), Job(PARAMS, CHUNK, tuple(range(9)))) == [[n] for n in range(9)]
+    assert machines_of(view, Job(PARAMS, CHUNK, (0, 1, 3), {"machines": [[0, 1, 2], [3, 4, 5]]})) == [[0, 1], [3]]
+    with pytest.raises(ValueError, match="more than one machine"):
+        machines_of(view, Job(PARAMS, CHUNK, (0, 1), {"machines": [[0, 1], [1]]}))
+    with pytest.raises(ValueError, match="in no machine"):
+        machines_of(view, Job(PARAMS, CHUNK, (0, 4), {"machines": [[0, 1]]}))
+
+
+@pytest.mark.parametrize("scheme", ["shardps", "blink", "dbtree", "plink", "packing-no-overlap"])
+async def test_every_baseline_runs_exact_live(scheme):
+    topo = gpumesh(2, 2, 10.0).scaled(1.0)
+    topo = topo.with_rates({k: v.rate_mbps / 100.0 for k, v in topo.links.items()})  # loopback-sized
+    plan = resolve(scheme).plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(4)))).with_version(1)
+    plan.validate(topo.links)
+    async with LocalNet(topo) as net:
+        await net.run_round(plan, rnd=1)
+
+
+def test_gpu_topologies():
+    mesh = build("gpumesh:2x4:inter=25")
+    assert mesh.nodes == 8 and mesh.links[(0, 1)].rate_mbps == 100_000 and mesh.links[(0, 4)].rate_mbps == 25_000
+    nic = gpunic(2, 4, 40.0)
+    assert nic.nodes == 10 and (0, 4) not in nic.links and nic.links[(8, 9)].rate_mbps == 40_000
+    pk = pack(capacity(nic), range(8))  # NICs relay: 8 GPUs' trees must cross one 40 Gbit/s NIC pair
+    assert pk.sum_chi <= min_cut(capacity(nic), range(8)) * (1 + 1e-9)
+    for bad in ("gpumesh:4", "gpumesh:2x2:inter=0", "gpunic:1x1", "gpumesh:2x2:speed=1"):
+        with pytest.raises(TopologyError):
+            build(bad)
