@@ -467,3 +467,92 @@ def test_non_blocking_scatter_rearranges_the_default_plan_and_counts_what_was_se
         "from_blocks": crew.blocks_of(default)})), before, default.layout, ComputeModel("constant:0.05"),
         range(6), net, 5.0, dt=0.005)
     assert min(pred.iterations.values()) >= 3
+
+
+# --- every check the CREW pieces make refuses bad input, naming what is wrong -----------------------------------
+def _plan_with(**group_fields):
+    base = crew.plan(NetworkView(uniform(4).links), Job(4_000, 1_000, (0, 1), {"sched": "fs"}))
+    return dataclasses.replace(base, groups=tuple(dataclasses.replace(g, **group_fields) for g in base.groups))
+
+
+def _a2a_with(**group_fields):
+    g = direct_group(range(4), (0, 1, 2), (0, 1, 2))
+    return Plan(1, "a2a", (0, 1, 2), dict.fromkeys((0, 1, 2), 1.0), make_layout(4_000, 1_000),
+                (dataclasses.replace(g, **group_fields),))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: _plan_with(fcfs=True, deadline_s=2.0), "fcfs orders flows by their arrival; it takes no deadline_s"),
+    (lambda: _plan_with(bcast_priority=9), "(broadcast): priority 9 is not a level"),
+    (lambda: _plan_with(fcfs=1), "fcfs 1 is not true or false"),
+    (lambda: _a2a_with(root=1), "an all-to-all group's root is its lowest member (0), not 1"),
+    (lambda: _a2a_with(children={0: (1, 2), 1: (0, 2), 2: (0, 1), 3: (0,)}), "nodes [3] send in an all-to-all group"),
+    (lambda: _a2a_with(rates={(0, 1): 5.0}), "an all-to-all group takes no auxiliary routes or rates"),
+])
+def test_plans_with_bad_crew_fields_are_refused_naming_them(make, message):
+    with pytest.raises(PlanError, match=re.escape(message)):
+        make().validate()
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: crew.plan(NetworkView(uniform(4).links), Job(4_000, 1_000, (0, 1), {"chunks": 0})), PlanError,
+     "chunks: 0 is not a number of chunks >= 1"),
+    (lambda: crew.plan(NetworkView(uniform(4).links), Job(4_000, 1_000, (0, 1), {"aggregate": "some"})), PlanError,
+     "aggregate: 'some' is not 'all' or 'members'"),
+    (lambda: crew.plan(NetworkView(uniform(4).links), Job(4_000, 1_000, (0, 1), {"blocks": "all"})), PlanError,
+     "blocks: 'all' is not [[root, [[lo, hi], ...]], ...]"),
+    (lambda: bounds([1.0], 0), ValueError, "k must be >= 1 chunk, got 0"),
+    (lambda: rearrange([1.0], [[0], [1]]), ValueError, "1 weights for 2 blocks"),
+    (lambda: split([0, 1], [2, 2], lambda i, j: 1.0), ValueError, "aggregators must be non-empty and unique"),
+    (lambda: CrewQueue(group=3, budget_s=0), ValueError, "budget_s must be > 0, got 0"),
+    (lambda: Stepped(make_network({(0, 1): 1.0, (1, 2): 1.0, (2, 1): 1.0, (1, 0): 1.0})).add(TaskRun(0, crew.plan(
+        NetworkView([(0, 1), (1, 2), (2, 1), (1, 0)]), Job(4_000, 1_000, (0, 2), {"blocks": [[0, [[0, 4]]]]})))),
+     NotOneHop, "edge 2->0 is not a direct link"),
+])
+def test_bad_crew_input_is_refused_naming_the_field(call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call()
+
+
+def test_job_mode_names_its_engines():
+    from sim import simulate_job
+    from sim.compute import ComputeModel
+    from sim.job import Queue
+    with pytest.raises(ValueError, match="engine must be exact or stepped, got 'fluid'"):
+        simulate_job(Queue(2), lambda m, r: None, ComputeModel(), [0, 1], make_network({(0, 1): 1.0, (1, 0): 1.0}),
+                     1.0, engine="fluid")
+
+
+def test_a_members_repeated_ready_never_puts_its_contribution_in_a_second_task():
+    """After an abort a member's agent says READY again for the same iteration, whether its task is being
+    retried or already ended on the retry: the policy keeps the contribution in that one task. Abandoned,
+    the members queue again, except one that had received the whole result before the failure."""
+    from scheduler.tasks import TaskRecord
+
+    class Forms:  # the policy's view of the scheduler (scheduler.progress.Control): what it formed
+        def __init__(self) -> None:
+            self.formed: list[dict[int, int]] = []
+
+        def form(self, js, members, receivers, rnd, iters=None, options=None):
+            js.tasks[len(js.tasks)] = Task(len(js.tasks), rnd, barrier=False, members=tuple(members), iters=iters)
+            self.formed.append(dict(iters))
+
+        def alive(self):
+            return [0, 1, 2, 3]
+    ctl, pol = Forms(), CrewQueue(group=2)
+    js = JobState(1, "crew", 100, Job(10, 10, (0, 1, 2, 3)), None, 0, progress=pol)  # type: ignore[arg-type]
+    for n in (0, 1):
+        pol.ready(ctl, js, n, 0, set())
+    assert ctl.formed == [{0: 0, 1: 0}]
+    pol.ready(ctl, js, 0, 0, set())  # repeated after an abort: ignored
+    pol.ready(ctl, js, 2, 0, set())
+    assert ctl.formed == [{0: 0, 1: 0}] and pol.queue == [(2, 0)]
+
+    def record(task: int, iters: dict[int, int], aborted: bool) -> TaskRecord:
+        return TaskRecord(1, "crew", task, 0, 1, 0.0, 0.0, not aborted, True, True, 0.0, 0.0, False, [],
+                          iters=iters, members=sorted(iters), aborted=aborted)
+    pol.consumed[0] = frozenset({1})  # node 1 had the whole result when the task was abandoned
+    pol.task_done(ctl, js, record(0, {0: 0, 1: 0}, aborted=True))
+    assert ctl.formed[-1] == {2: 0, 0: 0} and (1, 0) in pol.placed  # 0 queues again, 1 goes on
+    pol.ready(ctl, js, 1, 0, set())
+    assert pol.queue == []

@@ -14,9 +14,12 @@ drops it everywhere) and this policy decides, before the scheduler retries it (`
   the other blocks keep their aggregators and chunks; no candidate: abandoned. Other plans are
   re-planned by their planner on the living members (the scheduler's default).
 
-An abandoned task is recorded as aborted: nobody applied anything of it (the data plane applies a
-result only once every chunk of it is final and exact), and its surviving members queue again with
-the same iteration. Only the affected tasks abort; others run on.
+An abandoned task is recorded as aborted: no receiver applied anything partial (the data plane applies
+a result only once every chunk of it is final and exact), and its surviving members queue again with
+the same iteration — except a member that had already received the whole result before the failure
+(a lost member's block reached it, not the others): it applied that exact result and goes on. Each
+(worker, iteration) is placed in at most one task that is not abandoned: a member's READY repeated
+after an abort never puts its contribution in a second task. Only the affected tasks abort.
 
 Link failures: a link whose chunks wait unacknowledged for `link_timeout_s` (agents report it in
 their heartbeats: `down` cuts the connection, a blackhole swallows the bytes) is LINK_DOWN for every
@@ -65,6 +68,8 @@ class CrewQueue(ReadyQueue):
         self.failovers: list[dict[str, Any]] = []  # every block moved: task, block root, replacement
         self.abandoned: list[dict[str, Any]] = []
         self.stopped = False  # no task forms any more (the job is being ended early)
+        self.placed: set[tuple[int, int]] = set()  # (worker, iteration) in a task that was not abandoned
+        self.consumed: dict[int, frozenset[int]] = {}  # abandoned task -> members that had its result
         self._watch: asyncio.Task | None = None
 
     def stop(self) -> None:
@@ -77,9 +82,10 @@ class CrewQueue(ReadyQueue):
         self._watch = asyncio.get_running_loop().create_task(self._watchdog(ctl, js))
 
     def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
-        """A READY for an iteration a live task already holds is the member asking again after an
-        abort that is being retried: it stays in that task."""
-        if any(t.recorded_t is None and t.iters.get(node) == rnd for t in js.tasks.values()):
+        """A READY for an iteration already placed in a task that was not abandoned is the member
+        asking again after an abort (its agent does, whether the task is being retried or already
+        ended on the retry): the contribution is in that task, never in a second one."""
+        if (node, rnd) in self.placed:
             return
         super().ready(ctl, js, node, rnd, have)
 
@@ -89,11 +95,23 @@ class CrewQueue(ReadyQueue):
 
     def _group(self, ctl: Control, js: JobState, group: list[tuple[int, int]]) -> None:
         self.formed_t[max(js.tasks, default=-1) + 1] = time.time()  # the id form() gives it
+        self.placed.update(group)
         super()._group(ctl, js, group)
 
     def task_done(self, ctl: Control, js: JobState, rec: TaskRecord) -> None:
+        """An abandoned task's members queue again with the same iteration, except those that had
+        already received its whole (exact) result when it was abandoned: they applied it."""
         self.formed_t.pop(rec.task, None)
-        super().task_done(ctl, js, rec)
+        if rec.aborted:
+            kept = self.consumed.pop(rec.task, frozenset())
+            alive = set(ctl.alive())
+            for n, k in sorted(rec.iters.items()):
+                if n in kept:
+                    continue
+                self.placed.discard((n, k))
+                if n in alive and all(n != q for q, _ in self.queue):
+                    self.queue.append((n, k))
+        self._form(ctl, js)
         if js.finished.is_set() and self._watch is not None:
             self._watch.cancel()
 
@@ -111,10 +129,14 @@ class CrewQueue(ReadyQueue):
         lp = 0.0 if plan is None else plan.info.get("t_scatter_s", 0.0) + plan.info.get("t_multicast_s", 0.0)
         return max(BUDGET_MIN_S, BUDGET_FACTOR * lp)
 
-    def retry(self, ctl: Any, js: JobState, t: Task, prev: int | None, why: str) -> str | None:
-        """The scheduler aborted the task's attempt (why); return why it is abandoned, or None to let
-        it be re-planned (for a CREW plan, with its failed blocks moved by Eq. (3))."""
+    def retry(self, ctl: Any, js: JobState, t: Task, prev: int | None, why: str,
+              done: frozenset[int] = frozenset()) -> str | None:
+        """The scheduler aborted the task's attempt (why; `done`: the receivers that had reported it
+        complete); return why it is abandoned, or None to let it be re-planned (for a CREW plan,
+        with its failed blocks moved by Eq. (3)). A retry has the same members and iterations, so a
+        receiver done with the aborted attempt holds the same bits the retry gives the others."""
         plan = ctl.plans.get(prev) if prev is not None else None
+        self.consumed[t.id] = frozenset(done) & set(t.members)
         alive = set(ctl.alive())
         lost = [m for m in t.members if m not in alive]
         if lost:
@@ -148,6 +170,9 @@ class CrewQueue(ReadyQueue):
         return None
 
     def _abandon(self, js: JobState, t: Task, why: str) -> str:
+        had = sorted(self.consumed.get(t.id, ()))
+        if had:  # a member lost after some receivers held everything: they applied it (exact), the rest nothing
+            why += f"; members {had} had received it whole"
         self.abandoned.append({"task": t.id, "members": list(t.members), "why": why, "t": time.time()})
         return why
 

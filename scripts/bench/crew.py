@@ -556,7 +556,8 @@ class LivePart:
             seen.update(r.iters.items())
             if not good:
                 wrong += 1
-                why.append(f"task {r.task}: ok={r.ok} errors={r.errors[:1]}")
+                why.append(f"task {r.task}: ok={r.ok} errors={r.errors[:1]} receivers={r.receivers} "
+                           f"digests from {sorted(r.digests)} iters={r.iters}")
                 continue
             ok += 1
             for m in r.members:
@@ -566,7 +567,9 @@ class LivePart:
         live = [n for n in range(LIVE_N) if n in self.sched.agents or n in js.stats]
         per = [rounds[n] for n in live]
         g = job_guard(js)
-        return {"ok": ok, "wrong": wrong, "aborted": aborted, "hung": len(hung), "why": why[:3],
+        why += [f"task {t} never recorded (attempt {js.tasks[t].attempt}, members {list(js.tasks[t].members)})"
+                for t in hung]
+        return {"ok": ok, "wrong": wrong, "aborted": aborted, "hung": len(hung), "why": why[:5],
                 "rounds_median": statistics.median(per) if per else 0.0, "rounds": rounds,
                 "task_s_median": statistics.median([r.round_s for r in js.records if not r.aborted] or [0.0]),
                 "plan_ms_per_task": 1e3 * js.policy_s / max(1, len(js.records)), "guard": g.verdict,
@@ -603,6 +606,7 @@ class LivePart:
             "live_outage_tasks_ok": out.get("ok"), "live_outage_tasks_wrong": out.get("wrong", 0) + out.get("hung", 0),
             "live_outage_tasks_abandoned": out.get("aborted"), "live_outage_failovers": self.outage.get("failovers"),
             "live_outage": {k: v for k, v in self.outage.items() if k != "failover_list"},
+            "live_not_exact": {name: res[name]["why"] for name in res if res[name]["why"]},
             "sim_vs_live_max_err_pct": max((e for e in errs.values() if e is not None), default=None),
             "sim_vs_live_err_pct": errs, "sim_live_rounds": pred,
             "live_plan_ms_per_task": {s: res[s]["plan_ms_per_task"] for s in LIVE_SCHEMES},
@@ -621,6 +625,9 @@ class LivePart:
                           str(r["ok"]), str(r["wrong"] + r["hung"]), str(r["aborted"]), f"{r['task_s_median']:.2f}",
                           f"{r['plan_ms_per_task']:.1f}", f"{r['guard']} {'; '.join(r['guard_reasons'])[:60]}")
         Console(width=160).print(table)
+        for name in ("warmup", *LIVE_SCHEMES, "outage"):
+            for w in res[name]["why"]:
+                print(f"{name}: NOT EXACT: {w}")
         print(f"outage: {json.dumps(self.outage)}")
         return figs
 
