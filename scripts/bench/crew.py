@@ -14,17 +14,18 @@ seconds per job at this size): flows, not chunks, in 10 ms steps.
 
 The headline simulations run during the live jobs at the kernel's idle priority (SCHED_IDLE: only
 on CPU the agents leave; the fidelity guard judges the live jobs as always; --no-sim-during-live
-runs them after). Live: 12 agent processes (`crew:12:x=X`: the same generator, every rate x X so 2 cores carry it),
-one scheduler here, progress model `crew` (the ready queue with CREW's failure rules), p = 5, the
-same compute draws; after a short warm-up job (the view learns the links from passive samples; plans
-use what it learned, never the configuration), one job per scheme (crew, opr, a2a) for the same
-wall-clock budget (`--live-budget`, real seconds, unscaled), then stopped (no new tasks; the running
-ones finish; JOB_END). Rounds per worker = its tasks that ended exact within the budget. Every
-task's digest on every receiver is compared here with the exact sum this script computes from the
-contributions' closed form. Then an outage job: crew with a link down (`down:link=A-B`, for good)
-and one worker killed (`kill:node=K`) mid-job: tasks exact, wrong, abandoned, blocks moved (Eq. 3).
-The simulator (exact engine, the data plane's measured costs) predicts each live job's rounds per
-worker blind; `sim_vs_live_max_err_pct` is the worst of the three.
+runs them after). Live: 12 agent processes (`crew:12:x=X`: the same generator, every rate x X so
+2 cores carry it), one scheduler here, progress model `crew` (the ready queue with CREW's failure
+rules), p = 5, an 8 MB model in 128 KiB chunks, the same compute draws; after a short warm-up job
+(the view learns the links from passive samples; plans use what it learned, never the
+configuration), one job per scheme (crew, opr, a2a) for the same wall-clock budget (`--live-budget`,
+real seconds, unscaled), then stopped (no new tasks; the running ones finish; JOB_END). Rounds per
+worker = its tasks that ended exact within the budget. Every task's digest on every receiver is
+compared here with the exact sum this script computes from the contributions' closed form. Then an
+outage job: crew with a link down (`down:link=A-B`, for good) and one worker killed (`kill:node=K`)
+mid-job: tasks exact, wrong, abandoned, blocks moved (Eq. 3). The simulator (exact engine, the data
+plane's measured costs) predicts each live job's rounds per worker blind; `sim_vs_live_max_err_pct`
+is the worst of the three.
 
 The full run (without --quick) adds: Fig. 4 (one task's completion time per scheme: crew, OPR, PS,
 greedy ring, ToA, A2A, on N1 and N2 (N1: a lognormal surrogate of EC2's inter-region rates, 50-500
@@ -650,7 +651,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--live-x", type=float, default=0.1, help="rate multiplier of the live crew:12 (default 0.1)")
     ap.add_argument("--live-seed", type=int, default=1)
     ap.add_argument("--live-model-mb", type=int, default=8, help="live model size in MB (default 8)")
-    ap.add_argument("--live-chunk-kib", type=int, default=64)
+    ap.add_argument("--live-chunk-kib", type=int, default=128, help="live chunk size (default 128 KiB: ~5 per block)")
     ap.add_argument("--down-at", type=float, default=4.0, help="outage job: the link goes down at t (s)")
     ap.add_argument("--kill-at", type=float, default=9.0, help="outage job: the worker is killed at t (s)")
     ap.add_argument("--agent-logs", type=Path, default=None)
