@@ -149,7 +149,7 @@ def _fixed_blocks(spec: Any, k: int) -> list[tuple[int, tuple[int, ...]]]:
     seen: set[int] = set()
     try:
         for root, rs in spec:
-            chunks = tuple(c for lo, hi in rs for c in range(int(lo), int(hi)))
+            chunks = tuple(sorted(c for lo, hi in rs for c in range(int(lo), int(hi))))
             if chunks:
                 out.append((int(root), chunks))
                 seen.update(chunks)

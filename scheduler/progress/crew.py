@@ -102,10 +102,12 @@ class CrewQueue(ReadyQueue):
         """An abandoned task's members queue again with the same iteration, except those that had
         already received its whole (exact) result when it was abandoned: they applied it."""
         self.formed_t.pop(rec.task, None)
+        kept = self.consumed.pop(rec.task, frozenset())
         if rec.aborted:
-            kept = self.consumed.pop(rec.task, frozenset())
+            t = js.tasks.get(rec.task)
+            iters = rec.iters or (t.iters if t is not None else {})  # a given-up task's record names none
             alive = set(ctl.alive())
-            for n, k in sorted(rec.iters.items()):
+            for n, k in sorted(iters.items()):
                 if n in kept:
                     continue
                 self.placed.discard((n, k))
