@@ -467,7 +467,8 @@ class LivePart:
 
     def spawn(self, node: int, port: int) -> None:
         cfg = RunConfig(topology=self.spec, topo=self.topo, schemes=list(LIVE_SCHEMES), model=str(self.params),
-                        scale=1.0, rounds=1, seed=self.args.live_seed)
+                        scale=1.0, rounds=1, seed=self.args.live_seed,
+                        chunk_override=self.chunk)  # probes follow the chunk size (half a chunk), as --chunk does
         log = subprocess.DEVNULL
         if self.args.agent_logs is not None:
             self.args.agent_logs.mkdir(parents=True, exist_ok=True)
