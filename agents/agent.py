@@ -41,6 +41,7 @@ from overlay.messages import (
     Rates,
     Record,
     Register,
+    Report,
     Shutdown,
     Task,
     decode,
@@ -48,6 +49,7 @@ from overlay.messages import (
 from overlay.peers import Overlay
 from scheduler.plan import Plan, PlanError, aux_from_wire
 
+from .capprobes import CapProbes
 from .engine import ChunkEngine
 from .looplag import LoopLag
 from .probes import PROBE_CHUNK_BYTES, PROBE_CHUNK_NUM, LinkProbes
@@ -96,8 +98,12 @@ class Agent:
                                  rx_bytes=lambda src: self.overlay.meters_in[src].bytes)
         self.wan = NodeWan(node, topo, trace or Trace(), shaped=shaped, rate_shaping=rate_shaping,
                            now=self.clock.now)
+        self.caps = CapProbes(node, self.clock.now, up=node in topo.uplink_mbps, down=node in topo.downlink_mbps,
+                              rx_total=lambda: sum(m.bytes for m in self.overlay.meters_in.values()),
+                              tx_total=lambda: sum(sh.written_bytes for sh in self.wan.shapers.values()),
+                              sending=lambda: self.wan.backlogs.n > 0, probe_bytes=probe_bytes, probe_num=probe_num)
         self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.wan.shapers,
-                               downlink=self.wan.downlink, host=host, on_sample=self.probes.sample,
+                               downlink=self.wan.downlink, host=host, on_sample=self._on_sample,
                                clock=self.clock.now, secret=secret, tls=tls)
         self.engine.overlay = self.overlay
         self.wan.bind(self.overlay)
@@ -139,6 +145,7 @@ class Agent:
     async def run(self) -> None:
         port = await self.overlay.listen(self.listen_port)
         self.lag.start()
+        self.caps.start()
         reporter = asyncio.create_task(self._report_loop())
         ctl: ControlConn | None = None
         try:
@@ -163,6 +170,7 @@ class Agent:
             reporter.cancel()
             self.rounds.cancel()
             self.lag.stop()
+            self.caps.stop()
             self.wan.stop()
             await self.overlay.close()
             if ctl is not None:
@@ -313,9 +321,24 @@ class Agent:
             except ConnectionError:
                 pass
 
+    def _on_sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
+        """A chunk arrived: evidence of its link and of this node's downlink cap."""
+        self.probes.sample(src, dst, nbytes, seconds)
+        self.caps.chunk(src, dst, nbytes, seconds)
+
     def _flush_samples(self) -> None:
-        """Passive link samples gathered so far, in one REPORT."""
-        if self.ctl is not None and (report := self.probes.report(self.node)) is not None:
+        """Passive link and cap samples gathered so far, in one REPORT."""
+        if self.ctl is None:
+            return
+        report, caps = self.probes.report(self.node), self.caps.take()
+        declared = None
+        if self.wan.cap_changed:  # a trace moved this node's caps: the scheduler's view follows
+            self.wan.cap_changed = False
+            declared = [self.wan.cap_now.get("up"), self.wan.cap_now.get("down")]
+        if caps or declared:
+            report = Report(node=self.node, samples=report.samples if report else [], caps=caps or None,
+                            declared=declared)
+        if report is not None:
             try:
                 self.ctl.send(report.wire())
             except ConnectionError:

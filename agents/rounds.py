@@ -29,6 +29,7 @@ from sim.compute import ComputeModel
 from .engine import ChunkEngine, TaskAborted
 from .looplag import LoopLag
 from .tasks import Outcome, Prepared, Skipped, TaskRunner
+from .training import Trainer, TrainingSpec, WorkloadError, check_result
 from .wan import NodeWan
 from .workload import contribution
 
@@ -56,6 +57,7 @@ class RoundLoop:
         self.params: np.ndarray | None = None  # the model this agent keeps (updated with each round's result)
         self.tasks: set[asyncio.Task] = set()  # running jobs
         self._applied: tuple[int, int, np.ndarray | None, int] = (-1, -1, None, 1)  # last round applied
+        self.trainer: Trainer | None = None  # a real-training job's model and data (agents.training)
 
     def start(self, msg: Job) -> None:
         """JOB: run it (the engine was told to expect its traffic)."""
@@ -84,11 +86,28 @@ class RoundLoop:
         self.lag.take_p99()
         aux0 = (self.engine.aux_bytes, self.engine.sent_bytes)
         self.params = np.zeros(nparams, dtype=np.float32)
+        self.trainer = await self._trainer(msg) if msg.workload else None
         if msg.mode != "tasks":
             await self._rounds(msg)
         else:
             await self.runner.job_over(job)
-        self.send(Stats(node=self.node, job=job, stats=self._stats(cpu0, wall0, guard0, meter0, aux0)))
+        stats = self._stats(cpu0, wall0, guard0, meter0, aux0)
+        if self.trainer is not None:
+            stats["training"] = self.trainer.stats()
+        self.send(Stats(node=self.node, job=job, stats=stats))
+
+    async def _trainer(self, msg: Job) -> Trainer:
+        """A real-training job: this worker's model and shard (the data set loads off the loop), and
+        how its receivers check results (within float32 rounding, agents.training)."""
+        assert msg.workload is not None
+        spec = TrainingSpec.parse(msg.workload)
+        if spec.vector_params != msg.params:
+            raise WorkloadError(f"params: job {msg.job} moves {msg.params} parameters, workload {msg.workload!r} "
+                                f"contributes {spec.vector_params}")
+        trainer = await asyncio.to_thread(Trainer, spec, self.node)
+        self.runner.verifiers[msg.job] = lambda result, plan: check_result(spec, result, len(plan.participants))
+        await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), -1)  # the untrained model's accuracy
+        return trainer
 
     async def _rounds(self, msg: Job) -> None:
         """Iterations: compute (the job's compute model), READY, then wait as the job's rule says — for
@@ -101,7 +120,10 @@ class RoundLoop:
                  else ComputeModel(f"constant:{msg.compute_s}"))
         rnd = msg.start or 0
         computed: dict[int, float] = {}
-        while rnd < rounds:
+        trained: dict[int, np.ndarray] = {}  # a training job's contribution per round (a retry reuses it)
+        trainer = self.trainer
+        stop = runner.ending(job)  # JOB_END: the job's time is up (a ready queue stops at a budget)
+        while rnd < rounds and not stop.done():
             prev = (job, rnd - 1)
             if (not bound and prev in runner.done_attempt
                     and runner.next_attempt.get(prev, 0) > runner.done_attempt[prev]):
@@ -110,12 +132,21 @@ class RoundLoop:
                 continue
             attempt = runner.next_attempt.get((job, rnd), 0)
             # ~0.1 s per 2.5 M parameters: off the loop, which must keep heartbeats and relays going
-            contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
+            if trainer is None:
+                contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
             if rnd not in computed:  # a retried attempt reuses the round's gradient
                 tc = time.time()
-                if (s := model.draw(self.node, rnd)) > 0:
-                    await asyncio.sleep(s)
+                if trainer is not None:  # real SGD steps, then a sleep up to the drawn compute time
+                    trained[rnd] = await asyncio.to_thread(trainer.step, rnd)
+                if (s := model.draw(self.node, rnd) - (time.time() - tc)) > 0:
+                    nap = asyncio.ensure_future(asyncio.sleep(s))
+                    await asyncio.wait({nap, stop}, return_when=asyncio.FIRST_COMPLETED)
+                    nap.cancel()
                 computed[rnd] = time.time() - tc
+            if trainer is not None:
+                contrib = trained[rnd]
+            if stop.done():
+                break
             if msg.mode != "tasks" and not bound:  # tasks are the rounds: older ones are over everywhere
                 self.overlay.forget_before(job, rnd - 1)
                 self.engine.drop_stale(job, rnd)
@@ -128,12 +159,9 @@ class RoundLoop:
                 rnd += 1
                 continue
             assert fut is not None
-            ended = runner.ended(job)  # JOB_END: the scheduler ended the job early (a time budget)
-            await asyncio.wait({fut, ended}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not fut.done():
-                fut.cancel()
-                runner.prepared.pop((job, rnd), None)
-                break
+                break  # the job ended while this round waited for its task
             try:
                 out: Outcome = fut.result()
             except TaskAborted:
@@ -143,7 +171,12 @@ class RoundLoop:
                 rnd += 1
                 continue
             runner.prepared.pop((job, rnd), None)
-            if out.ok:
+            trained.pop(rnd - 1, None)  # kept one round more: an abort after we finished redoes it
+            if out.ok and trainer is not None:  # the group's weighted average is this worker's model now
+                trainer.apply(out.result, dict(out.plan.weights))
+                self.params = trainer.model
+                await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), rnd)
+            elif out.ok:
                 self.params -= np.float32(LEARNING_RATE / len(out.plan.participants)) * out.result
             self._applied = (job, rnd, out.result.copy() if out.ok else None, len(out.plan.participants))
             rnd += 1
@@ -153,7 +186,10 @@ class RoundLoop:
     def _undo_update(self) -> None:
         """Undo this round's model update: its result is about to be computed again."""
         _, _, result, n = self._applied
-        if result is not None and self.params is not None:
+        if self.trainer is not None:
+            self.trainer.undo()
+            self.params = self.trainer.model
+        elif result is not None and self.params is not None:
             self.params += np.float32(LEARNING_RATE / n) * result
         self._applied = (-1, -1, None, 1)
 

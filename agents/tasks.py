@@ -80,6 +80,9 @@ class TaskRunner:
         self._go_event: dict[int, asyncio.Event] = {}
         self.go_wait_s = 0.0  # time this worker waited for a GO (SSP's bound holding it back)
         self.dropped: dict[tuple[int, int], set[int]] = {}  # (job, task) -> receivers dropped from it
+        # job -> how a receiver checks its result, when the job's workload is not the synthetic one
+        # (agents.training: real training, checked within float32 rounding by its own trailer)
+        self.verifiers: dict[int, Callable[[np.ndarray, Plan], tuple[bool, str]]] = {}
 
     async def allowed(self, job: int, rnd: int) -> None:
         """Until a GO allows iteration `rnd` (SSP); counts the time this worker waited."""
@@ -116,10 +119,11 @@ class TaskRunner:
 
     async def job_over(self, job: int) -> None:
         """Until the scheduler ends a job whose tasks it formed (JOB_END)."""
-        await self.ended(job)
+        fut = self._ended.setdefault(job, asyncio.get_running_loop().create_future())
+        await fut
 
-    def ended(self, job: int) -> asyncio.Future:
-        """Resolved by the job's JOB_END (a tasks job's end, or a rounds job ended early)."""
+    def ending(self, job: int) -> asyncio.Future:
+        """Done once the scheduler ends the job (JOB_END): a job of rounds stops at its time budget."""
         return self._ended.setdefault(job, asyncio.get_running_loop().create_future())
 
     def end_job(self, job: int) -> None:
@@ -192,7 +196,12 @@ class TaskRunner:
         t_wait = time.time() - prep.t_ready if prep is not None else None  # READY -> TASK: the barrier
         t_compute = prep.t_compute if prep is not None else 0.0
         contrib = None
-        if member:
+        missing = ""
+        if member and prep is None and job in self.verifiers:  # a real workload has nothing to stand in for it
+            missing = f"node {self.node} has no contribution of iteration {mine} for task {msg.task}"
+            log.error("%s", missing)
+            contrib = np.zeros(plan.params, np.float32)
+        elif member:
             contrib = prep.contribution if prep is not None else await asyncio.to_thread(
                 contribution, mine, 0, self.node, plan.params)
         t_start = self.clock.now()
@@ -203,7 +212,7 @@ class TaskRunner:
             return
         for gone in self.dropped.get(key, ()):  # dropped before this node began its part
             self.engine.drop_receiver(st, gone)
-        error = ""
+        error = missing
         try:
             result = await st.done
             ok = True
@@ -215,6 +224,7 @@ class TaskRunner:
         t_end = self.clock.now()
         self.engine.end_task(st)
         digest = None
+        ok = ok and not missing  # said plainly: the sum holds zeros for this member
         if st.receiver and result is not None:
             if ok:  # numpy and blake2b release the GIL: verify off the loop, which still forwards chunks
                 ok, error = await asyncio.to_thread(self._verify, result, msg, plan)
@@ -231,7 +241,13 @@ class TaskRunner:
 
     def _verify(self, result: np.ndarray, msg: Task, plan: Plan) -> tuple[bool, str]:
         """Exact check against the closed-form (weighted) sum of the members' contributions, each from
-        its own iteration."""
+        its own iteration; or the job's own check (a real-training workload's)."""
+        check = self.verifiers.get(msg.job)
+        if check is not None:
+            ok, error = check(result, plan)
+            if not ok:
+                log.error("node %d task %d: %s", self.node, msg.task, error)
+            return ok, error
         iters = msg.iters or {}
         want = expected(msg.round, 0, plan.participants, plan.params, plan.weights,
                         iters={m: iters.get(m, msg.round) for m in plan.participants})

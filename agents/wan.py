@@ -46,6 +46,11 @@ class NodeWan:
                             for (a, b), s in topo.links.items() if a == node}
         self.downlink = (Downlink(topo.downlink_mbps[node] * MBIT)
                          if shaped and rate_shaping and node in topo.downlink_mbps else None)
+        # the rates this node's caps run at (the trace changes them; on tc too, where the kernel applies
+        # them): what the node declares to the scheduler, which sent them when they changed
+        self.cap_now: dict[str, float] = {k: m[node] for k, m in (("up", topo.uplink_mbps),
+                                                                  ("down", topo.downlink_mbps)) if node in m}
+        self.cap_changed = False
         self.overlay: Overlay | None = None
         self._cap_mark: dict[str, dict[str, float]] = {}  # the caps' books at the previous STATS
         self._trace_task: asyncio.Task | None = None
@@ -74,7 +79,11 @@ class NodeWan:
             self._trace_task.cancel()
         for b in self.shapers:
             self.set_link_rate(b, self.topo.links[(self.node, b)].rate_mbps)
-        mine = [e for e in self.trace.events if e.src == self.node and e.dst in self.shapers]
+        for kind, caps in (("up", self.topo.uplink_mbps), ("down", self.topo.downlink_mbps)):
+            if self.node in caps:
+                self.set_cap_rate(kind, caps[self.node])
+        mine = [e for e in self.trace.events if (e.src == self.node and e.dst in self.shapers)
+                or (e.cap is not None and e.cap[0] == self.node)]
         if mine:
             self._trace_task = asyncio.create_task(self._apply_trace(t0, mine))
 
@@ -83,7 +92,20 @@ class NodeWan:
             wait = t0 + e.t - self.now()
             if wait > 0:
                 await asyncio.sleep(wait)
-            self.set_link_rate(e.dst, e.rate_mbps)
+            if e.cap is not None:
+                self.set_cap_rate(e.cap[1], e.rate_mbps)
+            else:
+                self.set_link_rate(e.dst, e.rate_mbps)
+
+    def set_cap_rate(self, kind: str, mbps: float) -> None:
+        """A node cap's rate from the trace (a big switch's fluctuating port); on the tc backend the
+        launcher changes the kernel's (this node has no cap bucket then). 0 is not a cap's rate."""
+        cap = self.uplink if kind == "up" else self.downlink
+        if cap is not None and mbps > 0:
+            cap.set_rate(mbps * MBIT)
+        if kind in self.cap_now and mbps > 0 and self.cap_now[kind] != mbps:
+            self.cap_now[kind] = mbps
+            self.cap_changed = True
 
     def set_link_rate(self, dst: int, mbps: float) -> None:
         """Our shaper paces the link; or, on the tc backend (the launcher applies the same trace to

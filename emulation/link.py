@@ -184,6 +184,11 @@ class LinkShaper:
         self._wake()
 
     @property
+    def written_bytes(self) -> int:
+        """Bytes written to the wire so far, at their due times (not when scheduled ahead)."""
+        return self.sent_bytes + self._pending
+
+    @property
     def backlogged(self) -> bool:
         """True from the first piece of a backlog until the wire is idle again (the loop-lag check
         judges the loop while the node had traffic)."""
@@ -322,6 +327,7 @@ class _CapBacklog:
     sent: int = 0
     pending: int = 0  # released, not yet written
     open: bool = True
+    rate: float = 0.0  # the uplink's rate while it lasted (a trace's change ends a backlog)
 
 
 def _books(busy_s: float, expected: float, sent: float, rate_Bps: float) -> dict[str, float]:
@@ -358,7 +364,7 @@ class Uplink(TokenBucket):
                 self._settle(cur)
             return None
         if cur is None:
-            cur = self._current = _CapBacklog()
+            cur = self._current = _CapBacklog(rate=self.rate)
             self._unsettled.append(cur)
         cur.pending += 1
         return cur
@@ -386,8 +392,17 @@ class Uplink(TokenBucket):
     def _span(self, cap: _CapBacklog) -> tuple[float, float]:
         if cap.since is None:
             return 0.0, 0.0
-        span = max(0.0, cap.until - cap.since) + cap.last_n / self.rate
-        return span, span * self.rate
+        span = max(0.0, cap.until - cap.since) + cap.last_n / cap.rate
+        return span, span * cap.rate
+
+    def set_rate(self, rate_Bps: float) -> None:
+        """A new cap rate (a trace) ends the backlog: each is booked at the rate it ran at."""
+        cur = self._current
+        if cur is not None and rate_Bps != self.rate:
+            cur.open = False
+            self._current = None
+            self._settle(cur)
+        super().set_rate(rate_Bps)
 
     def guard(self) -> dict[str, float]:
         """Achieved vs configured while the uplink was the binding constraint (backlogs still being
@@ -434,6 +449,13 @@ class Downlink(TokenBucket):
     @property
     def in_debt(self) -> bool:
         return self._since is not None and self._clock() < self._paid_at
+
+    def set_rate(self, rate_Bps: float) -> None:
+        """A new cap rate (a trace) ends the backlog: each is booked at the rate it ran at."""
+        if self._since is not None and rate_Bps != self.rate:
+            self._paid_at = min(self._paid_at, self._clock())
+            self._close()
+        super().set_rate(rate_Bps)
 
     def _close(self) -> None:
         assert self._since is not None

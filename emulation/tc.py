@@ -335,9 +335,15 @@ class TcNetwork:
               "classid", "1:1", *self._class(mbps).split()])
 
     def set_rates(self, rates: dict[tuple[int, int], float]) -> None:
-        """Many links at once (one tc process per namespace)."""
+        """Many links at once (one tc process per namespace); (node, -1) / (-1, node) is node's uplink /
+        downlink cap (its ifb's class; emulation.trace.PORT)."""
         by_ns: dict[int, list[str]] = {}
         for (s, d), mbps in rates.items():
+            if d == -1 or s == -1:
+                node, ifb = (s, f"{self.prefix}-u{s}") if d == -1 else (d, f"{self.prefix}-d{d}")
+                by_ns.setdefault(node, []).append(f"class change dev {ifb} parent 1: classid 1:1 "
+                                                  f"{self._class(mbps)}")
+                continue
             self.rates[(s, d)] = mbps
             by_ns.setdefault(s, []).append(f"class change dev {self.dev(s, d)} parent 1: classid 1:1 "
                                            f"{self._class(mbps)}")

@@ -121,7 +121,8 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
     return Topology("internet2", 9, links)
 
 
-BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME", "gpumesh:AxB", "gpunic:AxB")
+BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME", "gpumesh:AxB", "gpunic:AxB",
+           "switch:N", "bigswitch:N")
 PRESETS = Path(__file__).parent / "presets"  # measured matrices; each file names its source
 
 
@@ -192,9 +193,14 @@ def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
     """`internet2[:seed=S][:x=F]`, `uniform[:Mbps]`, `hetero[:lo-hi][:x=F]`, `waxman:N[:seed=S][:x=F]`,
     `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), `gpumesh:AxB[:inter=G][:intra=G]`,
-    `gpunic:AxB[...]` (GPU clusters, Gbit/s), or a .toml/.json file."""
+    `gpunic:AxB[...]` (GPU clusters, Gbit/s), `switch:N[...]` (capped hosts on a non-blocking fabric),
+    `bigswitch:N[:...]` (emulation.bigswitch), or a .toml/.json file."""
     name, _, arg = spec.partition(":")
-    if name in ("waxman", "crew"):
+    if name == "bigswitch":
+        from .bigswitch import from_spec as switch_spec  # bigswitch builds on this module
+
+        topo = switch_spec(spec)
+    elif name in ("waxman", "crew"):
         from .waxman import from_spec  # waxman builds on this module
 
         topo = from_spec(spec)
@@ -204,6 +210,10 @@ def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
         topo = gpu_spec(spec)
     elif name == "geo":
         topo = preset(spec)
+    elif name == "switch":  # seed 003's network: uneven capped host edges on a non-blocking fabric
+        from .switch import from_spec as switch_spec
+
+        topo = switch_spec(spec)
     elif name == "internet2":
         topo = _internet2_spec(spec, arg, seed)
     elif name in ("uniform", "hetero"):

@@ -14,7 +14,13 @@ Models (`build(spec, ...)`, the `--trace` grammar):
                                                while down both directions run at `rate` (0 = outage)
     steps:T=F[,T=F...]                         at time T every link runs at F x its configured rate
     steps:FILE | csv:FILE                      replay a CSV with columns time,src,dst,rate (Mbit/s)
+    ports:gamma=G[,period=0.1,horizon=600]     a big switch's ports (emulation.bigswitch): every period
+                                               each port runs at (1 - G) x configured + G x a fresh draw,
+                                               until `horizon` s (then the last draw holds)
 All times are seconds at full scale; `Trace.scaled` shrinks them with --scale like link delays.
+
+**Node caps.** An event whose dst is PORT (-1) sets node src's uplink cap, one whose src is PORT sets
+node dst's downlink cap (a big switch's ingress and egress ports; in a CSV, `-1` as src or dst).
 
 **Outages.** A rate of exactly 0 Mbit/s is an outage: the link carries no bytes at all (data, acks,
 anything) until the link's next event, and its connection stays up, so nobody is told. The
@@ -37,6 +43,7 @@ from typing import Any
 import numpy as np
 
 TRACE_SCHEMA = 1
+PORT = -1  # the other end of a node cap's event: (node, PORT) its uplink, (PORT, node) its downlink
 DEFAULT_LO, DEFAULT_HI = 20.0, 155.0  # NetStorm's range, Mbit/s
 
 
@@ -50,6 +57,15 @@ class RateEvent:
     src: int
     dst: int
     rate_mbps: float  # 0 = outage
+
+    @property
+    def cap(self) -> tuple[int, str] | None:
+        """(node, "up" | "down") for a node cap's event, None for a link's."""
+        if self.dst == PORT:
+            return self.src, "up"
+        if self.src == PORT:
+            return self.dst, "down"
+        return None
 
 
 @dataclass(frozen=True)
@@ -78,11 +94,17 @@ class Trace:
             rates[(e.src, e.dst)] = e.rate_mbps
         return rates
 
-    def check(self, links: Iterable[tuple[int, int]], where: str = "trace") -> Trace:
-        """Every event must name a directed link of the topology (the simulator and tc need one)."""
-        known = set(links)
+    def check(self, links: Iterable[tuple[int, int]], where: str = "trace",
+              caps: Iterable[tuple[int, str]] = ()) -> Trace:
+        """Every event must name a directed link of the topology (the simulator and tc need one), or one
+        of its node caps (`caps`: (node, "up" | "down"))."""
+        known, capped = set(links), set(caps)
         for e in self.events:
-            if (e.src, e.dst) not in known:
+            cap = e.cap
+            if cap is not None and cap not in capped:
+                raise TraceError(f"{where}: event at {e.t:g} s for node {cap[0]}'s {cap[1]}link cap, "
+                                 "which the topology does not have")
+            if cap is None and (e.src, e.dst) not in known:
                 raise TraceError(f"{where}: event at {e.t:g} s for {e.src}->{e.dst}, which is not a link")
         return self
 
@@ -134,8 +156,10 @@ def _event(t: Any, src: Any, dst: Any, rate: Any, where: str) -> RateEvent:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
             raise TraceError(f"{where}: {name}: must be a finite number, got {v!r}")
     for name, v in (("src", src), ("dst", dst)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise TraceError(f"{where}: {name}: must be a node id (int >= 0), got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < PORT:
+            raise TraceError(f"{where}: {name}: must be a node id (int >= 0, or -1 for a node cap), got {v!r}")
+    if src == dst == PORT:
+        raise TraceError(f"{where}: src/dst: one end must be a node")
     if t < 0:
         raise TraceError(f"{where}: time: must be >= 0, got {t}")
     if rate < 0:
@@ -254,7 +278,7 @@ def steps(base: Mapping[tuple[int, int], float], changes: Iterable[tuple[float, 
 
 
 # --- the --trace grammar --------------------------------------------------------------------------
-MODELS = ("constant", "redraw", "walk", "markov", "steps", "csv")
+MODELS = ("constant", "redraw", "walk", "markov", "steps", "csv", "ports")
 
 
 def _options(name: str, arg: str, allowed: dict[str, float], positional: str | None = None) -> dict[str, float]:
@@ -277,11 +301,25 @@ def _options(name: str, arg: str, allowed: dict[str, float], positional: str | N
     return out
 
 
-def build(spec: str, base: Mapping[tuple[int, int], float], *, horizon_s: float, seed: int = 1) -> Trace:
+def build(spec: str, base: Mapping[tuple[int, int], float], *, horizon_s: float, seed: int = 1,
+          topology: Any = None) -> Trace:
     """The trace a `--trace SPEC` names, at full scale, checked against the links in `base`
-    (directed link -> configured Mbit/s)."""
+    (directed link -> configured Mbit/s) and the node caps of `topology` (an emulation Topology; the
+    `ports` model needs a big switch's)."""
     name, _, arg = spec.strip().partition(":")
     name = name.strip().lower()
+    caps = [] if topology is None else ([(n, "up") for n in topology.uplink_mbps]
+                                        + [(n, "down") for n in topology.downlink_mbps])
+    if name == "ports":
+        from .bigswitch import model_of  # builds on this module
+
+        model = None if topology is None else model_of(topology)
+        if model is None:
+            raise TraceError("trace ports: needs a big-switch topology (bigswitch:N...)")
+        # every port changes every period: 10 minutes (the paper's SSP window) unless told, not hours
+        o = _options(name, arg, {"gamma": 0.0, "period": 0.1, "horizon": 600.0}, positional="gamma")
+        trace = model.fluctuation(o["gamma"], o["period"], min(horizon_s, o["horizon"]), seed=seed)
+        return trace.check(base, f"trace {spec}", caps)
     if name == "constant":
         if arg:
             raise TraceError("trace constant: takes no options")
@@ -311,4 +349,4 @@ def build(spec: str, base: Mapping[tuple[int, int], float], *, horizon_s: float,
             trace = read_csv(arg)
     else:
         raise TraceError(f"trace: unknown model {name!r}; use one of {', '.join(MODELS)}")
-    return trace.check(base, f"trace {spec}")
+    return trace.check(base, f"trace {spec}", caps)

@@ -104,6 +104,27 @@ def sample(v: Any) -> None:
         raise Bad(f"sample seconds {v[3]!r} is not a finite positive number")
 
 
+def cap_sample(v: Any) -> None:
+    """[kind, bytes, seconds] of a node cap's busy time: kind 0 = uplink, 1 = downlink."""
+    if not isinstance(v, list | tuple) or len(v) != 3:
+        raise Bad(f"cap sample {v!r} is not [kind, bytes, seconds]")
+    if v[0] not in (0, 1) or isinstance(v[0], bool):
+        raise Bad(f"cap sample kind {v[0]!r} is not 0 (uplink) or 1 (downlink)")
+    if not is_int(v[1]) or v[1] <= 0:
+        raise Bad(f"cap sample bytes {v[1]!r} is not a positive int")
+    if not is_num(v[2]) or v[2] <= 0:
+        raise Bad(f"cap sample seconds {v[2]!r} is not a finite positive number")
+
+
+def declared_caps(v: Any) -> None:
+    """[uplink, downlink] Mbit/s a node runs its caps at now (None: no such cap)."""
+    if not isinstance(v, list | tuple) or len(v) != 2:
+        raise Bad(f"declared caps {v!r} are not [uplink, downlink]")
+    for x in v:
+        if x is not None and (not is_num(x) or not 0 < x < MAX_MBPS):
+            raise Bad(f"declared cap {x!r} is not a positive rate below {MAX_MBPS:g} Mbit/s")
+
+
 def counters(v: Any) -> None:
     for k, n in _items(v, "links").items():
         node_key(k)

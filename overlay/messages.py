@@ -212,11 +212,15 @@ class Heartbeat(Record):
 
 @message
 class Report(Record):
-    """Passive link samples: [src, dst, bytes, seconds] of chunk transfers into this node."""
+    """Passive link samples: [src, dst, bytes, seconds] of chunk transfers into this node; and of this
+    node's own caps (a big switch's ports): [kind (0 uplink, 1 downlink), bytes, seconds busy]."""
 
     T = Msg.REPORT
     node: int = _node()
     samples: list[list[float]] = f(fc.list_of(fc.sample, "samples"))
+    caps: list[list[float]] | None = f(fc.list_of(fc.cap_sample, "cap samples"), optional=True)
+    # the rates this node's caps run at now, when they changed (a trace: a big switch's fluctuating ports)
+    declared: list[float | None] | None = f(fc.declared_caps, optional=True)
 
 
 @message
@@ -308,6 +312,9 @@ class Job(Record):
     compute: str | None = f(fc.text(), optional=True)  # the compute model (sim.compute spec); seeded by `seed`
     compute_scale: float | None = f(lo=0, optional=True)  # its times shrink by this (the run's --scale)
     seed: int | None = _count(optional=True)
+    # what a member contributes: None, the synthetic integers (exact checks); else a workload spec the
+    # agent runs (agents.training: real training, e.g. "digits:n=16,shard=iid")
+    workload: str | None = f(fc.text(), optional=True)
 
 
 @message

@@ -200,7 +200,7 @@ class Scheduler:
     def _open(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float,
               options: dict[str, Any] | None, warmup: int, t0: float | None, mode: str, ahead: int,
               progress: Any = None, compute: str | None = None, seed: int = 1,
-              compute_scale: float = 1.0) -> JobState:
+              compute_scale: float = 1.0, workload: str | None = None) -> JobState:
         """A new job on every agent: its first plan published, JOB sent."""
         self.cap_sharing.clear()  # an earlier job's tasks share nothing with this one's
         spec = planners.resolve(scheme)
@@ -217,7 +217,8 @@ class Scheduler:
         js.job_msg = JobMsg(job=js.job, scheme=scheme, rounds=js.rounds, params=params, compute_s=compute_s,
                             t0=js.t0, warmup=warmup, ahead=ahead, mode=mode,
                             rule=None if progress is None else progress.rule, compute=compute,
-                            compute_scale=compute_scale if compute else None, seed=seed if compute else None).wire()
+                            compute_scale=compute_scale if compute else None, seed=seed if compute else None,
+                            workload=workload).wire()
         for a in list(self.agents.values()):
             self.registry.send(a, js.job_msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": js.plan.version,
@@ -227,21 +228,28 @@ class Scheduler:
 
     async def run_job(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float = 0.0,
                       options: dict[str, Any] | None = None, warmup: int = 0, t0: float | None = None,
-                      progress: str = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
-                      seed: int = 1, compute_scale: float = 1.0) -> JobState:
+                      progress: str | Any = "bsp", staleness: int = 2, group: int = 2, compute: str | None = None,
+                      seed: int = 1, compute_scale: float = 1.0, workload: str | None = None,
+                      progress_options: Mapping[str, Any] | None = None) -> JobState:
         """Every agent iterates `warmup + rounds` times; `progress` decides how they synchronize (bsp: a
         task per round, everyone contributes and receives; ssp: a multicast per worker per iteration,
         at most `staleness` iterations ahead of the slowest; queue: partial reduces of the first
-        `group` ready). `compute`: a compute model spec (sim.compute), else `compute_s` seconds each.
-        Returns the job with its records."""
-        model = progress_models.resolve(progress, staleness=staleness, group=group)
-        if planners.resolve(scheme).one_source and model.name != "ssp":
+        `group` ready; mcast-bsp, mcast-ssp: multicasts to chosen receivers, `progress_options` say how:
+        select, p, k, eta). `progress` may also be a progress model built by the caller
+        (scheduler.progress, e.g. selective.SelectiveReduce with its options). `compute`: a compute model
+        spec (sim.compute), else `compute_s` seconds each. `workload`: what members contribute (None: the
+        synthetic integers; a spec of agents.training: real training). Returns the job with its records."""
+        model = (progress_models.resolve(progress, staleness=staleness, group=group, **(progress_options or {}))
+                 if isinstance(progress, str) else progress)
+        if planners.resolve(scheme).one_source and not getattr(model, "multicasts", False):
             raise ValueError(f"{scheme} plans one worker's multicast: it fits progress ssp (a multicast per "
                              f"worker and iteration), not {model.name} (reduces of several workers)")
+        if model.name.startswith("mcast-") and not planners.resolve(scheme).one_source:
+            raise ValueError(f"progress {model.name} forms multicasts: scheme mcast or mcast-l3, not {scheme}")
         ahead = BSP_AHEAD if model.name == "bsp" else max(8, 4 * self.expected)
         js = self._open(scheme, rounds=rounds, params=params, chunk_params=chunk_params, compute_s=compute_s,
                         options=options, warmup=warmup, t0=t0, mode="rounds", ahead=ahead, progress=model,
-                        compute=compute, seed=seed, compute_scale=compute_scale)
+                        compute=compute, seed=seed, compute_scale=compute_scale, workload=workload)
         model.start(self, js)
         await js.finished.wait()
         return js
@@ -249,6 +257,12 @@ class Scheduler:
     # --- what progress models may ask (scheduler.progress.Control) --------------------------------
     def alive(self) -> list[int]:
         return sorted(self.agents)
+
+    def node_bandwidth(self) -> dict[int, float]:
+        """Each registered agent's b = min(uplink, downlink) of its configured caps, Mbit/s (those
+        with both caps): what a bandwidth-aware model (selective reduce) groups workers by."""
+        return {n: min(a.uplink_mbps, a.downlink_mbps) for n, a in sorted(self.agents.items())
+                if a.uplink_mbps is not None and a.downlink_mbps is not None}
 
     def form(self, js: JobState, members: Iterable[int], receivers: Iterable[int] | None, rnd: int | None,
              iters: dict[int, int] | None = None, options: dict[str, Any] | None = None) -> Task:
@@ -415,10 +429,11 @@ class Scheduler:
         avoid = self.view.unusable()
         if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
             self._replan_members(js, alive, avoid)
-        elif js.replanning is not None:
-            if js.replanning.done():
-                self._adopt_replan(js)
-        elif (js.planner is not None and js.planner.adaptive and t.round > 0
+            t.version = js.plan.version
+            return t.version
+        if js.replanning is not None and js.replanning.done():
+            self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
+        if (js.replanning is None and js.planner is not None and js.planner.adaptive and t.round > 0
                 and time.time() - js.last_plan_t >= self.update_time
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
             js.replans += 1
@@ -581,6 +596,7 @@ class Scheduler:
         js.policy_s += time.perf_counter() - start
         js.spec, js.avoid, js.memory = spec, avoid, memory
         js.plan = self._publish(plan)
+        js.replanning = None  # an off-loop solve under way planned for the old members and links: dropped
         js.replans += 1
         js.view_at_plan = self.view.snapshot()
         js.last_plan_t = time.time()
@@ -727,6 +743,8 @@ class Scheduler:
         self.version = max(self.version, msg.seen_version or 0)
         self.registry.add(a, msg)
         self.cap_sharing.set_caps(a.node, msg.uplink_mbps, msg.downlink_mbps)
+        self.view.set_cap(a.node, "up", msg.uplink_mbps)  # nominal until its own samples come
+        self.view.set_cap(a.node, "down", msg.downlink_mbps)
         self.view.add_node(a.node)
         self.view.node_up(a.node)
         for n in a.neighbors:
@@ -770,6 +788,11 @@ class Scheduler:
                                     field="samples", msg_type=msg.T)
         for src, dst, nbytes, seconds in msg.samples:
             self.view.observe(src, dst, nbytes, seconds)
+        for kind, nbytes, seconds in msg.caps or ():  # the node's own caps (a big switch's ports)
+            self.view.observe_cap(a.node, ("up", "down")[int(kind)], int(nbytes), seconds)
+        for kind, mbps in zip(("up", "down"), msg.declared or (), strict=False):
+            if mbps is not None:
+                self.view.declare_cap(a.node, kind, mbps)
         self.on_event("samples", {"node": a.node, "samples": msg.samples})
         if self.current is not None:
             self._maybe_refresh_aux(self.current)

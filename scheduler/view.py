@@ -1,5 +1,18 @@
 """What the scheduler knows of the network: only what agents measured, with its age.
 
+Node caps (a big switch's ports: each node's uplink and downlink) are known two ways. *Declared*: a
+node registers the rates its caps run at and says so again whenever they change (a trace), as the
+paper's manager "collects the available bandwidth" of every port (`cap(..., "declared")`, the default).
+*Measured*, the same way as links (`cap(..., "measured")`): agents report samples of
+what all of a node's traffic together moved while it stayed busy (agents/capprobes.py). An aggregate
+reaches a cap only while the cap is what binds (otherwise the senders or receivers limit it), so a
+cap's estimate is a high quantile (CAP_QUANTILE, duration-weighted) of its latest KEEP samples rather
+than their median (the highest would pick the noise of a short sample); it is known once
+KNOWN_S of busy time in KNOWN_SAMPLES samples arrived; until then it is the declared rate. A trace that
+lowers a cap shows as soon as the older, faster samples have left the latest KEEP. A measured cap that
+never binds reads low, and a selection that avoids a port it believes slow keeps it from binding: the
+measured estimates are a lower bound, which is why selection uses the declared ones by default.
+
 It starts uniform (every overlay link at a nominal rate, marked unknown) and learns from passive
 samples: bytes a link delivered over seconds it was continuously busy (agents/probes.py). It never
 looks at the emulator. A link is *known* (`measured`) once at least KNOWN_SAMPLES samples covering
@@ -25,6 +38,7 @@ KNOWN_S = 0.05  # busy time a link's samples must cover before its estimate is t
 KNOWN_SAMPLES = 2  # ... in at least this many samples (or one of twice KNOWN_S)
 AGREE = 0.10  # ... at least half of whose busy time lies within this of their median (else: unknown yet)
 KEEP = 7  # latest samples per link the estimate is the (duration-weighted) median of
+CAP_QUANTILE = 0.75  # a cap's estimate: this quantile of its latest samples (aggregates only reach it binding)
 
 
 class DisconnectedView(ValueError):
@@ -40,6 +54,7 @@ class NetworkView:
         self.samples = 0
         self.suspended: dict[tuple[int, int], dict[tuple[int, int], dict]] = {}  # link -> its edges' data
         self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
+        self.caps: dict[tuple[int, str], dict] = {}  # (node, "up" | "down") -> its estimate, as an edge's
         for a, b in links:
             self.add_link(a, b)
 
@@ -68,6 +83,53 @@ class NetworkView:
     def rate(self, a: int, b: int) -> float:
         return self.g.edges[a, b]["rate"]
 
+
+    # --- node caps -----------------------------------------------------------------------------------
+    def set_cap(self, node: int, kind: str, mbps: float | None) -> None:
+        """A node's configured cap (REGISTER): the nominal estimate until samples are in (None: no cap)."""
+        if kind not in ("up", "down"):
+            raise ValueError(f"kind: up or down, got {kind!r}")
+        if mbps is None:
+            self.caps.pop((node, kind), None)
+        elif (node, kind) not in self.caps:
+            self.caps[(node, kind)] = dict(rate=float(mbps), nominal=float(mbps), measured=False, t=0.0, n=0,
+                                           busy_s=0.0, recent=())
+        else:
+            self.declare_cap(node, kind, mbps)
+
+    def declare_cap(self, node: int, kind: str, mbps: float) -> None:
+        """The rate a node says its cap runs at now (a trace changed it)."""
+        e = self.caps.get((node, kind))
+        if e is not None:
+            e["nominal"] = float(mbps)
+            if not e["measured"]:
+                e["rate"] = float(mbps)
+
+    def observe_cap(self, node: int, kind: str, nbytes: int, seconds: float, now: float | None = None) -> None:
+        """One passive sample of a node cap: all of the node's traffic that way moved nbytes over `seconds`
+        of busy time. Samples of caps the node never registered are ignored."""
+        e = self.caps.get((node, kind))
+        if e is None or not (math.isfinite(seconds) and seconds > 0 and nbytes > 0):
+            return
+        recent = e["recent"] = (*e["recent"][-(KEEP - 1):], (nbytes * 8 / seconds / 1e6, seconds))
+        e["busy_s"] += seconds
+        e["n"] += 1
+        if e["measured"] or (e["busy_s"] >= KNOWN_S - 1e-12 and e["n"] >= KNOWN_SAMPLES):
+            e["rate"] = _weighted_quantile(recent, CAP_QUANTILE)
+            e["measured"] = True
+        e["t"] = time.time() if now is None else now
+
+    def cap(self, node: int, kind: str, source: str = "declared") -> float | None:
+        """The cap in Mbit/s as the node declares it, or as measured ("measured": the declared rate until
+        known), or None: no such cap."""
+        e = self.caps.get((node, kind))
+        if source not in ("declared", "measured"):
+            raise ValueError(f"source: declared or measured, got {source!r}")
+        return None if e is None else e["nominal" if source == "declared" else "rate"]
+
+    def cap_known(self, node: int, kind: str) -> bool:
+        e = self.caps.get((node, kind))
+        return e is not None and bool(e["measured"])
 
     def observe(self, src: int, dst: int, nbytes: int, seconds: float, now: float | None = None) -> None:
         """One passive sample: the link delivered nbytes over `seconds` of continuous busy time."""
@@ -192,6 +254,18 @@ def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:
     for rate, w in ordered:
         acc += w
         if acc >= half:
+            return rate
+    return ordered[-1][0]
+
+
+def _weighted_quantile(samples: Iterable[tuple[float, float]], q: float) -> float:
+    """The rate below which a share q of the samples' busy time lies."""
+    ordered = sorted(samples)
+    target = q * sum(w for _, w in ordered)
+    acc = 0.0
+    for rate, w in ordered:
+        acc += w
+        if acc >= target:
             return rate
     return ordered[-1][0]
 

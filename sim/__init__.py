@@ -12,7 +12,9 @@ are the two engines, network.py builds the input from plain data, job.py drives 
 - `simulate_tasks([TaskRun, ...])`: concurrent tasks (arrivals, ready times, multicast, partial
   reduces, traffic classes, the scheduler's rates at node caps) in the exact engine; per task its
   end and receivers' done times.
-- `simulate_job(policy, plan_for, ...)` (policies in job.py): BSP, SSP or a ready queue forming tasks over a budget;
+- `simulate_job(policy, plan_for, ...)` (policies in job.py): BSP, SSP, a ready queue or selective reduce's
+  controller (selective.py, with the pure BAG/bpaWR of selection.py, the one the scheduler runs live) forming
+  tasks over a budget; `engine="ring"` replays ring groups with the paper's closed form (ringcost.py);
   `engine="stepped"` (stepped.py) replays one-hop plans as flows in steps, for CREW's n = 60; outage.py adds
   link failures with the caller's repair, nonblocking.py CREW's non-blocking scatter.
 """

@@ -7,8 +7,13 @@ first. Models:
     constant:S                        every node, every iteration: S seconds
     normal:mean=M,sd=D[,spread=P]     node n's mean is M * (1 + P * u_n), u_n ~ U[-1, 1]; draws
                                       N(mean_n, D), cut at 0
-    lognormal:mean=M,cv=C[,spread=P]  node n's mean as above; draws lognormal with that mean and
-                                      coefficient of variation C (heavy-tailed stragglers)
+    lognormal:mean=M,cv=C[,spread=P][,spike=Q]
+                                      node n's mean as above; draws lognormal with that mean and
+                                      coefficient of variation C (heavy-tailed stragglers); with
+                                      probability Q a draw is multiplied by U[1.5, 2] (a spike)
+    cnn:mean=M[,spike=Q]              the CNN-like runtime stand-in (seed 003, the paper's traces are
+                                      lost): lognormal, cv 0.1, spikes with probability Q (default 0.05)
+    transformer:mean=M                the Transformer-like stand-in: lognormal, cv 0.5
     csv:FILE                          a trace: lines `node,iteration,seconds`; a node's iterations
                                       beyond its last line repeat its trace from the start
 
@@ -22,6 +27,10 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+
+STANDIN_CV = {"cnn": 0.1, "transformer": 0.5}  # digest 003 §4: the paper's Fig. 1 traces, as stand-ins
+CNN_SPIKE = 0.05  # "occasional" 1.5-2x spikes: 1 round in 20
+SPIKE_FACTOR = (1.5, 2.0)
 
 
 class ComputeError(ValueError):
@@ -43,23 +52,33 @@ class ComputeModel:
         trace: dict[int, tuple[float, ...]] = {}
         if kind == "constant":
             args["s"] = _number(rest or "0", "constant", "seconds")
-        elif kind in ("normal", "lognormal"):
+        elif kind in ("normal", "lognormal", "cnn", "transformer"):
+            known = {"normal": ("mean", "sd", "spread"), "lognormal": ("mean", "cv", "spread", "spike"),
+                     "cnn": ("mean", "spike"), "transformer": ("mean",)}[kind]
             for part in filter(None, rest.split(",")):
                 key, eq, value = part.partition("=")
-                if not eq or key not in ("mean", "sd", "cv", "spread"):
-                    raise ComputeError(f"compute model {self.spec!r}: unknown option {part!r} "
-                                       f"(mean, {'sd' if kind == 'normal' else 'cv'}, spread)")
+                if not eq or key not in known:
+                    raise ComputeError(f"compute model {self.spec!r}: unknown option {part!r} ({', '.join(known)})")
                 args[key] = _number(value, kind, key)
+            if kind in ("cnn", "transformer"):  # the runtime stand-ins (seed 003): lognormal with fixed cv
+                args["cv"] = STANDIN_CV[kind]
+                if kind == "cnn":
+                    args.setdefault("spike", CNN_SPIKE)
+                kind = "lognormal"
             if "mean" not in args:
                 raise ComputeError(f"compute model {self.spec!r}: needs mean=SECONDS")
             args.setdefault("spread", 0.0)
             args.setdefault("sd" if kind == "normal" else "cv", 0.0)
             if not 0 <= args["spread"] < 1:
                 raise ComputeError(f"compute model {self.spec!r}: spread must be in [0, 1)")
+            args.setdefault("spike", 0.0)
+            if not 0 <= args["spike"] <= 1:
+                raise ComputeError(f"compute model {self.spec!r}: spike is a probability, in [0, 1]")
         elif kind == "csv":
             trace = _read_trace(Path(rest), self.spec)
         else:
-            raise ComputeError(f"compute model {self.spec!r}: kind must be constant, normal, lognormal or csv")
+            raise ComputeError(f"compute model {self.spec!r}: kind must be constant, normal, lognormal, cnn, "
+                               "transformer or csv")
         object.__setattr__(self, "_kind", kind)
         object.__setattr__(self, "_args", args)
         object.__setattr__(self, "_trace", trace)
@@ -94,6 +113,8 @@ class ComputeModel:
             else:  # lognormal with this mean and coefficient of variation
                 sigma = math.sqrt(math.log(1 + a["cv"] ** 2))
                 s = rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma) if mean > 0 else 0.0
+                if a["spike"] and rng.random() < a["spike"]:  # occasional contention: 1.5-2x
+                    s *= rng.uniform(*SPIKE_FACTOR)
         return s * self.scale
 
 

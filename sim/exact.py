@@ -13,7 +13,6 @@ caps, 0 holding a key until a later update (`cap_rates=False`: only the plans' o
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections.abc import Hashable
 
@@ -209,7 +208,7 @@ class Exact:
                     self._cap_rates(k, ver)
                 else:
                     _, a, b, mbps = self.m.later_events[k]
-                    r = self.m.res_of_link[(a, b)]
+                    r = self.m.res_of_event(a, b)
                     self.cap[r] = mbps * MBIT
                     self.changed_res.add(r)
             if self.changed or self.changed_res:
@@ -295,10 +294,7 @@ class Exact:
     def _send(self, k: int, t: float, c: int, kind: int, g: int) -> None:
         """Chunk c is ready at t for the tree edge whose static route is key k."""
         if self.m.groups[g].fcfs:  # flow-level FCFS: the class's deadline is its first chunk's ready time
-            ci = self.m.group_class[g][kind]
-            cl = self.m.classes[ci]
-            if t < cl.deadline:
-                self.m.classes[ci] = dataclasses.replace(cl, deadline=t)
+            self.m.arrived(self.m.group_class[g][kind], t)
         if self.m.counted[k]:  # decided, and counted, when the clock gets there
             self.seq += 1
             self.sends[self.seq] = (k, kind, g)
@@ -434,6 +430,10 @@ class Exact:
             pair_flow, res_ids = self.m.pairs(shared)
             uniq, pair_res = np.unique(res_ids, return_inverse=True)
             new.extend(max_min_rates(pair_flow, pair_res, np.asarray(cap)[uniq], len(shared)).tolist())
+        self._apply(t, keys, new)
+
+    def _apply(self, t: float, keys: list[int], new: list[float]) -> None:
+        """New rates from time t: what each key had left is charged at its old rate, its end re-timed."""
         rate, left, since, version, events = self.rate, self.left, self.since, self.version, self.events
         for k, r in zip(keys, new, strict=True):
             old = rate[k]

@@ -40,7 +40,7 @@ class Fluid:
             if t != trace_t[-1]:
                 trace_t.append(t)
                 trace_cap.append(trace_cap[-1].copy())
-            trace_cap[-1][m.res_of_link[(a, b)]] = mbps * MBIT
+            trace_cap[-1][m.res_of_event(a, b)] = mbps * MBIT
         pair_flow, pair_res = m.pairs(range(nk))
         if prev is None:
             streams = np.zeros(nk)

@@ -14,6 +14,13 @@ imported, they live on the scheduler's job state), with the worker loop of agent
     Queue(group)     READY workers queue; the first `group` queued form a partial reduce of their
                      contributions (each its own iteration), which they all receive; when fewer
                      than `group` are still to come (only with `rounds`), whoever is queued goes
+    Selective(cfg, bandwidth, samples)
+                     selective reduce, P-Reduce, all-reduce (seed 003): sim.selective.Controller, the
+                     very object scheduler/progress/selective.py runs live, told of every READY and
+                     task end and woken at its own dt; a member resumes at its own receive time
+
+engine="ring" replays tasks with the paper's ring cost model (sim/ringcost.py, Eq. 2) instead of the
+exact engine: disjoint ring groups at node caps at n = 200 with a 500 MB model.
 
 Not modelled: the scheduler's own latency (a READY forms its task, a task's end raises the GO, at
 once), planning time, losses and aborts.
@@ -22,7 +29,7 @@ once), planning time, losses and aborts.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from scheduler.plan import Plan
@@ -31,13 +38,15 @@ from .compute import ComputeModel
 from .costs import NONE, WanCosts
 from .exact import Exact
 from .model import Model, SimNetwork, TaskRun
+from .ringcost import RingCost
+from .selective import Controller, Launch, SelectiveConfig
 from .stepped import DT, Stepped
 
 PlanFor = Callable[[tuple[int, ...], tuple[int, ...]], Plan]
 
 _INF = float("inf")
 # driver events, in the order they are handled when times tie (results before the READYs they free)
-_RECEIVED, _END, _COMPUTED = 0, 1, 2
+_RECEIVED, _END, _COMPUTED, _WAKE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,15 @@ class Queue:
     name = "queue"
 
 
-Policy = Bsp | Ssp | Queue
+@dataclass(frozen=True)
+class Selective:
+    config: SelectiveConfig
+    bandwidth: Mapping[int, float]  # per worker, Mbit/s: what the controller believes (an oracle by default)
+    samples: tuple[float, ...] = ()  # the runtime profile for a warm start
+    name = "selective"
+
+
+Policy = Bsp | Ssp | Queue | Selective
 
 
 @dataclass
@@ -78,6 +95,7 @@ class JobPrediction:
     iterations: dict[int, int]
     computed: dict[int, int]  # per worker: iterations computed (READY) within the budget
     tasks: list[JobTask]
+    controller: Controller | None = None  # Selective: the controller, with its figures (`summary`)
 
 
 def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: Iterable[int], net: SimNetwork,
@@ -86,18 +104,21 @@ def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, worke
                  cap_rates: bool = True, engine: str = "exact", dt: float = DT) -> JobPrediction:
     """Replay a job from `start_s` for `budget_s` seconds: every worker starts computing iteration 0 at
     start_s; rounds: iterations per worker (None: as many as the budget allows). engine: "exact" (every
-    chunk an event), or "stepped" (sim/stepped.py: flows advanced together in steps of dt, for
-    one-hop plans on networks without node caps, such as CREW's at n = 60; costs do not apply)."""
-    if engine == "stepped":
-        eng: Exact | Stepped = Stepped(net, dt)
+    chunk an event), "ring" (the paper's closed-form ring cost, ring plans only) or "stepped"
+    (sim/stepped.py: flows advanced together in steps of dt, for one-hop plans on networks without
+    node caps, such as CREW's at n = 60; costs do not apply)."""
+    if engine == "ring":
+        eng: Exact | RingCost | Stepped = RingCost(net, start_s)
+    elif engine == "stepped":
+        eng = Stepped(net, dt)
         eng.now = start_s
     elif engine == "exact":
         nodes = {n for link in net.rates_mbps for n in link}
         m = Model([], net, start_s, segment_bytes, costs, nodes=nodes)
         eng = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates)
     else:
-        raise ValueError(f"engine must be exact or stepped, got {engine!r}")
-    job = _Job(policy, plan_for, compute, tuple(sorted(workers)), rounds, eng)
+        raise ValueError(f"engine: {engine!r} is not exact, ring or stepped")
+    job = _Job(policy, plan_for, compute, tuple(sorted(workers)), rounds, eng, start_s)
     return job.run(start_s, start_s + budget_s)
 
 
@@ -106,7 +127,7 @@ class _Job:
     the engine advanced up to each of them."""
 
     def __init__(self, policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: tuple[int, ...],
-                 rounds: int | None, eng: Exact | Stepped) -> None:
+                 rounds: int | None, eng: Exact | RingCost | Stepped, t0: float = 0.0) -> None:
         if isinstance(policy, Queue) and policy.group < 1:
             raise ValueError(f"group must be >= 1, got {policy.group}")
         if isinstance(policy, Ssp) and policy.staleness < 0:
@@ -125,6 +146,12 @@ class _Job:
         self.done = dict.fromkeys(workers, -1)  # SSP: last iteration whose multicast is over
         self.allowed: dict[int, int] = {}
         self.waiting: dict[int, int] = {}  # SSP: worker -> the iteration it waits to be allowed
+        self.ctl: Controller | None = None
+        self.gid_task: dict[int, int] = {}  # Selective: the controller's group -> task key
+        self.task_gid: dict[int, int] = {}
+        self.wake_seq = 0  # the controller's current wake-up (an older one is stale)
+        if isinstance(policy, Selective):
+            self.ctl = Controller(policy.config, workers, policy.bandwidth, t0=t0, samples=policy.samples)
 
     def run(self, t0: float, t_end: float) -> JobPrediction:
         if isinstance(self.policy, Ssp):
@@ -143,11 +170,14 @@ class _Job:
             t, kind, _, data = heapq.heappop(self.events)
             if kind == _COMPUTED:
                 self._ready(*data, t)  # type: ignore[misc]
+            elif kind == _WAKE:
+                if data == self.wake_seq:  # type: ignore[comparison-overlap]
+                    self._launch(self.ctl.tick(t), t)  # type: ignore[union-attr]
             elif kind == _RECEIVED:
                 self._received(*data, t)  # type: ignore[misc]
             else:
                 self._ended(data[0], t)  # type: ignore[index]
-        return JobPrediction(self.iterations, self.computed, self.tasks)
+        return JobPrediction(self.iterations, self.computed, self.tasks, self.ctl)
 
     def _push(self, t: float, kind: int, data: object) -> None:
         self.seq += 1
@@ -167,7 +197,10 @@ class _Job:
     def _ready(self, w: int, k: int, t: float) -> None:
         self.computed[w] += 1
         p = self.policy
-        if isinstance(p, Bsp):
+        if self.ctl is not None:  # READYs of one instant are drained before the controller's pass (A21)
+            more = bool(self.events) and self.events[0][0] == t and self.events[0][1] == _COMPUTED
+            self._launch(self.ctl.ready(w, k, t, last=k >= self.last, defer=more), t)
+        elif isinstance(p, Bsp):
             have = self.barrier.setdefault(k, set())
             have.add(w)
             if len(have) == len(self.workers):
@@ -200,6 +233,17 @@ class _Job:
             group, self.queue = self.queue, []
             self._form([n for n, _ in group], [n for n, _ in group], dict(group), t)
 
+    def _launch(self, launches: list[Launch], t: float) -> None:
+        """The controller's groups become tasks now; its next wake-up (if a group waits) an event."""
+        for L in launches:
+            self.gid_task[L.gid] = len(self.tasks)
+            self.task_gid[len(self.tasks)] = L.gid
+            self._form(L.members, L.members, dict(L.iters), t)
+        assert self.ctl is not None
+        self.wake_seq += 1  # every pass sets the wake-up anew: earlier ones are stale
+        if self.ctl.wake_at is not None:
+            self._push(self.ctl.wake_at, _WAKE, self.wake_seq)
+
     # --- results and ends ---------------------------------------------------------------------------
     def _received(self, key: int, node: int, t: float) -> None:
         task = self.tasks[key]
@@ -216,6 +260,8 @@ class _Job:
                 self._ssp_done(node, k, t)
         elif isinstance(self.policy, Queue):
             self._queue_form(t)
+        elif self.ctl is not None:  # each member resumed when it held the result (agents/rounds.py)
+            self._launch(self.ctl.done(self.task_gid[key], t, back=dict(task.receiver_done_s)), t)
 
     # --- SSP's bound ----------------------------------------------------------------------------------
     def _ssp_done(self, w: int, k: int, t: float) -> None:

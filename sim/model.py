@@ -154,6 +154,18 @@ class TrafficClass:
 DEFAULT_CLASS = TrafficClass()
 
 
+@dataclass(frozen=True)
+class KeyArrays:
+    size: tuple[int, int]  # (keys, classes) they were built for
+    res_flat: np.ndarray  # every key's resources, concatenated
+    res_start: np.ndarray  # per key: where its resources start in res_flat
+    res_len: np.ndarray
+    key_class: np.ndarray
+    first_res: np.ndarray  # per key: its first resource (the sender's link)
+    class_weight: np.ndarray  # per class
+    class_level: np.ndarray  # per class: rank of its level (0 first: highest priority, earliest deadline)
+
+
 class Model:
     """What both engines share: resources (links, then node caps), flow keys and traffic classes as
     dense ints, over one or more tasks. Nodes, groups and chunks of all tasks are numbered together
@@ -200,6 +212,7 @@ class Model:
         self.key_ack: list[float] = []  # from a transfer's last byte leaving to its hop ack arriving back
         self.key_fifo: list[int] = []
         self.key_class: list[int] = []
+        self._arrays: KeyArrays | None = None
         self.key_cap: list[float] = []  # bytes/s the sender paces the key to (ChunkGroup.rates), else inf
         self.counted: list[bool] = []  # keys whose in-transit count some auxiliary dispatch reads
         self.group_of: list[int] = []  # per chunk
@@ -247,15 +260,25 @@ class Model:
             self.res_of_link[link] = len(cap)
             cap.append(mbps * MBIT)
         self.nlinks = len(cap)
-        for t, a, b, mbps in net.events:  # the trace's state at start_s is the starting capacity
-            if (a, b) not in self.res_of_link:
-                raise ValueError(f"trace event at {t} s for {a}->{b}, which is not a link")
-            if t <= self.t0:
-                cap[self.res_of_link[(a, b)]] = mbps * MBIT
         self.up_res = {n: self._add(cap, m) for n, m in net.uplink_mbps.items()}
         self.down_res = {n: self._add(cap, m) for n, m in net.downlink_mbps.items()}
+        for t, a, b, mbps in net.events:  # the trace's state at start_s is the starting capacity
+            r = self.res_of_event(a, b)
+            if r is None:
+                raise ValueError(f"trace event at {t} s for {a}->{b}, which is not a link or node cap")
+            if t <= self.t0:
+                cap[r] = mbps * MBIT
         self.cap = cap
         self.later_events = sorted((e for e in net.events if e[0] > self.t0), key=lambda e: e[0])
+
+    def res_of_event(self, a: int, b: int) -> int | None:
+        """The resource a trace event (t, a, b, rate) changes: link a->b, or a node cap (a, -1): a's
+        uplink, (-1, b): b's downlink (emulation.trace.PORT)."""
+        if b == -1:
+            return self.up_res.get(a)
+        if a == -1:
+            return self.down_res.get(b)
+        return self.res_of_link.get((a, b))
 
     @staticmethod
     def _add(cap: list[float], mbps: float) -> int:
@@ -338,6 +361,13 @@ class Model:
         self.classes += [TrafficClass(g.weight, g.priority, dl), TrafficClass(g.weight, g.priority_of("bcast"), dl)]
         return len(self.classes) - 2, len(self.classes) - 1
 
+    def arrived(self, cls: int, t: float) -> None:
+        """A flow-level FCFS class (ChunkGroup.fcfs) has its first chunk ready at t: that is its deadline."""
+        c = self.classes[cls]
+        if t < c.deadline:
+            self.classes[cls] = TrafficClass(c.weight, c.priority, t)
+            self._arrays = None  # class levels changed
+
     def _add_group(self, t_idx: int, g: ChunkGroup) -> None:
         """Flow keys of every tree edge of g, and per node which keys its chunks leave on."""
         n = len(self.nodes)
@@ -400,11 +430,30 @@ class Model:
     def has_aux(self) -> bool:
         return any(self.aux_keys)
 
-    def pairs(self, keys: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def pairs(self, keys: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(flow index, resource id) of every resource each key uses, for max_min_rates."""
-        flow = np.fromiter((i for i, k in enumerate(keys) for _ in self.key_res[k]), dtype=np.int64)
-        res = np.fromiter((r for k in keys for r in self.key_res[k]), dtype=np.int64)
-        return flow, res
+        a = self.arrays()
+        ks = np.asarray(keys, dtype=np.int64)
+        lens = a.res_len[ks]
+        flow = np.repeat(np.arange(len(ks)), lens)
+        offs = np.arange(len(flow)) - np.repeat(np.cumsum(lens) - lens, lens)
+        return flow, a.res_flat[np.repeat(a.res_start[ks], lens) + offs]
+
+    def arrays(self) -> KeyArrays:
+        """The per-key and per-class lists as numpy arrays, rebuilt when tasks added keys or classes
+        (job mode grows the model): the exact engine's rate solves index them instead of looping."""
+        size = (len(self.key_res), len(self.classes))
+        if self._arrays is None or self._arrays.size != size:
+            lens = np.fromiter((len(r) for r in self.key_res), dtype=np.int64, count=len(self.key_res))
+            flat = np.fromiter((r for res in self.key_res for r in res), dtype=np.int64, count=int(lens.sum()))
+            levels = sorted({c.level for c in self.classes})
+            rank = {lv: i for i, lv in enumerate(levels)}
+            self._arrays = KeyArrays(
+                size, flat, np.cumsum(lens) - lens, lens, np.asarray(self.key_class, dtype=np.int64),
+                flat[np.cumsum(lens) - lens] if len(lens) else np.zeros(0, dtype=np.int64),
+                np.array([c.weight for c in self.classes], dtype=float),
+                np.array([rank[c.level] for c in self.classes], dtype=np.int64))
+        return self._arrays
 
     def transfers_per_key(self) -> np.ndarray:
         count = np.zeros(len(self.key_path), dtype=np.int64)

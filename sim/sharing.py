@@ -43,18 +43,18 @@ def class_rates(m: Model, keys: Sequence[int], cap: Sequence[float],
     key_cap: per key, default the plan's m.key_cap; the exact engine passes its own with the
     scheduler's cap rates in it)."""
     n = len(keys)
-    pf, pr = m.pairs(keys)
+    ks = np.asarray(keys, dtype=np.int64)
+    pf, pr = m.pairs(ks)
     capacity = np.asarray(cap, dtype=float)
     kc = m.key_cap if key_cap is None else key_cap
     kcap = np.fromiter((kc[k] for k in keys), dtype=float, count=n)
-    cls = np.fromiter((m.key_class[k] for k in keys), dtype=np.int64, count=n)
-    if len(np.unique(cls)) == 1:
+    a = m.arrays()
+    cls = a.key_class[ks]
+    if n == 0 or (cls == cls[0]).all():
         return _capped(pf, pr, capacity, n, kcap)
-    first = np.fromiter((m.key_res[k][0] for k in keys), dtype=np.int64, count=n)
-    _, inv, count = np.unique(cls * len(capacity) + first, return_inverse=True, return_counts=True)
-    weight = np.fromiter((m.classes[c].weight for c in cls), dtype=float, count=n) / count[inv]
-    ranks = {lv: i for i, lv in enumerate(sorted({m.classes[c].level for c in set(cls.tolist())}))}
-    level = np.fromiter((ranks[m.classes[c].level] for c in cls), dtype=np.int64, count=n)
+    _, inv, count = np.unique(cls * len(capacity) + a.first_res[ks], return_inverse=True, return_counts=True)
+    weight = a.class_weight[cls] / count[inv]
+    level = a.class_level[cls]
     link = pr < m.nlinks
     if link.all():
         return _leveled(pf, pr, capacity, n, kcap, level, weight)

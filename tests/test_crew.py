@@ -518,7 +518,7 @@ def test_job_mode_names_its_engines():
     from sim import simulate_job
     from sim.compute import ComputeModel
     from sim.job import Queue
-    with pytest.raises(ValueError, match="engine must be exact or stepped, got 'fluid'"):
+    with pytest.raises(ValueError, match="engine: .fluid. is not exact, ring or stepped"):
         simulate_job(Queue(2), lambda m, r: None, ComputeModel(), [0, 1], make_network({(0, 1): 1.0, (1, 0): 1.0}),
                      1.0, engine="fluid")
 

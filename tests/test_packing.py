@@ -5,6 +5,7 @@ contributing, and each tree's bytes against its LP weight."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import random
@@ -12,8 +13,9 @@ import random
 import networkx as nx
 import numpy as np
 import pytest
-from harness import LocalNet
+from harness import LocalNet, assert_job_exact
 from scipy.optimize import linprog
+from test_cluster import start_cluster, stop_cluster
 from test_overlay import line
 
 from emulation.gpumesh import gpumesh, gpunic
@@ -26,6 +28,7 @@ from scheduler.planners.dbtree import btree, dtree
 from scheduler.planners.machines import machines_of
 from scheduler.planners.packing import pair_trees
 from scheduler.planners.packing_lp import Tree, min_cut, pack
+from scheduler.view import NetworkView
 from wansync.planinfo import info_line
 from wansync.predict import oracle_view
 
@@ -280,6 +283,20 @@ def test_the_plan_validates_gives_chunks_in_proportion_and_reports_the_lp():
     assert info_line("mst", {}) is None
 
 
+def test_links_not_measured_yet_count_at_the_median_of_those_measured():
+    """A WAN much slower than the nominal guess: once some links are known, the others are taken at
+    their median, not at the nominal 100 Mbit/s (Σχ on the view says which was used)."""
+    view = NetworkView(uniform(4).links)
+    for a, b in [(0, 1), (1, 0), (1, 2), (2, 1), (2, 3)]:
+        for _ in range(3):
+            view.observe(a, b, 125_000, 0.1)  # 10 Mbit/s
+    assert view.known(0, 1) and not view.known(0, 3)
+    plan = resolve("packing").plan(view, Job(PARAMS, CHUNK, (0, 1, 2, 3)))
+    assert plan.info["sum_chi"] == pytest.approx(4 * 10.0 / 2, rel=1e-6)  # every link at 10: K4 packs N b / 2
+    fresh = resolve("packing").plan(NetworkView(uniform(4).links), Job(PARAMS, CHUNK, (0, 1, 2, 3)))
+    assert fresh.info["sum_chi"] == pytest.approx(4 * NetworkView(()).nominal / 2, rel=1e-6)
+
+
 @pytest.mark.parametrize("opts, message", [
     ({"fill": 0.0}, "fill"), ({"fill": 1.5}, "fill"), ({"min_chunk_params": 0}, "min_chunk_params"),
     ({"relays": [99]}, "not nodes the view knows"), ({"relays": 5}, "relays must be"),
@@ -336,6 +353,32 @@ async def test_inactive_relays_aggregate_without_contributing():
     async with LocalNet(topo) as net:
         out = await net.run_round(plan, rnd=3)  # == the exact sum of 0, 1, 2 on every receiver
     assert sorted(out) == [0, 1, 2]
+
+
+async def test_the_scheduler_re_solves_off_its_loop_as_the_view_moves_and_rounds_stay_exact():
+    """A packing job whose view changes after every round (a different pair looks fast): the LP is
+    re-solved in a worker thread, later rounds take the new versions, none mixes them, every one
+    exact (the harness's own sum)."""
+    flips = iter([(0, 1), (2, 3), (1, 4), (0, 3)])
+
+    def on_event(kind, data):
+        if kind == "task":
+            a, b = next(flips, (2, 4))
+            for _ in range(5):
+                sched.view.observe(a, b, 10**9, 0.05)
+                sched.view.observe(b, a, 10**9, 0.05)
+
+    sched, agents, tasks = await start_cluster(uniform(5), cluster="pk", on_event=on_event)
+    try:
+        js = await asyncio.wait_for(sched.run_job("packing", rounds=6, params=50_000, chunk_params=5_000), 90)
+        versions = [r.version for r in sorted(js.records, key=lambda r: r.round)]
+        assert len(set(versions)) >= 2 and js.replans >= 1, versions
+        assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
+        assert_job_exact(sched, js)
+        assert js.plan.info["trees"] > 0
+    finally:
+        await stop_cluster(sched, tasks)
+    assert not sched.errors
 
 
 # --- baselines --------------------------------------------------------------------------------------------

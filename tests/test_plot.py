@@ -185,3 +185,21 @@ def test_task_outcomes_and_overlap():
     assert task_outcome({"ok": False, "digests_agree": True, "aborted": True}) == "aborted"
     assert overlap_max([(0, 2), (1, 3), (1.5, 1.8), (3, 4)]) == 3
     assert overlap_max([(0, 1), (1, 2)]) == 1  # one ends as the next starts: never together
+
+
+def test_accuracy_vs_time_is_drawn_from_a_training_runs_accuracy_records(tmp_path):
+    from wansync.accuracy_plot import mean_curve
+
+    f = tmp_path / "train.jsonl"
+    lines = [{"schema": 3, "type": "run", "topology": "switch:4", "nodes": 2}]
+    for scheme, speed in (("sr-iid", 2.0), ("pr-iid", 1.0)):
+        for node in (0, 1):
+            for k in range(6):
+                lines.append({"schema": 3, "type": "accuracy", "scheme": scheme, "node": node, "t_rel": k + node / 2,
+                              "iteration": k, "accuracy": min(0.97, 0.1 + 0.15 * speed * k)})
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    written, skipped = plot(f, tmp_path)
+    assert tmp_path / "train_accuracy.png" in written
+    assert_real_png(tmp_path / "train_accuracy.png")
+    ts, ys = mean_curve([(0.0, 0, 0.2), (0.5, 1, 0.4), (1.0, 0, 0.6)])
+    assert ts == [0.5, 1.0] and ys == [pytest.approx(0.3), pytest.approx(0.5)]  # from when both evaluated

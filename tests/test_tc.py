@@ -215,6 +215,26 @@ def test_uplink_cap_is_shared_by_all_links(build) -> None:
     assert total <= 8e6 / 8 * (time.monotonic() - t0) * 1.02 + 2 * 32 * 1514  # 8, not 2 x 100 Mbit/s
 
 
+def test_a_trace_changes_node_caps_live(build) -> None:
+    """A big switch's fluctuating port: (node, -1) is its uplink cap, (-1, node) its downlink (trace.PORT)."""
+    topo = Topology("caps", 2, {(0, 1): LinkSpec(100.0, 0.01), (1, 0): LinkSpec(100.0, 0.01)},
+                    uplink_mbps={0: 20.0}, downlink_mbps={1: 20.0})
+    net = build(topo)
+
+    def cap_rate(node: int, ifb: str) -> float:
+        out = subprocess.run(["tc", "-n", net.netns_of(node), "class", "show", "dev", f"{net.prefix}-{ifb}{node}"],
+                             capture_output=True, text=True, check=True).stdout
+        m = re.search(r"rate ([\d.]+)([KMG]?)bit", out)
+        assert m, out
+        return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)]
+    net.set_rates({(0, -1): 5.0, (-1, 1): 8.0})
+    assert cap_rate(0, "u") == pytest.approx(tc.wire_rate_mbps(5.0) * 1e6, rel=0.01)
+    assert cap_rate(1, "d") == pytest.approx(tc.wire_rate_mbps(8.0) * 1e6, rel=0.01)
+    assert class_rate_bit(net, 0, 1)[0] == pytest.approx(tc.wire_rate_mbps(100.0) * 1e6, rel=0.01)
+    nbytes, secs = stream(net, 0, 1, 1.0)
+    assert nbytes <= 5e6 / 8 * secs * 1.02 + 64 * 1024 + 32 * 1514  # the uplink's new rate holds
+
+
 def test_link_down_and_blackhole_cut_both_ways_and_heal(build) -> None:
     net = build(line(2))
     net.set_down(0, 1, True)

@@ -87,7 +87,10 @@ class TcBackend(AppBackend):
 
 async def apply_trace(net: TcNetwork, topo: Topology, trace: Trace, t0: float) -> None:
     """The run's trace, applied to the kernel (`tc class change`) from a job's t0, as agents would."""
-    await asyncio.to_thread(net.set_rates, {k: s.rate_mbps for k, s in topo.links.items()})
+    start = {k: s.rate_mbps for k, s in topo.links.items()}  # every link and node cap as configured
+    start.update({(n, -1): m for n, m in topo.uplink_mbps.items()})
+    start.update({(-1, n): m for n, m in topo.downlink_mbps.items()})
+    await asyncio.to_thread(net.set_rates, start)
     events = sorted(trace.events)
     i = 0
     while i < len(events):

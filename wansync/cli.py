@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ CHUNK_HELP = ("chunk size, overriding the scaled default (1 M parameters x --sca
               "(200KB, 4MiB, 200000B; KB = 1000, KiB = 1024 bytes) or a plain integer = a parameter count "
               "(float32, 4 bytes each); a whole number of parameters")
 TRACE_HORIZON_S = 6 * 3600.0
+MCAST_PROGRESS = ("mcast-bsp", "mcast-ssp")  # multicasts to chosen receivers (SelMcast)
 
 
 def _topology(args: argparse.Namespace) -> Topology:
@@ -38,8 +40,9 @@ def _trace(args: argparse.Namespace, topo: Topology):  # noqa: ANN202
     from emulation.trace import Trace
     from emulation.trace import build as build_trace
 
+    caps = [(n, "up") for n in topo.uplink_mbps] + [(n, "down") for n in topo.downlink_mbps]
     if getattr(args, "trace_file", None):
-        return Trace.read(args.trace_file).check(topo.links, f"trace file {args.trace_file}")
+        return Trace.read(args.trace_file).check(topo.links, f"trace file {args.trace_file}", caps)
     spec = getattr(args, "trace", None)
     if spec is not None and getattr(args, "dynamic", False):
         raise TraceError("trace: give --trace or --dynamic/--period (an alias of --trace redraw:PERIOD), not both")
@@ -48,7 +51,7 @@ def _trace(args: argparse.Namespace, topo: Topology):  # noqa: ANN202
             return Trace()
         spec = f"redraw:{args.period:g}"
     base = {k: s.rate_mbps for k, s in topo.links.items()}
-    return build_trace(spec, base, horizon_s=TRACE_HORIZON_S, seed=args.seed).scaled(args.scale)
+    return build_trace(spec, base, horizon_s=TRACE_HORIZON_S, seed=args.seed, topology=topo).scaled(args.scale)
 
 
 def _faults(args: argparse.Namespace, topo: Topology) -> list:
@@ -105,6 +108,22 @@ def _security(args: argparse.Namespace) -> tuple[bytes | None, TlsFiles | None]:
     return secret, tls
 
 
+def _mcast_options(args: argparse.Namespace) -> dict:
+    """SelMcast's options for --progress mcast-bsp / mcast-ssp (scheduler/progress/mcast.py)."""
+    if args.progress not in MCAST_PROGRESS:
+        return {}
+    k = None if str(args.sync_every).lower() == "none" else args.sync_every
+    try:
+        k = None if k is None else int(k)
+    except ValueError:
+        raise SystemExit(f"wansync: --sync-every must be an integer >= 0 or none, got {args.sync_every!r}") from None
+    if (k is not None and k < 0) or (args.min_receivers is not None and args.min_receivers < 0) \
+            or not 0 <= args.eta <= 1:
+        raise SystemExit("wansync: --sync-every and --min-receivers must be >= 0, --eta in [0, 1]")
+    return {"select": args.select, "p": args.min_receivers, "k": k, "eta": args.eta, "seed": args.seed,
+            "caps": args.caps_from}
+
+
 def _compute_model(args: argparse.Namespace, schemes: list[str]) -> str | None:
     """--compute-model checked here (a csv trace made absolute for the agent processes), and the
     progress model's fit with the schemes: ssp multicasts one worker's tensor, the others reduce."""
@@ -114,9 +133,9 @@ def _compute_model(args: argparse.Namespace, schemes: list[str]) -> str | None:
     if args.staleness < 0 or args.group < 1:
         raise SystemExit("wansync: --staleness must be >= 0 and --group >= 1")
     for scheme in schemes:
-        if resolve(scheme).one_source != (args.progress == "ssp"):
-            raise SystemExit(f"wansync: scheme {scheme} does not fit --progress {args.progress}: ssp takes one-source "
-                             "schemes (mcast, mcast-l3), bsp and queue take reduces")
+        if resolve(scheme).one_source != (args.progress in ("ssp", *MCAST_PROGRESS)):
+            raise SystemExit(f"wansync: scheme {scheme} does not fit --progress {args.progress}: ssp, mcast-bsp and "
+                             "mcast-ssp take one-source schemes (mcast, mcast-l3), bsp and queue take reduces")
     spec = args.compute_model
     if spec is None:
         return None
@@ -139,16 +158,29 @@ def _run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--compute", type=float, default=0.0, help="compute seconds per round (default 0)")
     r.add_argument("--compute-model", default=None, metavar="SPEC",
                    help="per-node compute time per iteration, seeded by --seed (overrides --compute): "
-                        "constant:S | normal:mean=S,sd=S[,spread=F] | lognormal:mean=S,cv=F[,spread=F] | csv:FILE "
+                        "constant:S | normal:mean=S,sd=S[,spread=F] | lognormal:mean=S,cv=F[,spread=F][,spike=Q] | "
+                        "cnn:mean=S | transformer:mean=S | csv:FILE "
                         "(node,iteration,seconds); spread: each node's own mean within +-F of mean")
-    r.add_argument("--progress", choices=("bsp", "ssp", "queue", "crew"), default="bsp",
+    r.add_argument("--progress", choices=("bsp", "ssp", "queue", "crew", "selective", *MCAST_PROGRESS), default="bsp",
                    help="how workers synchronize: bsp (a reduce of all per round, default), ssp (each worker's "
                         "parameters multicast after every iteration, at most --staleness ahead of the slowest; "
                         "schemes mcast, mcast-l3), queue (reduces of the first --group ready workers), crew (the "
                         "same queue with CREW's failure rules: a lost member's task abandoned, a lost aggregator's "
-                        "block moved)")
+                        "block moved), selective "
+                        "(selective reduce: groups of > --group ready workers by bandwidth, waiting for faster ones; "
+                        "bandwidths from the node caps, e.g. --topology switch:N:unit=U), mcast-bsp and mcast-ssp "
+                        "(multicasts to the receivers --select picks: SelMcast)")
     r.add_argument("--staleness", type=int, default=2, metavar="S", help="SSP's bound s (default 2)")
     r.add_argument("--group", type=int, default=2, metavar="P", help="ready queue: workers per reduce (default 2)")
+    sm = r.add_argument_group("SelMcast (--progress mcast-bsp, mcast-ssp)")
+    sm.add_argument("--select", choices=("selmcast", "orpheus", "all"), default="selmcast",
+                    help="who picks each multicast's receivers (default selmcast)")
+    sm.add_argument("--min-receivers", type=int, default=None, metavar="P", help="p (default 0.3 x workers)")
+    sm.add_argument("--sync-every", default="4", metavar="K",
+                    help="consistency bound k: every pair at least once in k + 1 rounds; 'none': off (default 4)")
+    sm.add_argument("--eta", type=float, default=0.75, help="SSP stickiness (default 0.75)")
+    sm.add_argument("--caps-from", choices=("declared", "measured"), default="declared",
+                    help="the ports' bandwidth: as nodes declare it (default) or as the view measured it")
     r.add_argument("--hub", type=int, default=None, help="star/ktree root (default: best measured node)")
     r.add_argument("--k", type=int, default=2, help="ktree fan-out (default 2)")
     r.add_argument("--chunk", default=None, metavar="SIZE", help=CHUNK_HELP)
@@ -269,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--chunk", default=None, metavar="SIZE", help=CHUNK_HELP)
     m.add_argument("--hub", type=int, default=None)
     m.add_argument("--k", type=int, default=2)
+    m.add_argument("--costs", choices=("agents", "none"), default="agents",
+                   help="agents (default): our data plane's per-chunk costs (sim/costs.py); none: links alone "
+                        "(GPU clusters, whose endpoints are not our agents)")
 
     args = ap.parse_args(argv)
     # Ctrl-C must reach us (and so reap the agents) even if a shell started us with SIGINT ignored
@@ -309,7 +344,7 @@ def run_config(args: argparse.Namespace, *, backend: str = "app", secret: bytes 
 
     from .cluster import RunConfig
 
-    chosen = args.schemes or (SSP_SCHEMES if args.progress == "ssp" else DEFAULT_SCHEMES)
+    chosen = args.schemes or (SSP_SCHEMES if args.progress in ("ssp", *MCAST_PROGRESS) else DEFAULT_SCHEMES)
     schemes = [s.strip() for s in chosen.split(",") if s.strip()]
     for s in schemes:
         planners.resolve(s)
@@ -324,6 +359,7 @@ def run_config(args: argparse.Namespace, *, backend: str = "app", secret: bytes 
                     backend=backend,
                     rounds=args.rounds, seed=args.seed, out=args.out, loop=args.loop, compute_s=args.compute,
                     compute_model=compute_model, progress=args.progress, staleness=args.staleness, group=args.group,
+                    progress_options=_mcast_options(args),
                     warmup=args.warmup, hub=args.hub, k=args.k, dynamic=args.dynamic, period_s=args.period,
                     trace=_trace(args, topo), update_time_s=args.update_time, update_rate=args.update_rate,
                     heartbeat_timeout=args.heartbeat_timeout,
@@ -459,7 +495,10 @@ def _simulate(args: argparse.Namespace) -> int:
     chunk = _chunk_arg(args) or chunk_params(args.scale)
     options: dict = {"k": args.k} | ({} if args.hub is None else {"hub": args.hub})
     schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
-    preds = predict(topo, _trace(args, topo), schemes, params, chunk, options)
+    from sim import MEASURED, NONE
+
+    preds = predict(topo, _trace(args, topo), schemes, params, chunk, options,
+                    costs=MEASURED if args.costs == "agents" else NONE)
     t = Table(title=f"predicted on {topo.name} ({topo.nodes} nodes, {len(topo.links)} directed links), "
                     f"{args.model} x{args.scale} = {params * 4 / 1e6:.1f} MB, planners on the configured rates")
     for col in ("scheme", "round s", "algbw MB/s", "busiest links (MB)", "engine", "plan s", "simulate s"):
@@ -505,6 +544,11 @@ def _agent(args: argparse.Namespace) -> int:
                   aux_queue_length=args.aux_queue_length, secret=secret, tls=tls,
                   hold_budget=int(args.hold_budget_mb * (1 << 20)), scheduler_wait_s=args.scheduler_wait,
                   advertise=advertise)
+    # Everything imported and built so far lives as long as the process: out of the collector's sight,
+    # a full collection under load no longer walks ~40,000 objects (90-330 ms pauses of the event loop
+    # measured in the tasks benchmark's multicast waves)
+    gc.collect()
+    gc.freeze()
     try:
         asyncio.run(agent.run())
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why

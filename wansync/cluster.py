@@ -63,6 +63,7 @@ class RunConfig:
     progress: str = "bsp"  # scheduler.progress: bsp, ssp (staleness), queue (group)
     staleness: int = 2
     group: int = 2
+    progress_options: dict[str, Any] = field(default_factory=dict)  # mcast-bsp/-ssp: select, p, k, eta, caps
     warmup: int = 1
     hub: int | None = None
     k: int = 2
@@ -343,7 +344,7 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
                                                      compute_s=cfg.compute_s, options=options, warmup=cfg.warmup,
                                                      progress=cfg.progress, staleness=cfg.staleness,
                                                      group=cfg.group, compute=cfg.compute_model,
-                                                     seed=cfg.seed),
+                                                     seed=cfg.seed, progress_options=cfg.progress_options),
                                        agents.dead, survive=True, console=console, total=cfg.topo.nodes)
                 jobs.append(js)
                 summary = summarize(js, cfg)

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 # key -> format; keys a planner does not report are skipped
-FIELDS = (("sum_chi", "sum chi {:.1f} Mbit/s"), ("sum_chi_lp", "LP {:.1f}"), ("pruning_loss_pct", "pruning -{:.2f} %"),
-          ("rounding_loss_pct", "rounding -{:.2f} %"), ("t_lp_s", "T_LP {:.3f} s"), ("lambda", "lambda {:.1f} Mbit/s"),
-          ("s_over_lambda_s", "S/lambda {:.3f} s"), ("trees", "{} trees"), ("groups", "{} groups"),
-          ("chunks", "{} chunks"), ("iterations", "{} iterations"), ("lp_gap_pct", "LP gap {:.3f} %"),
-          ("solve_s", "solved in {:.3f} s"))
+FIELDS = (("sum_chi", "sum chi {:.1f} Mbit/s"), ("sum_chi_lp", "LP {:.1f}"),
+          ("pruning_loss_pct", "{:.2f} % lost to pruning"), ("rounding_loss_pct", "{:.2f} % to rounding"),
+          ("t_lp_s", "T_LP {:.3f} s"), ("lambda", "lambda {:.1f} Mbit/s"), ("s_over_lambda_s", "S/lambda {:.3f} s"),
+          ("trees", "{} trees"), ("groups", "{} groups"), ("chunks", "{} chunks"), ("iterations", "{} iterations"),
+          ("lp_gap_pct", "LP gap {:.3f} %"), ("solve_s", "solved in {:.3f} s"))
 
 
 def info_line(scheme: str, info: Mapping[str, Any]) -> str | None:

@@ -47,13 +47,23 @@ def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -
     members = tuple(sorted(job.participants))
     relays = _relays(view, members, opts.get("relays", "all"))
     nodes = set(members) | relays
-    capacity = {(a, b): view.rate(a, b) for a, b in view.links() if a in nodes and b in nodes}
+    capacity = _capacity(view, nodes)
     overlap = not opts.get("no_overlap", False)
     pk = pack(capacity, members, overlap=overlap,
               max_trees_per_root=int(opts.get("max_trees_per_root", MAX_TREES_PER_ROOT)))
     return compile_packing(pk, job, fill=float(opts.get("fill", FILL)),
                            min_chunk_params=int(opts.get("min_chunk_params", MIN_CHUNK_PARAMS)),
                            pace=bool(opts.get("pace", False)))
+
+
+def _capacity(view: NetworkView, nodes: set[int]) -> dict[tuple[int, int], float]:
+    """The view's rates of the links among `nodes`. A link not measured yet counts at the median of
+    those measured (once some are): the nominal guess would make the LP pile trees onto every
+    unknown link of a slower WAN, and their measurements arrive as the trees use them anyway."""
+    links = [(a, b) for a, b in view.links() if a in nodes and b in nodes]
+    known = sorted(view.rate(a, b) for a, b in links if view.known(a, b))
+    typical = known[len(known) // 2] if known else None
+    return {(a, b): view.rate(a, b) if typical is None or view.known(a, b) else typical for a, b in links}
 
 
 def _relays(view: NetworkView, members: Sequence[int], spec: Any) -> set[int]:
@@ -95,7 +105,7 @@ def pair_trees(reduce: Sequence[Tree], broadcast: Sequence[Tree]) -> list[tuple[
     return out
 
 
-def _largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
+def largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
     """`total` split in proportion to `shares`, whole numbers summing to it exactly."""
     s = sum(shares)
     raw = [total * x / s for x in shares]
@@ -116,7 +126,7 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
              pair_trees(pk.reduce.get(v, ()), pk.broadcast.get(v, ()))]
     if not pairs:
         raise PlanError("packing: the LP found no tree (sum chi = 0)")
-    sizes = _largest_remainder(job.params, [a for *_, a in pairs])
+    sizes = largest_remainder(job.params, [a for *_, a in pairs])
     layout: list[tuple[int, int]] = []
     groups: list[ChunkGroup] = []
     off = 0
@@ -125,12 +135,9 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
         if n == 0:
             continue  # a sliver the rounding left nothing: its tree carries nothing this round
         parent = _pruned(dict(r.parent), members)
-        children = _children(_pruned(dict(b.parent), members))
-        depth = _depth(parent) + _depth(b.parent)
-        size = max(min_chunk_params, math.ceil(n * fill / max(1, depth - 1)))
+        children = children_of(_pruned(dict(b.parent), members))
         first = len(layout)
-        for o in range(off, off + n, size):
-            layout.append((o, min(size, off + n - o)))
+        layout += pipelined(off, n, tree_depth(parent) + tree_depth(b.parent), fill, min_chunk_params)
         off += n
         rates: dict[tuple[int, int], float] = {}
         if pace:
@@ -147,14 +154,21 @@ def compile_packing(pk: Packing, job: Job, *, fill: float = FILL, min_chunk_para
     t_eff = max(n / a for n, a in used)
     info = {"sum_chi": pk.sum_chi, "sum_chi_lp": pk.sum_chi_lp, "lambda": pk.lam, "trees": pk.trees,
             "iterations": pk.iterations, "lp_gap_pct": pk.gap_pct, "solve_s": pk.solve_s, "overlap": pk.overlap,
-            "pruning_loss_pct": 100.0 * (1.0 - pk.sum_chi / pk.sum_chi_lp) if pk.sum_chi_lp > 0 else 0.0,
+            "pruning_loss_pct": max(0.0, 100.0 * (1.0 - pk.sum_chi / pk.sum_chi_lp)) if pk.sum_chi_lp > 0 else 0.0,
             "params": job.params, "groups": len(groups), "chunks": len(layout),
             "t_lp_s": _seconds(job.params, pk.sum_chi, overlap=pk.overlap),
             "s_over_lambda_s": _seconds(job.params, pk.lam, overlap=True),
             "sum_chi_rounded": job.params / t_eff,
-            "rounding_loss_pct": 100.0 * (1.0 - job.params / t_eff / pk.sum_chi)}
+            "rounding_loss_pct": max(0.0, 100.0 * (1.0 - job.params / t_eff / pk.sum_chi))}
     return Plan(0, scheme, tuple(job.participants), {n: 1.0 for n in job.participants}, tuple(layout),
                 tuple(groups), info=info)
+
+
+def pipelined(off: int, n: int, depth: int, fill: float, min_chunk_params: int) -> list[tuple[int, int]]:
+    """Chunks (offset, length) for n parameters from `off` on a group `depth` store-and-forward steps
+    deep (aggregation plus broadcast): its pipeline then costs about `fill` of the group's time."""
+    size = max(min_chunk_params, math.ceil(n * fill / max(1, depth - 1)))
+    return [(o, min(size, off + n - o)) for o in range(off, off + n, size)]
 
 
 def _seconds(params: int, mbps: float, *, overlap: bool) -> float:
@@ -162,7 +176,7 @@ def _seconds(params: int, mbps: float, *, overlap: bool) -> float:
     return (1 if overlap else 2) * params * FLOAT32 * 8 / (mbps * 1e6) if mbps > 0 else math.inf
 
 
-def _depth(parent: Mapping[int, int | None]) -> int:
+def tree_depth(parent: Mapping[int, int | None]) -> int:
     """Hops from the deepest node to the root."""
     def hops(n: int) -> int:
         k = 0
@@ -183,7 +197,7 @@ def _pruned(parent: dict[int, int | None], members: set[int]) -> dict[int, int |
             del parent[n]
 
 
-def _children(parent: Mapping[int, int | None]) -> dict[int, tuple[int, ...]]:
+def children_of(parent: Mapping[int, int | None]) -> dict[int, tuple[int, ...]]:
     kids: dict[int, list[int]] = {}
     for n, p in parent.items():
         if p is not None:

@@ -14,6 +14,9 @@ holds their contribution) or "bound" (a GO that allows the iteration).
             the last workers, when fewer than p remain, form one with whoever is left
     crew    the ready queue with CREW's failure rules: a task whose member is lost or that overruns its
             time budget is abandoned, a failed aggregator's block moves to the Eq. (3) replacement
+    selective  selective reduce (seed 003) and its baselines on one controller (sim.selective): BAG
+            groups by bandwidth, bpaWR waits for faster workers, P-Reduce, all-reduce (scheme=sr|pr|ar|pa)
+    mcast-bsp, mcast-ssp   multicasts to chosen receivers (SelMcast, Orpheus): mcast.py
 """
 
 from __future__ import annotations
@@ -36,6 +39,16 @@ class Control(Protocol):
 
     def alive(self) -> list[int]: ...
 
+    def node_bandwidth(self) -> dict[int, float]: ...
+
+    # what multicast models (mcast.py) use besides: the view's node caps, shrinking a running
+    # multicast's receivers, and the timeline
+    view: Any
+
+    def drop_receiver(self, js: JobState, tid: int, node: int) -> None: ...
+
+    def note_event(self, kind: str, **data: Any) -> dict[str, Any]: ...
+
 
 class Progress(Protocol):
     name: str
@@ -51,10 +64,13 @@ class Progress(Protocol):
 
 
 def resolve(name: str, **options: Any) -> Progress:
-    """A progress model by name: bsp, ssp (staleness=S), queue (group=P), crew (group=P, budget_s=S)."""
-    from . import bsp, crew, queue, ssp
+    """A progress model by name: bsp, ssp (staleness=S), queue (group=P), crew (group=P, budget_s=S),
+    selective (group=P, scheme, eta, theta, dt, c, ...: selective.SelectiveReduce), mcast-bsp and mcast-ssp
+    (select=selmcast|orpheus|all, p, k, eta, seed; mcast.py)."""
+    from . import bsp, crew, mcast, queue, selective, ssp
     makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue,
-                                                  "crew": crew.CrewQueue}
+                                                  "crew": crew.CrewQueue, "selective": selective.SelectiveReduce,
+                                                  "mcast-bsp": mcast.McastBsp, "mcast-ssp": mcast.McastSsp}
     if name not in makers:
         raise ValueError(f"unknown progress model {name!r}; known: {', '.join(sorted(makers))}")
     return makers[name](**options)

@@ -24,6 +24,7 @@ from . import Control
 class Ssp:
     name = "ssp"
     rule = "bound"
+    multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3)
 
     def __init__(self, staleness: int = 2, **_: Any) -> None:
         if staleness < 0:
