@@ -90,6 +90,8 @@ class TaskState:
     # (scripts/bench/tasks.py's share figure)
     beside: dict[int, list[int]] = field(default_factory=dict)  # task -> [bytes at our first byte, at our end]
     _first: dict[int, int] | None = None  # the others' bytes when this task's first byte came
+    arrival: dict[tuple[int, str], float] = field(default_factory=dict)  # (tree, kind) -> its first chunk here (fcfs)
+    own: np.ndarray | None = None  # a member's weighted contribution, sent as is (all-to-all groups)
     on_done: Callable[[TaskState], None] | None = None
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -209,6 +211,11 @@ class ChunkEngine:
         member, receiver = me in plan.participants, me in plan.receiver_set
         roles: dict[int, _Role] = {}
         for gi, g in enumerate(plan.groups):
+            if g.direct:  # all-to-all: a receiver sums what every other member sends it, itself
+                mine = me in plan.receiver_set
+                kids = frozenset(g.agg_children(me)) if mine else frozenset()
+                roles[gi] = _Role(gi, mine, None, kids, mine, None, ())
+                continue
             in_agg = me in g.parent
             in_bcast = me == g.root or g.bcast_parent(me) is not None
             roles[gi] = _Role(gi, in_agg, g.parent.get(me), frozenset(g.agg_children(me)) if in_agg else frozenset(),
@@ -237,6 +244,8 @@ class ChunkEngine:
                        bitmap_int(bitmap(plan.participants)), waiting,
                        [(1 << me) if member else 0] * len(plan.layout), pending=pending,
                        final_bytes=[0] * len(plan.layout))
+        if member and any(g.direct for g in plan.groups):  # sent as is while others' parts add into acc
+            st.own = acc.copy() if receiver else acc
         st.t_begin = self.overlay.clock() if self.overlay is not None else time.time()
         st.on_done = self._note_beside
         self.tasks[st.key] = st
@@ -251,6 +260,12 @@ class ChunkEngine:
                 self._fail(st, exc)
         self._ask_resend()
         st.started = True
+        if st.own is not None:  # all-to-all: this member's chunks straight to every other receiver
+            for g in plan.groups:
+                for c in g.chunks if g.direct else ():
+                    off, n = plan.layout[c]
+                    for r in g.children.get(me, ()):
+                        self._send(st, c, "agg", st.own[off:off + n], 1 << me, r)
         for c in range(len(plan.layout)):
             if roles[chunk_group[c]].in_agg and st.waiting[c] == 0:
                 self._complete_agg(st, c)
@@ -518,7 +533,9 @@ class ChunkEngine:
         rate_Bps = None
         if group.classed:  # its tree shares links by its class (overlay.classes), at every hop
             dl = None if group.deadline_s is None else st.t_begin + group.deadline_s
-            header["cls"] = TrafficClass(group.weight, group.priority, dl).to_wire(gi)
+            if group.fcfs:  # flow-level FCFS: the flow's deadline is when its first chunk was ready here
+                dl = st.arrival.setdefault((gi, kind), self.overlay.clock())
+            header["cls"] = TrafficClass(group.weight, group.priority_of(kind), dl).to_wire(gi)
             assigned = self.rate_tables.get((st.job, st.task, st.attempt), {}).get((gi, self.node, dst))
             mbps = group.rates.get((self.node, dst))
             rate_Bps = assigned if assigned is not None else None if mbps is None else mbps * MBIT

@@ -17,6 +17,7 @@ reason to be there). `validate()` says which rule a plan breaks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class Job:
         return make_layout(self.params, self.chunk_params)
 
 
+@functools.lru_cache(maxsize=64)  # planners ask for the same layout task after task
 def make_layout(params: int, chunk_params: int) -> tuple[tuple[int, int], ...]:
     """(offset, length) of every chunk, in float32 elements; the last chunk takes the remainder."""
     if params <= 0 or chunk_params <= 0:
@@ -70,14 +72,29 @@ class ChunkGroup:
     deadline_s: float | None = None
     rates: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
     own_class: bool = False  # a class of its own even with default values (a task given `sharing=`)
+    # flow-level FCFS (CREW): each of the tree's flows (its aggregation, its broadcast) takes as its
+    # deadline the moment its first chunk was ready at its sender, so on every link a flow that came
+    # first goes first (earliest deadline first = first come, first served); not with deadline_s
+    fcfs: bool = False
+    bcast_priority: int | None = None  # the broadcast's priority where it differs from the aggregation's
+    # all-to-all (no tree): every member sends its weighted chunks straight to each of its `children`
+    # (the other receivers) and every receiver sums what it got itself; `parent` maps every member and
+    # receiver to None (each holds its own sum), `root` is the lowest member
+    direct: bool = False
 
     @property
     def classed(self) -> bool:
         """The tree is a traffic class of its own (its chunks carry it), not plain round-robin."""
         return (self.own_class or self.weight != 1.0 or self.priority != 0 or self.deadline_s is not None
-                or bool(self.rates))
+                or bool(self.rates) or self.fcfs or self.bcast_priority is not None)
+
+    def priority_of(self, kind: str) -> int:
+        """The priority of the tree's aggregation ("agg") or broadcast ("bcast") class."""
+        return self.bcast_priority if kind == "bcast" and self.bcast_priority is not None else self.priority
 
     def agg_children(self, node: NodeId) -> tuple[NodeId, ...]:
+        if self.direct:  # whoever sends to it
+            return tuple(sorted(m for m, kids in self.children.items() if node in kids))
         return tuple(sorted(c for c, p in self.parent.items() if p == node))
 
     def bcast_parent(self, node: NodeId) -> NodeId | None:
@@ -184,6 +201,9 @@ class Plan:
     def _check_group(g_idx: int, g: ChunkGroup, members: set[int], receivers: set[int],
                      links: Iterable[tuple[int, int]] | None) -> None:
         where = f"group {g_idx}"
+        if g.direct:
+            _check_direct(where, g, members, receivers)
+            return
         agg = set(g.parent)
         if g.root not in agg:
             raise PlanError(f"{where}: root {g.root} is not a participant nor a node of its aggregation tree")
@@ -233,6 +253,12 @@ class Plan:
                                 "would get the final value for nothing (a replicating node needs children)")
         link_set = set(links) if links is not None else None
         check_sharing(g.weight, g.priority, g.deadline_s, where)
+        if g.bcast_priority is not None:
+            check_sharing(g.weight, g.bcast_priority, None, f"{where} (broadcast)")
+        if g.fcfs is not True and g.fcfs is not False:
+            raise PlanError(f"{where}: fcfs {g.fcfs!r} is not true or false")
+        if g.fcfs and g.deadline_s is not None:
+            raise PlanError(f"{where}: fcfs orders flows by their arrival; it takes no deadline_s")
         for (a, b), mbps in g.rates.items():
             if g.parent.get(a) != b and b not in g.children.get(a, ()):
                 raise PlanError(f"{where}: a rate for {a}->{b}, which is not a tree edge")
@@ -292,6 +318,12 @@ def group_to_wire(g: ChunkGroup) -> dict[str, Any]:
         d["rates"] = [[a, b, r] for (a, b), r in sorted(g.rates.items())]
     if g.own_class:
         d["own_class"] = True
+    if g.fcfs:
+        d["fcfs"] = True
+    if g.bcast_priority is not None:
+        d["bcast_priority"] = g.bcast_priority
+    if g.direct:
+        d["direct"] = True
     return d
 
 
@@ -303,7 +335,33 @@ def group_from_wire(g: Mapping[str, Any]) -> ChunkGroup:
                       aux=aux_from_wire(g.get("aux", [])), weight=float(g.get("weight", 1.0)),
                       priority=g.get("priority", 0), deadline_s=None if dl is None else float(dl),
                       rates={(a, b): float(r) for a, b, r in g.get("rates", [])},
-                      own_class=g.get("own_class", False) is True)
+                      own_class=g.get("own_class", False) is True, fcfs=g.get("fcfs", False) is True,
+                      bcast_priority=g.get("bcast_priority"), direct=g.get("direct", False) is True)
+
+
+def _check_direct(where: str, g: ChunkGroup, members: set[int], receivers: set[int]) -> None:
+    """An all-to-all group: every member sends to every other receiver, nobody relays or aggregates."""
+    if set(g.parent) != members | receivers or any(p is not None for p in g.parent.values()):
+        raise PlanError(f"{where}: an all-to-all group maps exactly its members and receivers to no parent")
+    if g.root != min(members):
+        raise PlanError(f"{where}: an all-to-all group's root is its lowest member ({min(members)}), not {g.root}")
+    for m in sorted(members):
+        if set(g.children.get(m, ())) != receivers - {m} or len(g.children.get(m, ())) != len(receivers - {m}):
+            raise PlanError(f"{where}: member {m} must send to exactly the other receivers "
+                            f"{sorted(receivers - {m})} in an all-to-all group")
+    if set(g.children) - members:
+        raise PlanError(f"{where}: nodes {sorted(set(g.children) - members)} send in an all-to-all group "
+                        "but are no members")
+    if g.aux or g.rates:
+        raise PlanError(f"{where}: an all-to-all group takes no auxiliary routes or rates")
+    check_sharing(g.weight, g.priority, g.deadline_s, where)
+
+
+def direct_group(chunks: Iterable[int], members: Iterable[int], receivers: Iterable[int]) -> ChunkGroup:
+    """All-to-all: each member straight to every other receiver, which sums on its own."""
+    ms, rs = sorted(set(members)), sorted(set(receivers))
+    return ChunkGroup(tuple(chunks), ms[0], dict.fromkeys(sorted(set(ms) | set(rs))),
+                      {m: tuple(r for r in rs if r != m) for m in ms}, direct=True)
 
 
 def check_sharing(weight: Any, priority: Any, deadline_s: Any, where: str = "sharing") -> None:

@@ -679,7 +679,7 @@ class Scheduler:
         """The task's current attempt cannot end exact: everyone drops it; a BSP round is asked for
         again (READY), a formed task is re-planned (without what was lost) and started again."""
         t = js.tasks[tid]
-        t_start = t.started_t
+        t_start, prev, had = t.started_t, t.version, frozenset(t.done)
         att = t.abort()
         self._send_rates(js, self.cap_sharing.end(tid, att))
         js.aborts.append({"round": t.round, "task": tid, "attempt": att, "why": why, "t": time.time(),
@@ -688,8 +688,11 @@ class Scheduler:
         self.note_event("abort", job=js.job, task=tid, round=t.round, attempt=att, why=why)
         self.registry.broadcast(Abort(job=js.job, task=tid, attempt=att))
         if not t.barrier:
-            if t.aborted >= t.options.get("max_attempts", 4):
-                self._give_up(js, t, why)
+            # a progress model may refuse the retry (abandon) or prepare it (CREW's failover, §2.9)
+            refuse = getattr(js.progress, "retry", None)
+            why_not = refuse(self, js, t, prev, why, had) if refuse is not None else None
+            if why_not is not None or t.aborted >= t.options.get("max_attempts", 4):
+                self._give_up(js, t, why_not or why)
             else:
                 self.try_start(js, tid)
 

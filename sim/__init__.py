@@ -14,7 +14,9 @@ are the two engines, network.py builds the input from plain data, job.py drives 
   end and receivers' done times.
 - `simulate_job(policy, plan_for, ...)` (policies in job.py): BSP, SSP, a ready queue or selective reduce's
   controller (selective.py, with the pure BAG/bpaWR of selection.py, the one the scheduler runs live) forming
-  tasks over a budget; `engine="ring"` replays ring groups with the paper's closed form (ringcost.py).
+  tasks over a budget; `engine="ring"` replays ring groups with the paper's closed form (ringcost.py);
+  `engine="stepped"` (stepped.py) replays one-hop plans as flows in steps, for CREW's n = 60; outage.py adds
+  link failures with the caller's repair, nonblocking.py CREW's non-blocking scatter.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
     """
     m = Model([TaskRun(0, plan, start_s)], net, start_s, segment_bytes, costs)
     if mode == "auto":
-        mode = "exact" if m.has_aux or m.classed or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
+        mode = "exact" if m.has_aux or m.classed or any(m.direct) or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":
         pred = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates).run()
         task = pred.tasks[0]

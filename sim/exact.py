@@ -143,6 +143,14 @@ class Exact:
             g_idx = m.group_of[c]
             kids = m.nkids[g_idx]
             agg = m.agg_key[g_idx]
+            if m.direct[g_idx]:  # all-to-all: members send their own chunk to every other receiver
+                for v, keys in enumerate(m.direct_keys[g_idx]):
+                    for k in keys:
+                        self._send(k, start_at[v], c, _AGG, g_idx)
+                for v in range(n):
+                    if kids[v] == 0 and self.is_receiver[t_idx][v]:
+                        self._final(v, c, g_idx, start_at[v])
+                continue
             for v in range(n):  # nodes only on the broadcast side (multicast receivers) hand out nothing
                 if kids[v] == 0 and (agg[v] >= 0 or v == m.root[g_idx]):
                     self._ready(v, c, g_idx, start_at[v])
@@ -245,7 +253,7 @@ class Exact:
     # chunk logic
     def _ready(self, v: int, c: int, g: int, t: float) -> None:
         """Node v holds every aggregation child's copy of chunk c at time t."""
-        if v == self.m.root[g]:
+        if v == self.m.root[g] or self.m.direct[g]:
             self._final(v, c, g, t)
         else:
             self._send(self.m.agg_key[g][v], t, c, _AGG, g)
@@ -285,6 +293,8 @@ class Exact:
 
     def _send(self, k: int, t: float, c: int, kind: int, g: int) -> None:
         """Chunk c is ready at t for the tree edge whose static route is key k."""
+        if self.m.groups[g].fcfs:  # flow-level FCFS: the class's deadline is its first chunk's ready time
+            self.m.arrived(self.m.group_class[g][kind], t)
         if self.m.counted[k]:  # decided, and counted, when the clock gets there
             self.seq += 1
             self.sends[self.seq] = (k, kind, g)

@@ -178,6 +178,8 @@ def run_fluid(m: Model) -> RoundPrediction:
     """FLUID_PASSES passes, each re-solving the shares from where the previous one found keys active."""
     if m.has_aux:
         raise NotImplementedError("the fluid engine does not model auxiliary-route dispatch: use exact")
+    if any(m.direct):
+        raise NotImplementedError("the fluid engine replays trees, not all-to-all groups: use exact")
     if len(m.tasks) != 1 or m.classed:
         raise NotImplementedError("the fluid engine replays one task of plain round-robin sharing: use exact "
                                   "for concurrent tasks and traffic classes (weights, priorities, deadlines, rates)")

@@ -40,6 +40,7 @@ from .exact import Exact
 from .model import Model, SimNetwork, TaskRun
 from .ringcost import RingCost
 from .selective import Controller, Launch, SelectiveConfig
+from .stepped import DT, Stepped
 
 PlanFor = Callable[[tuple[int, ...], tuple[int, ...]], Plan]
 
@@ -100,18 +101,23 @@ class JobPrediction:
 def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: Iterable[int], net: SimNetwork,
                  budget_s: float, *, rounds: int | None = None, start_s: float = 0.0, segment_bytes: int = 65536,
                  costs: WanCosts = NONE, primary_busy_bound: int = 2, aux_queue_length: int = 5,
-                 cap_rates: bool = True, engine: str = "exact") -> JobPrediction:
+                 cap_rates: bool = True, engine: str = "exact", dt: float = DT) -> JobPrediction:
     """Replay a job from `start_s` for `budget_s` seconds: every worker starts computing iteration 0 at
-    start_s; rounds: iterations per worker (None: as many as the budget allows). engine: "exact" or
-    "ring" (the paper's closed-form ring cost, ring plans only)."""
+    start_s; rounds: iterations per worker (None: as many as the budget allows). engine: "exact" (every
+    chunk an event), "ring" (the paper's closed-form ring cost, ring plans only) or "stepped"
+    (sim/stepped.py: flows advanced together in steps of dt, for one-hop plans on networks without
+    node caps, such as CREW's at n = 60; costs do not apply)."""
     if engine == "ring":
-        eng: Exact | RingCost = RingCost(net, start_s)
+        eng: Exact | RingCost | Stepped = RingCost(net, start_s)
+    elif engine == "stepped":
+        eng = Stepped(net, dt)
+        eng.now = start_s
     elif engine == "exact":
         nodes = {n for link in net.rates_mbps for n in link}
         m = Model([], net, start_s, segment_bytes, costs, nodes=nodes)
         eng = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates)
     else:
-        raise ValueError(f"engine: {engine!r} is not exact or ring")
+        raise ValueError(f"engine: {engine!r} is not exact, ring or stepped")
     job = _Job(policy, plan_for, compute, tuple(sorted(workers)), rounds, eng, start_s)
     return job.run(start_s, start_s + budget_s)
 
@@ -121,7 +127,7 @@ class _Job:
     the engine advanced up to each of them."""
 
     def __init__(self, policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: tuple[int, ...],
-                 rounds: int | None, eng: Exact | RingCost, t0: float = 0.0) -> None:
+                 rounds: int | None, eng: Exact | RingCost | Stepped, t0: float = 0.0) -> None:
         if isinstance(policy, Queue) and policy.group < 1:
             raise ValueError(f"group must be >= 1, got {policy.group}")
         if isinstance(policy, Ssp) and policy.staleness < 0:

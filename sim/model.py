@@ -220,6 +220,8 @@ class Model:
         self.bcast_keys: list[list[tuple[int, ...]]] = []  # per group, per node index
         self.nkids: list[list[int]] = []  # per group, per node index: aggregation children to wait for
         self.root: list[int] = []
+        self.direct: list[bool] = []  # per group: all-to-all (every receiver sums on its own)
+        self.direct_keys: list[list[tuple[int, ...]]] = []  # per group, per node index: a member's own sends
         # NetStorm auxiliary routes: per group, primary key of a tree edge -> its auxiliary keys
         self.aux_keys: list[dict[int, tuple[int, ...]]] = []
 
@@ -286,6 +288,8 @@ class Model:
     def edge_keys(self, g_idx: int, a: int, b: int) -> list[int]:
         """The keys of tree edge a->b of group g_idx: its aggregation's, its broadcast's, or both."""
         g, (cls, bcls) = self.groups[g_idx], self.group_class[g_idx]
+        if g.direct:
+            return [self.key_of[(cls, a, b)]] if b in g.children.get(a, ()) else []
         out = [self.key_of[(cls, a, b)]] if g.parent.get(a) == b else []
         if b in g.children.get(a, ()):
             out.append(self.key_of[(bcls, a, b)])
@@ -353,9 +357,16 @@ class Model:
         if not g.classed:
             return 0, 0
         t = self.tasks[self.group_task[g_idx]]
-        dl = _INF if g.deadline_s is None else t.start_s + g.deadline_s
-        self.classes += [TrafficClass(g.weight, g.priority, dl)] * 2
+        dl = _INF if g.deadline_s is None else t.start_s + g.deadline_s  # fcfs: set at its first send (exact.py)
+        self.classes += [TrafficClass(g.weight, g.priority, dl), TrafficClass(g.weight, g.priority_of("bcast"), dl)]
         return len(self.classes) - 2, len(self.classes) - 1
+
+    def arrived(self, cls: int, t: float) -> None:
+        """A flow-level FCFS class (ChunkGroup.fcfs) has its first chunk ready at t: that is its deadline."""
+        c = self.classes[cls]
+        if t < c.deadline:
+            self.classes[cls] = TrafficClass(c.weight, c.priority, t)
+            self._arrays = None  # class levels changed
 
     def _add_group(self, t_idx: int, g: ChunkGroup) -> None:
         """Flow keys of every tree edge of g, and per node which keys its chunks leave on."""
@@ -370,6 +381,21 @@ class Model:
         self.group_class.append((cls, bcls))
         agg = [-1] * n
         kids = [0] * n
+        self.direct.append(g.direct)
+        if g.direct:  # each member's chunks to every other receiver, summed there
+            sends: list[tuple[int, ...]] = [()] * n
+            for node, children in g.children.items():
+                sends[self.ix[node]] = tuple(self._key(node, ch, cls) for ch in children)
+                for ch in children:
+                    kids[self.ix[ch]] += 1
+            self.direct_keys.append(sends)
+            self.agg_key.append(agg)
+            self.bcast_keys.append([()] * n)
+            self.nkids.append(kids)
+            self.root.append(self.ix[g.root])
+            self.aux_keys.append({})
+            return
+        self.direct_keys.append([()] * n)
         for node, parent in g.parent.items():
             if parent is not None:
                 agg[self.ix[node]] = self._key(node, parent, cls)
@@ -435,7 +461,7 @@ class Model:
             for k in self.agg_key[g_idx]:
                 if k >= 0:
                     count[k] += len(g.chunks)
-            for ks in self.bcast_keys[g_idx]:
+            for ks in (*self.bcast_keys[g_idx], *self.direct_keys[g_idx]):
                 for k in ks:
                     count[k] += len(g.chunks)
         return count

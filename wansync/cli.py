@@ -161,10 +161,12 @@ def _run_options(r: argparse.ArgumentParser) -> None:
                         "constant:S | normal:mean=S,sd=S[,spread=F] | lognormal:mean=S,cv=F[,spread=F][,spike=Q] | "
                         "cnn:mean=S | transformer:mean=S | csv:FILE "
                         "(node,iteration,seconds); spread: each node's own mean within +-F of mean")
-    r.add_argument("--progress", choices=("bsp", "ssp", "queue", "selective", *MCAST_PROGRESS), default="bsp",
+    r.add_argument("--progress", choices=("bsp", "ssp", "queue", "crew", "selective", *MCAST_PROGRESS), default="bsp",
                    help="how workers synchronize: bsp (a reduce of all per round, default), ssp (each worker's "
                         "parameters multicast after every iteration, at most --staleness ahead of the slowest; "
-                        "schemes mcast, mcast-l3), queue (reduces of the first --group ready workers), selective "
+                        "schemes mcast, mcast-l3), queue (reduces of the first --group ready workers), crew (the "
+                        "same queue with CREW's failure rules: a lost member's task abandoned, a lost aggregator's "
+                        "block moved), selective "
                         "(selective reduce: groups of > --group ready workers by bandwidth, waiting for faster ones; "
                         "bandwidths from the node caps, e.g. --topology switch:N:unit=U), mcast-bsp and mcast-ssp "
                         "(multicasts to the receivers --select picks: SelMcast)")

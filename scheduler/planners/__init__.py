@@ -15,7 +15,24 @@ from typing import Any
 
 from ..plan import Job, Plan
 from ..view import NetworkView
-from . import blink, dbtree, ktree, mst, multicast, netstorm, packing, plink, ring, shardps, star
+from . import (
+    a2a,
+    blink,
+    crew,
+    dbtree,
+    gring,
+    ktree,
+    mst,
+    multicast,
+    netstorm,
+    packing,
+    plink,
+    ps,
+    ring,
+    shardps,
+    star,
+    toa,
+)
 
 Memory = dict[str, Any]
 Planner = Callable[[NetworkView, Job, Memory], Plan]
@@ -77,6 +94,21 @@ register(PlannerSpec("shardps", _stateless(shardps.plan)))
 register(PlannerSpec("blink", blink.plan, adaptive=True, offload=True))
 register(PlannerSpec("dbtree", _stateless(dbtree.plan)))
 register(PlannerSpec("plink", _stateless(plink.plan), adaptive=True))
+
+# CREW (seed 004): every active worker aggregates a block sized by LP (2) (split na) or evenly (ed);
+# per-link flow scheduling fl (flow-level FCFS, the default), fs, tl, c1, c2 (crew.py); OPR is CREW with
+# the members as the only aggregators; the baselines behind the same ready queue: a2a, ps, gring, toa
+register(PlannerSpec("crew", _stateless(crew.plan), {"split": "na", "sched": "fl"}))
+for _split in ("na", "ed"):
+    for _sched in ("fl", "fs", "tl", "c1", "c2", "none"):
+        register(PlannerSpec(f"crew-{_split}-{_sched}", _stateless(crew.plan), {"split": _split, "sched": _sched}))
+        register(PlannerSpec(f"opr-{_split}-{_sched}", _stateless(crew.plan),
+                             {"split": _split, "sched": _sched, "aggregate": "members"}))
+register(PlannerSpec("opr", _stateless(crew.plan), {"split": "na", "sched": "fl", "aggregate": "members"}))
+register(PlannerSpec("a2a", _stateless(a2a.plan)))
+register(PlannerSpec("ps", _stateless(ps.plan)))
+register(PlannerSpec("gring", _stateless(gring.plan)))
+register(PlannerSpec("toa", _stateless(toa.plan)))
 
 # the plain planners by scheme name (tests and tools that plan once)
 PLANNERS: dict[str, Callable[..., Plan]] = {"star": star.plan, "ring": ring.plan, "mst": mst.plan,

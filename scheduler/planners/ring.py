@@ -15,11 +15,15 @@ from ..view import NetworkView
 
 def plan(view: NetworkView, job: Job) -> Plan:
     view.require_connected(job.participants)
-    ring = sorted(job.participants)
+    return ring_plan("ring", job, sorted(job.participants))
+
+
+def ring_plan(scheme: str, job: Job, ring: list[int]) -> Plan:
+    """Ring all-reduce along `ring` (the members in ring order)."""
     n = len(ring)
     if n == 1:
         layout = make_layout(job.params, job.chunk_params)
-        return Plan(0, "ring", (ring[0],), {ring[0]: 1.0}, layout,
+        return Plan(0, scheme, (ring[0],), {ring[0]: 1.0}, layout,
                     (ChunkGroup(tuple(range(len(layout))), ring[0], {ring[0]: None}, {}),))
     per_owner = max(1, math.ceil(job.params / job.chunk_params / n))
     chunks = min(n * per_owner, job.params)
@@ -35,4 +39,4 @@ def plan(view: NetworkView, job: Job) -> Plan:
         down = [owner] + order[:-1]
         children = {down[i]: (down[i + 1],) for i in range(n - 1)}
         groups.append(ChunkGroup(mine, owner, parent, children))
-    return Plan(0, "ring", tuple(ring), {p: 1.0 for p in ring}, layout, tuple(groups))
+    return Plan(0, scheme, tuple(sorted(ring)), {p: 1.0 for p in ring}, layout, tuple(groups))

@@ -12,6 +12,8 @@ holds their contribution) or "bound" (a GO that allows the iteration).
             iteration whose multicast is over) + 1 + s (SelMcast's SSP, digest 000 §2.4)
     queue   a ready queue: workers queue on READY, the first p queued form a partial reduce (P-Reduce);
             the last workers, when fewer than p remain, form one with whoever is left
+    crew    the ready queue with CREW's failure rules: a task whose member is lost or that overruns its
+            time budget is abandoned, a failed aggregator's block moves to the Eq. (3) replacement
     selective  selective reduce (seed 003) and its baselines on one controller (sim.selective): BAG
             groups by bandwidth, bpaWR waits for faster workers, P-Reduce, all-reduce (scheme=sr|pr|ar|pa)
     mcast-bsp, mcast-ssp   multicasts to chosen receivers (SelMcast, Orpheus): mcast.py
@@ -62,12 +64,12 @@ class Progress(Protocol):
 
 
 def resolve(name: str, **options: Any) -> Progress:
-    """A progress model by name: bsp, ssp (staleness=S), queue (group=P), selective (group=P, scheme,
-    eta, theta, dt, c, ...: selective.SelectiveReduce), mcast-bsp and mcast-ssp (select=selmcast|orpheus|all,
-    p, k, eta, seed; mcast.py)."""
-    from . import bsp, mcast, queue, selective, ssp
+    """A progress model by name: bsp, ssp (staleness=S), queue (group=P), crew (group=P, budget_s=S),
+    selective (group=P, scheme, eta, theta, dt, c, ...: selective.SelectiveReduce), mcast-bsp and mcast-ssp
+    (select=selmcast|orpheus|all, p, k, eta, seed; mcast.py)."""
+    from . import bsp, crew, mcast, queue, selective, ssp
     makers: dict[str, Callable[..., Progress]] = {"bsp": bsp.Bsp, "ssp": ssp.Ssp, "queue": queue.ReadyQueue,
-                                                  "selective": selective.SelectiveReduce,
+                                                  "crew": crew.CrewQueue, "selective": selective.SelectiveReduce,
                                                   "mcast-bsp": mcast.McastBsp, "mcast-ssp": mcast.McastSsp}
     if name not in makers:
         raise ValueError(f"unknown progress model {name!r}; known: {', '.join(sorted(makers))}")
