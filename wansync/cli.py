@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -544,11 +543,6 @@ def _agent(args: argparse.Namespace) -> int:
                   aux_queue_length=args.aux_queue_length, secret=secret, tls=tls,
                   hold_budget=int(args.hold_budget_mb * (1 << 20)), scheduler_wait_s=args.scheduler_wait,
                   advertise=advertise)
-    # Everything imported and built so far lives as long as the process: out of the collector's sight,
-    # a full collection under load no longer walks ~40,000 objects (90-330 ms pauses of the event loop
-    # measured in the tasks benchmark's multicast waves)
-    gc.collect()
-    gc.freeze()
     try:
         asyncio.run(agent.run())
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why
