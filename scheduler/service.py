@@ -84,6 +84,17 @@ class Unplannable(DisconnectedView):
     """A formed task has nobody left to contribute or receive: it is given up at once."""
 
 
+# A re-plan takes at most this share of one core: the solver shares the machine with the agents (on
+# one machine, all of them), and a dense mesh's packing LP takes 0.2-0.5 s where UPDATE_TIME may be 0.25 s
+REPLAN_CPU_SHARE = 0.1
+
+
+def replan_due(since_last_s: float, update_time_s: float, last_solve_s: float) -> bool:
+    """May a new re-plan start `since_last_s` after the last one began? Not before UPDATE_TIME, nor
+    before the last solve's time over REPLAN_CPU_SHARE (a slow solver re-plans less often)."""
+    return since_last_s >= max(update_time_s, last_solve_s / REPLAN_CPU_SHARE)
+
+
 class Scheduler:
     def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1, update_time: float = 0.0,
                  on_event: Event | None = None, predict: Callable[[Plan, float], float | None] | None = None,
@@ -434,7 +445,7 @@ class Scheduler:
         if js.replanning is not None and js.replanning.done():
             self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
         if (js.replanning is None and js.planner is not None and js.planner.adaptive and t.round > 0
-                and time.time() - js.last_plan_t >= self.update_time
+                and replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s)
                 and self.view.changed_since(js.view_at_plan, self.update_rate)):
             js.replans += 1
             js.view_at_plan = self.view.snapshot()
@@ -444,7 +455,8 @@ class Scheduler:
             else:
                 start = time.perf_counter()
                 new = js.planner.plan(self.view, js.spec, js.memory)
-                js.policy_s += time.perf_counter() - start
+                js.replan_s = time.perf_counter() - start
+                js.policy_s += js.replan_s
                 if not new.same_policy(js.plan):
                     js.plan = self._publish(new)
         t.version = js.plan.version
@@ -471,6 +483,7 @@ class Scheduler:
             log.warning("job %d: re-plan off the loop failed, keeping version %d: %s", js.job, js.plan.version, exc)
             return
         js.policy_s += seconds
+        js.replan_s = seconds
         if new.participants == js.plan.participants and not new.same_policy(js.plan):
             js.plan = self._publish(new)
 

@@ -26,8 +26,9 @@ from scheduler.planners import resolve
 from scheduler.planners.arborescence import INF, cost, depth, edmonds, shallow, steiner
 from scheduler.planners.dbtree import btree, dtree
 from scheduler.planners.machines import machines_of
-from scheduler.planners.packing import pair_trees
+from scheduler.planners.packing import achieved, pair_trees
 from scheduler.planners.packing_lp import Tree, min_cut, pack
+from scheduler.service import replan_due
 from scheduler.view import NetworkView
 from wansync.planinfo import info_line
 from wansync.predict import oracle_view
@@ -297,9 +298,50 @@ def test_links_not_measured_yet_count_at_the_median_of_those_measured():
     assert fresh.info["sum_chi"] == pytest.approx(4 * NetworkView(()).nominal / 2, rel=1e-6)
 
 
+def test_what_a_packing_still_gets_when_the_rates_move():
+    """Its trees' weights scale with the tightest link they load: all rates doubled, twice the Σχ; one
+    loaded link halved, at most half; a link gone, nothing."""
+    cap = capacity(uniform(4, 40.0))
+    pk = pack(cap, range(4))
+    assert achieved(pk, cap) == pytest.approx(pk.sum_chi, rel=1e-6)
+    assert achieved(pk, {e: 2 * r for e, r in cap.items()}) == pytest.approx(2 * pk.sum_chi, rel=1e-6)
+    assert achieved(pk, {**cap, (0, 1): 20.0}) <= pk.sum_chi / 2 + 1e-6
+    assert achieved(pk, {e: r for e, r in cap.items() if e != (0, 1)}) == 0.0
+
+
+def test_a_re_solve_keeps_the_current_packing_unless_it_gains_min_gain():
+    """Measurement noise (every rate moved by up to 4 %) re-solves to a different packing, but not one
+    worth a new version: the job's memory hands back the current plan. A link the trees need halved
+    is worth one, as is the noise with min_gain 0."""
+    topo = build("hetero", nodes=6, seed=3)
+    job = Job(PARAMS, CHUNK, tuple(range(6)))
+    rng = random.Random(7)
+    noisy = topo.with_rates({k: v.rate_mbps * rng.uniform(0.96, 1.04) for k, v in topo.links.items()})
+    memory: dict = {}
+    first = resolve("packing").plan(oracle_view(topo), job, memory)
+    assert not resolve("packing").plan(oracle_view(noisy), job, {}).same_policy(first)
+    assert resolve("packing").plan(oracle_view(noisy), job, memory).same_policy(first)
+    eager = {"packing": memory["packing"]}
+    assert not resolve("packing").plan(oracle_view(noisy), dataclasses.replace(job, options={"min_gain": 0.0}),
+                                       eager).same_policy(first)
+    busiest = max(topo.links, key=lambda e: sum(t.weight for r in ("reduce", "broadcast")
+                                                for ts in getattr(memory["packing"][0], r).values()
+                                                for t in ts if e in t.edges(r)))
+    slow = topo.with_rates({k: v.rate_mbps / (2 if k == busiest else 1) for k, v in topo.links.items()})
+    moved = resolve("packing").plan(oracle_view(slow), job, memory)
+    assert not moved.same_policy(first) and memory["packing"][1] is moved
+
+
+def test_a_slow_solver_re_plans_less_often():
+    """Not before UPDATE_TIME, nor before ten times the last solve (REPLAN_CPU_SHARE)."""
+    assert replan_due(0.3, 0.25, 0.0) and not replan_due(0.2, 0.25, 0.0)
+    assert not replan_due(0.3, 0.25, 0.5) and replan_due(5.0, 0.25, 0.5)
+
+
 @pytest.mark.parametrize("opts, message", [
     ({"fill": 0.0}, "fill"), ({"fill": 1.5}, "fill"), ({"min_chunk_params": 0}, "min_chunk_params"),
     ({"relays": [99]}, "not nodes the view knows"), ({"relays": 5}, "relays must be"),
+    ({"min_gain": -0.1}, "min_gain"),
 ])
 def test_bad_options_are_refused_naming_them(opts, message):
     with pytest.raises((ValueError, PlanError), match=message):
@@ -369,13 +411,43 @@ async def test_the_scheduler_re_solves_off_its_loop_as_the_view_moves_and_rounds
                 sched.view.observe(b, a, 10**9, 0.05)
 
     sched, agents, tasks = await start_cluster(uniform(5), cluster="pk", on_event=on_event)
+    for a, b in sched.view.links():  # every link measured (else the unknown ones count at the fast pair's rate)
+        for _ in range(5):
+            sched.view.observe(a, b, 1_250_000, 0.1)
     try:
         js = await asyncio.wait_for(sched.run_job("packing", rounds=6, params=50_000, chunk_params=5_000), 90)
         versions = [r.version for r in sorted(js.records, key=lambda r: r.round)]
-        assert len(set(versions)) >= 2 and js.replans >= 1, versions
+        assert len(set(versions)) >= 2 and js.replans >= 1 and js.replan_s > 0, versions
         assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
         assert_job_exact(sched, js)
         assert js.plan.info["trees"] > 0
+    finally:
+        await stop_cluster(sched, tasks)
+    assert not sched.errors
+
+
+async def test_the_scheduler_spaces_re_plans_by_their_solve_time(monkeypatch):
+    """The same moving view, but a solver allowed a vanishing share of a core: after its first re-plan
+    the next is never due, so the job re-plans once."""
+    import scheduler.service as service
+    monkeypatch.setattr(service, "REPLAN_CPU_SHARE", 1e-9)
+    flips = iter([(0, 1), (2, 3), (1, 4), (0, 3)])
+
+    def on_event(kind, data):
+        if kind == "task":
+            a, b = next(flips, (2, 4))
+            for _ in range(5):
+                sched.view.observe(a, b, 10**9, 0.05)
+                sched.view.observe(b, a, 10**9, 0.05)
+
+    sched, agents, tasks = await start_cluster(uniform(5), cluster="pk", on_event=on_event)
+    for a, b in sched.view.links():
+        for _ in range(5):
+            sched.view.observe(a, b, 1_250_000, 0.1)
+    try:
+        js = await asyncio.wait_for(sched.run_job("packing", rounds=6, params=50_000, chunk_params=5_000), 90)
+        assert js.replans == 1
+        assert_job_exact(sched, js)
     finally:
         await stop_cluster(sched, tasks)
     assert not sched.errors

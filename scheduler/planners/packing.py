@@ -22,7 +22,10 @@ the default, or a list; "none"), `no_overlap` (reduce and broadcast packed as se
 digest LP (4): T = 2 S / sum chi; the data plane still pipelines them), `max_trees_per_root`
 (per role, default 8), `fill` (default 0.1), `min_chunk_params` (default: a twelfth of the job's
 chunk, at least 1024: every chunk costs our agents CPU at every hop, and a dense mesh's thin trees
-at 1024 starved 10 agents on 2 cores), `pace` (default off).
+at 1024 starved 10 agents on 2 cores), `pace` (default off), `min_gain` (default 0.05: a re-solve
+replaces the job's current packing only if its sum chi beats what the current trees still get on the
+new rates by this fraction; measurement noise moves a mesh's optimum by a few per cent, and every new
+version costs every agent a plan switch and the scheduler two predictions).
 The plan's `info` records sum chi (LP and after pruning and rounding), T_LP, lambda, S / lambda, trees,
 column-generation iterations, the LP gap and the solve time.
 """
@@ -42,10 +45,12 @@ FILL = 0.1
 MIN_CHUNK_PARAMS = 1024
 CHUNK_FLOOR_DIVISOR = 12
 MAX_TREES_PER_ROOT = 8
+MIN_GAIN = 0.05
 
 
-def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -> Plan:
-    """Solve the packing LP on the view's rates and compile it into groups (module docstring)."""
+def plan(view: NetworkView, job: Job, memory: dict[str, Any] | None = None) -> Plan:
+    """Solve the packing LP on the view's rates and compile it into groups (module docstring);
+    `memory` keeps the job's current packing, which a re-solve must beat by `min_gain`."""
     opts = job.options
     members = tuple(sorted(job.participants))
     relays = _relays(view, members, opts.get("relays", "all"))
@@ -54,9 +59,34 @@ def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -
     overlap = not opts.get("no_overlap", False)
     pk = pack(capacity, members, overlap=overlap,
               max_trees_per_root=int(opts.get("max_trees_per_root", MAX_TREES_PER_ROOT)))
-    return compile_packing(pk, job, fill=float(opts.get("fill", FILL)),
-                           min_chunk_params=chunk_floor(job),
-                           pace=bool(opts.get("pace", False)))
+    gain = float(opts.get("min_gain", MIN_GAIN))
+    if not gain >= 0:
+        raise PlanError(f"packing: min_gain must be >= 0, got {gain}")
+    memory = {} if memory is None else memory
+    kept = memory.get("packing")
+    if kept is not None and pk.sum_chi <= (1.0 + gain) * achieved(kept[0], capacity):
+        return kept[1]  # not worth a new version: the scheduler sees the same policy
+    out = compile_packing(pk, job, fill=float(opts.get("fill", FILL)), min_chunk_params=chunk_floor(job),
+                          pace=bool(opts.get("pace", False)))
+    memory["packing"] = (pk, out)
+    return out
+
+
+def achieved(pk: Packing, capacity: Mapping[tuple[int, int], float]) -> float:
+    """Sum chi `pk`'s trees get on other rates: their weights scaled by the tightest link they load
+    (all trees at once when overlapped, each stage alone otherwise); 0 if a link they use is gone."""
+    stages = ([("reduce", pk.reduce), ("broadcast", pk.broadcast)],) if pk.overlap else \
+        ([("reduce", pk.reduce)], [("broadcast", pk.broadcast)])
+    scale = math.inf
+    for stage in stages:
+        load: dict[tuple[int, int], float] = {}
+        for role, per_root in stage:
+            for trees in per_root.values():
+                for t in trees:
+                    for e in t.edges(role):
+                        load[e] = load.get(e, 0.0) + t.weight
+        scale = min([scale] + [capacity.get(e, 0.0) / w for e, w in load.items() if w > 0])
+    return pk.sum_chi * scale if math.isfinite(scale) else 0.0
 
 
 def _capacity(view: NetworkView, nodes: set[int]) -> dict[tuple[int, int], float]:
