@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.plan import Plan
 
@@ -158,6 +159,11 @@ class _Job:
             self._advance(t0, start=False)
         for w in self.workers:
             self._compute(w, 0, t0)
+        self._loop(t_end)
+        return JobPrediction(self.iterations, self.computed, self.tasks, self.ctl)
+
+    def _loop(self, t_end: float) -> None:
+        """The network's and the job's events in time order, up to t_end."""
         while True:
             t_next = min(self.events[0][0] if self.events else _INF, t_end)
             found = self.eng.advance(t_next)
@@ -168,16 +174,18 @@ class _Job:
             if not self.events or self.events[0][0] > t_end:
                 break
             t, kind, _, data = heapq.heappop(self.events)
-            if kind == _COMPUTED:
-                self._ready(*data, t)  # type: ignore[misc]
-            elif kind == _WAKE:
-                if data == self.wake_seq:  # type: ignore[comparison-overlap]
-                    self._launch(self.ctl.tick(t), t)  # type: ignore[union-attr]
-            elif kind == _RECEIVED:
-                self._received(*data, t)  # type: ignore[misc]
-            else:
-                self._ended(data[0], t)  # type: ignore[index]
-        return JobPrediction(self.iterations, self.computed, self.tasks, self.ctl)
+            self._dispatch(kind, data, t)
+
+    def _dispatch(self, kind: int, data: Any, t: float) -> None:
+        if kind == _COMPUTED:
+            self._ready(*data, t)
+        elif kind == _WAKE:
+            if data == self.wake_seq:
+                self._launch(self.ctl.tick(t), t)  # type: ignore[union-attr]
+        elif kind == _RECEIVED:
+            self._received(*data, t)
+        else:
+            self._ended(data[0], t)
 
     def _push(self, t: float, kind: int, data: object) -> None:
         self.seq += 1

@@ -12,20 +12,20 @@ node failures, the scheduler's own latency.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.plan import Plan
 
 from .compute import ComputeModel
-from .job import _COMPUTED, _END, _RECEIVED, JobPrediction, PlanFor, Queue, _Job
+from .job import _END, JobPrediction, PlanFor, Queue, _Job
 from .model import SimNetwork, TaskRun
 from .stepped import DT, Stepped
 
 Link = tuple[int, int]
 Repair = Callable[[Plan, set[Link], list[Plan]], Plan | None]
-_DETECT = 3
+_DETECT = 4  # after job.py's kinds
 
 
 @dataclass
@@ -68,30 +68,20 @@ class _OutageJob(_Job):
         self.detected: list[tuple[float, Link]] = []
         for w in self.workers:
             self._compute(w, 0, t0)
-        while True:
-            t_next = min(self.events[0][0] if self.events else float("inf"), t_end)
-            found = self.eng.advance(t_next)
-            if found:
-                for key, node, t in found:
-                    self._push(t, _END if node is None else _RECEIVED, (key, node))
-                continue
-            if not self.events or self.events[0][0] > t_end:
-                break
-            t, kind, _, data = heapq.heappop(self.events)
-            if kind == _COMPUTED:
-                self._ready(*data, t)  # type: ignore[misc]
-            elif kind == _RECEIVED:
-                self._received(*data, t)  # type: ignore[misc]
-            elif kind == _END:
-                self.live_plans.pop(data[0], None)  # type: ignore[index]
-                self._ended(data[0], t)  # type: ignore[index]
-            else:
-                self._detect(data, t)  # type: ignore[arg-type]
+        self._loop(t_end)
         out = OutagePrediction(self.iterations, self.computed, self.tasks)
         out.repaired, out.abandoned, out.detected = self.repaired, self.abandoned, self.detected
         return out
 
     last_plan: Plan
+
+    def _dispatch(self, kind: int, data: Any, t: float) -> None:
+        if kind == _DETECT:
+            self._detect(data, t)
+            return
+        if kind == _END:
+            self.live_plans.pop(data[0], None)
+        super()._dispatch(kind, data, t)
 
     def _form(self, members: Iterable[int], receivers: Iterable[int], iters: dict[int, int], t: float) -> None:
         super()._form(members, receivers, iters, t)

@@ -347,6 +347,15 @@ CREW7 = RunConfig(topology="uniform:20", topo=uniform(7, rate_mbps=20.0).scaled(
                   model="resnet50", scale=0.2, rounds=1)
 
 
+async def first_started_task(sched):
+    """The running job and its first task under way (a version frozen, data moving)."""
+    def started():
+        return [t for t in sched.current.tasks.values() if t.started_t is not None and t.version is not None] \
+            if sched.current is not None else []
+    await until(lambda: bool(started()), "a task to start")
+    return sched.current, started()[0]
+
+
 async def test_an_aggregator_killed_mid_scatter_moves_its_block_and_the_task_ends_exact():
     """Workers 0..6, p = 3, CREW over all: a task's block held by a worker outside its members; that
     worker is killed while the members scatter to it. The task is retried with that block on the Eq.
@@ -356,11 +365,7 @@ async def test_an_aggregator_killed_mid_scatter_moves_its_block_and_the_task_end
         sched = c.sched
         run = asyncio.create_task(sched.run_job("crew", rounds=3, params=1_200_000, chunk_params=20_000,
                                                 progress="crew", group=3, compute="constant:0.05"))
-        await until(lambda: sched.current is not None and any(
-            t.started_t is not None and t.version is not None for t in sched.current.tasks.values()),
-            "a task to start")
-        js = sched.current
-        t = next(t for t in js.tasks.values() if t.started_t is not None and t.version is not None)
+        js, t = await first_started_task(sched)
         plan = sched.plans[t.version]
         victim = max(g.root for g in plan.groups if g.root not in plan.members)
         c.procs[victim].send_signal(signal.SIGKILL)  # 4.8 MB a member at 20 Mbit/s: mid-scatter
@@ -390,11 +395,7 @@ async def test_a_task_whose_member_is_killed_is_abandoned_and_recorded_with_noth
         sched = c.sched
         run = asyncio.create_task(sched.run_job("crew", rounds=2, params=1_200_000, chunk_params=20_000,
                                                 progress="crew", group=3, compute="constant:0.05"))
-        await until(lambda: sched.current is not None and any(
-            t.started_t is not None and t.version is not None for t in sched.current.tasks.values()),
-            "a task to start")
-        js = sched.current
-        t = next(t for t in js.tasks.values() if t.started_t is not None and t.version is not None)
+        js, t = await first_started_task(sched)
         victim = t.members[0]
         c.procs[victim].send_signal(signal.SIGKILL)
         js = await asyncio.wait_for(run, 180)

@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from .selmcast import MODES, _check, _matrix, _mins
+from .selmcast import instance
 
 REL_GAP = 1e-6  # a stage is "proven" when HiGHS closes the gap to this
 T_SLACK = 1e-6  # stage 2 keeps t within this of stage 1's optimum
@@ -39,12 +39,7 @@ class Optimum:
 def optimal_bsp(volume: np.ndarray, b_in: np.ndarray, b_out: np.ndarray, p: int | Sequence[int], *,
                 mode: str = "l3", forced: np.ndarray | None = None, time_limit_s: float = 60.0) -> Optimum:
     n = len(volume)
-    if mode not in MODES:
-        raise ValueError(f"mode: must be l3 or l7, got {mode!r}")
-    v = _check(n, "volume", volume)
-    b_in, b_out = _check(n, "b_in", b_in, positive=True), _check(n, "b_out", b_out, positive=True)
-    mins = _mins(n, p)
-    d = _matrix(n, "forced", forced, bool)
+    v, b_in, b_out, mins, d = instance(volume, b_in, b_out, p, mode, forced)
     start = time.perf_counter()
     # normalised units keep HiGHS's tolerances meaningful: volumes in the largest, rates in the mean
     vs, bs = float(v.max()) or 1.0, float(np.concatenate([b_in, b_out]).mean())

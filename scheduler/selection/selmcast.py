@@ -74,6 +74,17 @@ def completion(x: np.ndarray, V: np.ndarray, b_in: np.ndarray, b_out: np.ndarray
     return float(max((s / b_in).max(initial=0.0), (r / b_out).max(initial=0.0)))
 
 
+def instance(volume: np.ndarray, b_in: np.ndarray, b_out: np.ndarray, p: int | Sequence[int] | np.ndarray,
+             mode: str, forced: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A BSP selection's inputs checked (a clear error naming the bad one): v, b_in, b_out, the
+    minimum receivers per sender, D."""
+    n = len(volume)
+    if mode not in MODES:
+        raise ValueError(f"mode: must be l3 or l7, got {mode!r}")
+    return (_check(n, "volume", volume), _check(n, "b_in", b_in, positive=True),
+            _check(n, "b_out", b_out, positive=True), _mins(n, p), _matrix(n, "forced", forced, bool))
+
+
 def _check(n: int, name: str, a: np.ndarray, *, positive: bool = False) -> np.ndarray:
     a = np.asarray(a, dtype=float)
     if a.shape != (n,):
@@ -111,12 +122,8 @@ def selmcast_bsp(volume: np.ndarray, b_in: np.ndarray, b_out: np.ndarray, p: int
     """Algorithm 1. volume: v_i per sender; b_in/b_out: uplink/downlink bandwidth per worker; p: the
     minimum receivers per sender; forced: D (bool n x n); misses: c, which orders the Pareto pass."""
     n = len(volume)
-    if mode not in MODES:
-        raise ValueError(f"mode: must be l3 or l7, got {mode!r}")
-    v = _check(n, "volume", volume)
-    b_in, b_out = _check(n, "b_in", b_in, positive=True), _check(n, "b_out", b_out, positive=True)
-    mins = _mins(n, p)
-    d = _matrix(n, "forced", forced, bool).copy()
+    v, b_in, b_out, mins, d = instance(volume, b_in, b_out, p, mode, forced)
+    d = d.copy()
     np.fill_diagonal(d, False)
     c = _matrix(n, "misses", misses, np.int64)
     rng = rng if rng is not None else np.random.default_rng(0)

@@ -11,7 +11,24 @@ import signal
 import subprocess
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
+
+
+def spawn_agent(cmd: list[str], node: int, secret_env: dict[str, str], logs: Path | None = None,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
+    """One agent process of a benchmark's own cluster: the cluster secret (`secret_env`) and `env`
+    over this process's environment, stdin closed, stderr to LOGS/agentN.log when asked (else dropped)."""
+    log: Any = subprocess.DEVNULL
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        log = (logs / f"agent{node}.log").open("w")
+    try:
+        return subprocess.Popen(cmd, env={**os.environ, **secret_env, **(env or {})}, stdin=subprocess.DEVNULL,
+                                stderr=log)
+    finally:
+        if log is not subprocess.DEVNULL:
+            log.close()  # the child holds its own descriptor
 
 
 def commit() -> str:

@@ -69,6 +69,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench_common import spawn_agent  # noqa: E402
+
 from emulation.faults import AppLinkControl, FaultInjector, parse  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.topology import Topology, build  # noqa: E402
@@ -470,13 +472,8 @@ class LivePart:
         cfg = RunConfig(topology=self.spec, topo=self.topo, schemes=list(LIVE_SCHEMES), model=str(self.params),
                         scale=1.0, rounds=1, seed=self.args.live_seed,
                         chunk_override=self.chunk)  # probes follow the chunk size (half a chunk), as --chunk does
-        log = subprocess.DEVNULL
-        if self.args.agent_logs is not None:
-            self.args.agent_logs.mkdir(parents=True, exist_ok=True)
-            log = (self.args.agent_logs / f"agent{node}.log").open("w")
-        self.procs[node] = subprocess.Popen(agent_command(cfg, node, port, self.cluster),
-                                            env={**os.environ, SECRET_ENV: self.secret},
-                                            stdin=subprocess.DEVNULL, stderr=log)
+        self.procs[node] = spawn_agent(agent_command(cfg, node, port, self.cluster), node, {SECRET_ENV: self.secret},
+                                       self.args.agent_logs)
 
     async def run(self) -> dict[str, Any]:
         port = await self.sched.start()

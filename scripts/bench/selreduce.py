@@ -41,7 +41,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench_common import spawn_agent  # noqa: E402
 
 from agents.training import TrainingSpec  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
@@ -341,14 +342,9 @@ class LiveBench:
     def spawn(self, node: int, port: int) -> None:
         cfg = RunConfig(topology=self.topo_spec, topo=self.topo, schemes=["ring"], model=str(self.spec.vector_params),
                         scale=1.0, rounds=1, seed=self.args.seed)
-        log: Any = subprocess.DEVNULL
-        if self.args.agent_logs is not None:
-            self.args.agent_logs.mkdir(parents=True, exist_ok=True)
-            log = (self.args.agent_logs / f"agent{node}.log").open("w")
-        env = {**os.environ, SECRET_ENV: self.secret, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}
-        self.procs[node] = subprocess.Popen(agent_command(cfg, node, port, self.cluster), env=env,
-                                            stdin=subprocess.DEVNULL, stderr=log)
+        one_thread = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        self.procs[node] = spawn_agent(agent_command(cfg, node, port, self.cluster), node, {SECRET_ENV: self.secret},
+                                       self.args.agent_logs, env=one_thread)
 
     async def run(self) -> None:
         port = await self.sched.start()

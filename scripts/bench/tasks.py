@@ -49,7 +49,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
 import statistics
 import subprocess
@@ -66,6 +65,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench_common import spawn_agent  # noqa: E402
 
 from agents.workload import chunk_params, model_params  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
@@ -270,13 +271,8 @@ class TasksBench:
     def spawn(self, node: int, port: int) -> None:
         cfg = RunConfig(topology="internet2", topo=self.topo, schemes=SCHEMES, model=self.args.model,
                         scale=self.args.scale, rounds=1, seed=self.args.seed)
-        log = subprocess.DEVNULL
-        if self.args.agent_logs is not None:
-            self.args.agent_logs.mkdir(parents=True, exist_ok=True)
-            log = (self.args.agent_logs / f"agent{node}.log").open("w")
-        self.procs[node] = subprocess.Popen(agent_command(cfg, node, port, self.cluster),
-                                            env={**os.environ, SECRET_ENV: self.secret},
-                                            stdin=subprocess.DEVNULL, stderr=log)
+        self.procs[node] = spawn_agent(agent_command(cfg, node, port, self.cluster), node, {SECRET_ENV: self.secret},
+                                       self.args.agent_logs)
 
     async def watch_agents(self) -> None:
         """An agent process that exits mid-run fails the benchmark at once (nothing here kills one)."""
