@@ -249,13 +249,7 @@ def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:
     ordered = sorted(samples)
     if len(ordered) <= 2:
         return sum(r * w for r, w in ordered) / sum(w for _, w in ordered)
-    half = sum(w for _, w in ordered) / 2
-    acc = 0.0
-    for rate, w in ordered:
-        acc += w
-        if acc >= half:
-            return rate
-    return ordered[-1][0]
+    return _weighted_quantile(ordered, 0.5)
 
 
 def _weighted_quantile(samples: Iterable[tuple[float, float]], q: float) -> float:
