@@ -419,3 +419,11 @@ def test_the_forecast_warns_of_a_cpu_bound_run_and_not_of_a_light_one():
     assert cpu_forecast(heavy, None, ["no-such-scheme"], 1_280_000, 50_000, cores=2) is None
     text = cpu_warning(forecast, root=True)
     assert "--backend tc" in text and "INVALID" in text
+
+
+def test_the_forecast_counts_the_plans_own_chunks():
+    """Tree packing on a dense mesh cuts ~350 chunks far smaller than the job's chunk size: per-chunk
+    CPU is counted on those (at 50 000 parameters a chunk it would read as a light run)."""
+    dense = build("geo:aws10:x=0.02").scaled(0.05)
+    forecast = cpu_forecast(dense, None, ["packing"], 1_280_000, 50_000, cores=2)
+    assert forecast is not None and forecast[0] == "packing" and forecast[1] > forecast[2]
