@@ -39,16 +39,19 @@ class SchemePrediction:
 
 
 def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params: int, chunk_params: int,
-            options: dict | None = None, costs: WanCosts = MEASURED) -> list[SchemePrediction]:
+            options: dict | None = None, costs: WanCosts = MEASURED,
+            members: Sequence[int] | None = None) -> list[SchemePrediction]:
     """Every scheme planned on the oracle view and simulated; `costs` are this data plane's own
-    (sim/costs.py) by default, `sim.NONE` for a network whose endpoints are not our agents (GPUs)."""
+    (sim/costs.py) by default, `sim.NONE` for a network whose endpoints are not our agents (GPUs);
+    `members` the nodes that contribute (default all: a NIC gateway, say, only relays)."""
     view = oracle_view(topo)
     net = sim_network(topo, trace)
+    parts = tuple(range(topo.nodes)) if members is None else tuple(sorted(members))
     out = []
     for scheme in schemes:
         t = time.perf_counter()
         spec = planners.resolve(scheme)
-        plan = spec.plan(view, Job(params, chunk_params, tuple(range(topo.nodes)), {**(options or {}), **spec.options}))
+        plan = spec.plan(view, Job(params, chunk_params, parts, {**(options or {}), **spec.options}))
         plan = plan.with_version(1).validate(topo.links)
         t1 = time.perf_counter()
         pred = simulate(plan, net, costs=costs)

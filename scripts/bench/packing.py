@@ -50,6 +50,7 @@ MODEL, SCALE = "resnet50", 0.05  # the issue's size: ResNet-50 x 0.05 (5.1 MB)
 SIM_SCHEMES = ["packing", "netstorm", "mst", "ring", "star", "shardps", "blink"]
 GPU_INTER_GBPS = (10, 25, 40, 100)
 GPU_BASELINES = ["shardps", "ring", "blink", "dbtree", "plink"]
+GPU_MACHINES, GPU_PER_MACHINE = 4, 4  # the paper's 4x4 clusters
 GPU_MB = 64  # the GPU-mesh tensor: fluid times scale with S / b, so the ratios do not depend on it
 # Fig. 5's distributions (digest §7.7): active GPUs per machine of a 4x4 cluster
 FIG5 = ((1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 2, 2), (4, 1, 1, 1), (4, 2, 2, 1), (3, 3, 3, 3), (4, 4, 4, 4))
@@ -125,7 +126,9 @@ def gpu_rounds(spec: str, schemes: list[str], params: int, options: dict | None 
     """Simulated round seconds per scheme on a GPU cluster (no per-chunk agent costs: GPUs), and
     packing's plan info."""
     topo = build(spec)
-    preds = {p.scheme: p for p in predict(topo, None, schemes, params, params // 64, options, costs=NONE)}
+    gpus = range(GPU_MACHINES * GPU_PER_MACHINE)  # gpunic's NIC nodes (after the GPUs) only relay
+    preds = {p.scheme: p for p in predict(topo, None, schemes, params, params // 64, options, costs=NONE,
+                                          members=gpus)}
     return {s: p.prediction.round_s for s, p in preds.items()}, dict(preds[schemes[0]].plan.info)
 
 
@@ -135,13 +138,16 @@ def gpu_point(kind: str, g: int, flat: bool) -> dict[str, Any]:
     BLINK's one-root packing stretched over the whole cluster (BLINK itself packs trees inside a
     machine and runs a ring between machines): shown, not counted as a baseline."""
     params = GPU_MB * 250_000
-    machines = [[m * 4 + i for i in range(4)] for m in range(4)]
+    k = GPU_PER_MACHINE
+    machines = [[m * k + i for i in range(k)] for m in range(GPU_MACHINES)]
     # GPUs pay no per-chunk agent costs: chunks as fine as the pipelines want (1024 parameters at least)
     fine = {"machines": machines, "min_chunk_params": 1024}
-    r, info = gpu_rounds(f"{kind}:4x4:inter={g}", ["packing", *GPU_BASELINES], params, fine)
-    if flat:  # the full run's extra column (a simulation as long as packing's)
-        r["one-root packing"] = gpu_rounds(f"{kind}:4x4:inter={g}", ["blink"], params,
-                                           {**fine, "machines": [sum(machines, [])]})[0]["blink"]
+    spec = f"{kind}:{GPU_MACHINES}x{k}:inter={g}"
+    r, info = gpu_rounds(spec, ["packing", *GPU_BASELINES], params, fine)
+    if flat and kind == "gpumesh":  # the full run's extra column (as long as packing's; on gpunic the
+        # GPUs of different machines meet only through the NICs, which one-root packing over them cannot use)
+        one_machine = {**fine, "machines": [sum(machines, [])]}
+        r["one-root packing"] = gpu_rounds(spec, ["blink"], params, one_machine)[0]["blink"]
     return {"_gpu": [(kind, g, r, info["t_lp_s"])]}
 
 
