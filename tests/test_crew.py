@@ -198,11 +198,11 @@ async def test_fcfs_chunks_carry_their_flows_arrival_as_deadline_and_c1_lifts_th
     root.overlay = wire = _Wire()  # type: ignore[assignment]
     member = ChunkEngine(0, Routes({0: {1, 2}, 1: {0, 2}, 2: {0, 1}}))
     member.overlay = mwire = _Wire()  # type: ignore[assignment]
+    mwire.clock, wire.clock = (lambda: 100.0), (lambda: 101.0)  # the multicast's first chunk is ready later
     member.begin_task(1, 0, 0, plan, contribution(0, 0, 0, params))
     scatter = [TrafficClass.from_wire(h["cls"]) for h, _ in mwire.sent]
     assert len(scatter) == 3 and len({c for _, c in scatter}) == 1  # one flow: one arrival for all its chunks
     assert scatter[0][1].priority == 0 and scatter[0][1].deadline is not None
-    await asyncio.sleep(0.002)  # the multicast's first chunk is ready later than the scatter's
     root.begin_task(1, 0, 0, plan, None)
     for src in (0, 2):
         for c in range(3):

@@ -123,9 +123,10 @@ def test_the_in_band_check_catches_corrupted_misplaced_or_mixed_values():
 # --- live: the scheduler's policy, agents in this process, real TCP ----------------------------------------
 async def run_until(sched, agents, policy, *, scheme="ring", params, chunk, workload=None, compute="constant:0.01",
                     until_fn, what, timeout=60.0):
+    before = sched.current  # the previous job's, if any
     job = asyncio.create_task(sched.run_job(scheme, rounds=100_000, params=params, chunk_params=chunk,
                                             progress=policy, compute=compute, workload=workload))
-    await asyncio.sleep(0)
+    await until(lambda: sched.current not in (None, before), "the job to open")
     js = sched.current
     try:
         await until(until_fn, what, timeout=timeout)
@@ -197,7 +198,7 @@ async def test_a_job_of_rounds_ends_at_job_end_while_workers_wait_in_the_queue_o
         pol = SelectiveReduce("ar", group=2, bandwidth=dict.fromkeys(range(3), 10.0))
         job = asyncio.create_task(sched.run_job("ring", rounds=1000, params=1000, chunk_params=100, progress=pol,
                                                 compute=f"csv:{trace}"))
-        await asyncio.sleep(0)
+        await until(lambda: sched.current is not None, "the job to open")
         js = sched.current
         # after the first all-reduce, 1 and 2 wait in the queue for 0, which computes for 10 minutes
         await until(lambda: len(js.records) == 1 and len(pol.controller.queue) == 2, "1 and 2 to wait for 0")
