@@ -186,8 +186,8 @@ def cpu_forecast(topo: Any, trace: Any, schemes: Iterable[str], params: int, chu
         if not round_s or round_s <= 0:
             continue
         moved = sum(p.prediction.link_bytes.values())
-        layout = p.plan.layout  # the plan's own chunks: a packing cuts many far smaller than chunk_params
-        chunk_bytes = 4 * sum(n for _, n in layout) / len(layout) if layout else 4 * chunk_params
+        # the plan's own mean chunk: a packing cuts many far smaller than chunk_params
+        chunk_bytes = 4 * p.plan.params / len(p.plan.layout) if p.plan.layout else 4 * chunk_params
         need = (moved / chunk_bytes * CPU_S_PER_CHUNK_HOP + moved / 1e9 * CPU_S_PER_GB) / round_s
         if worst is None or need > worst[1]:
             worst = (scheme, need)

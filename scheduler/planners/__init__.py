@@ -91,7 +91,7 @@ register(PlannerSpec("packing-no-overlap", packing.plan, {"no_overlap": True}, a
 # tree packing's baselines (digest 001 §5): sharded PS, BLINK-like (packed from one root), and for GPU
 # clusters NCCL's double binary tree and a PLink-like hierarchy
 register(PlannerSpec("shardps", _stateless(shardps.plan)))
-register(PlannerSpec("blink", blink.plan, adaptive=True, offload=True))
+register(PlannerSpec("blink", _stateless(blink.plan), adaptive=True, offload=True))
 register(PlannerSpec("dbtree", _stateless(dbtree.plan)))
 register(PlannerSpec("plink", _stateless(plink.plan), adaptive=True))
 

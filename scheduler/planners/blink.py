@@ -16,8 +16,7 @@ it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ..plan import ChunkGroup, Job, Plan
 from ..view import NetworkView
@@ -38,7 +37,7 @@ from .packing_lp import Packing, pack
 TRY_EVERY_ROOT = 9  # members up to which every root is tried
 
 
-def plan(view: NetworkView, job: Job, memory: Mapping[str, Any] | None = None) -> Plan:
+def plan(view: NetworkView, job: Job) -> Plan:
     members = sorted(job.participants)
     view.require_connected(members)
     machines = machines_of(view, job)
