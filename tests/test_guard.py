@@ -379,6 +379,9 @@ def test_run_config_honours_the_chunk_override_and_agents_get_the_options(tmp_pa
     assert cfg.chunk == 1 << 20
     cmd = agent_command(cfg, 0, 1234, "c")
     assert cmd[cmd.index("--hold-budget-mb") + 1] == "32"
+    assert cmd[cmd.index("--gc") + 1] == "tuned"
+    cfg.agent_gc = "default"
+    assert agent_command(cfg, 0, 1234, "c")[cmd.index("--gc") + 1] == "default"
     assert cmd[cmd.index("--probe-bytes") + 1] == str((1 << 20) * 4 // 2)
     # --secret-file: that secret for the scheduler and in the agents' environment, never in argv
     cfg.secret, cfg.secret_file = b"s" * 20, tmp_path / "s"

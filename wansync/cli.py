@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agents import gcpolicy
 from emulation.faults import FaultError
 from emulation.topology import Topology, TopologyError, build
 from emulation.trace import TraceError
@@ -190,6 +191,8 @@ def _run_options(r: argparse.ArgumentParser) -> None:
     _tls_args(r)
     r.add_argument("--hold-budget-mb", type=float, default=None, metavar="MB",
                    help="every agent's memory for frames of rounds after its current one (agent default 256)")
+    r.add_argument("--agent-gc", choices=gcpolicy.POLICIES, default="tuned",
+                   help="every agent's garbage-collector policy (agent --gc; default tuned)")
     r.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="inject a fault (repeatable): KIND:WHAT@WHEN, e.g. 'kill:node=3@t=20', "
                         "'blackhole:link=2-5@round=3,for=10', 'collapse:link=0-1,factor=7@t=2,for=5' "
@@ -279,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--hold-budget-mb", type=float, default=256.0,
                    help="memory for frames of rounds after the current one (default 256); over it they are "
                         "refused unacknowledged and resent when their round begins")
+    a.add_argument("--gc", choices=gcpolicy.POLICIES, default="tuned",
+                   help="garbage collector: tuned (default: startup objects frozen, young generation collected "
+                        "every 10,000 allocations; fewer event-loop stalls under load) or Python's default")
     _tls_args(a)
 
     e = sub.add_parser("emu", help="kernel emulation housekeeping (tc backend)")
@@ -364,7 +370,7 @@ def run_config(args: argparse.Namespace, *, backend: str = "app", secret: bytes 
                     heartbeat_timeout=args.heartbeat_timeout,
                     primary_busy_bound=args.primary_busy_bound, aux_queue_length=args.aux_queue_length,
                     probe_num=args.probe_num, http=_http_arg(args), faults=_faults(args, topo),
-                    chunk_override=chunk, hold_budget_mb=args.hold_budget_mb, secret=secret,
+                    chunk_override=chunk, hold_budget_mb=args.hold_budget_mb, agent_gc=args.agent_gc, secret=secret,
                     secret_file=args.secret_file,
                     options={k: v for k, v in (("roots", args.roots), ("aux_mode", args.aux_mode),
                                                ("reroot", args.netstorm_reroot),
@@ -543,6 +549,7 @@ def _agent(args: argparse.Namespace) -> int:
                   aux_queue_length=args.aux_queue_length, secret=secret, tls=tls,
                   hold_budget=int(args.hold_budget_mb * (1 << 20)), scheduler_wait_s=args.scheduler_wait,
                   advertise=advertise)
+    gcpolicy.apply(args.gc)  # the agent is built: what exists now lives as long as the process
     try:
         asyncio.run(agent.run())
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why

@@ -87,6 +87,7 @@ class RunConfig:
     tls: TlsFiles | None = None  # --tls-cert/--tls-key/--tls-ca: mutual TLS on control and data connections
     chunk_override: int | None = None  # --chunk, in parameters (4 bytes each); None: chunk_params(scale)
     hold_budget_mb: float | None = None  # --hold-budget-mb, handed to every agent; None: the agent's default
+    agent_gc: str = "tuned"  # --agent-gc: every agent's collector policy (agents/gcpolicy.py)
     secret: bytes | None = None  # --secret-file's secret; None: a fresh one per run
     secret_file: Path | None = None  # where it came from (agents read it there if it is not text)
 
@@ -151,6 +152,7 @@ def agent_command(cfg: RunConfig, node: int, port: int, cluster: str) -> list[st
         cmd += ["--secret-file", str(cfg.secret_file)]  # binary: an environment variable cannot carry it
     if cfg.hold_budget_mb is not None:
         cmd += ["--hold-budget-mb", f"{cfg.hold_budget_mb:g}"]
+    cmd += ["--gc", cfg.agent_gc]
     if cfg.chunk_override is not None:  # probes stay half a chunk, as NetStorm's 2 MB to 4 MB at any scale
         cmd += ["--probe-bytes", str(cfg.chunk_override * 4 // 2)]
     return cmd + cfg.extra_agent_args  # the cluster secret goes in the environment, never in argv (ps)
