@@ -70,6 +70,8 @@ class Exact:
         self.fifo_busy: list[bool] = []
         self.wake_at: list[float] = []
         self.key_bytes: list[int] = []
+        # per key: its head transfer arrived while its class had nothing on its first link (sharing.py: served first)
+        self.fresh: list[bool] = []
         self.in_transit: list[int] = []  # of counted keys only
         self.sends: dict[int, tuple[int, int, int]] = {}  # pending _SEND: seq -> (primary key, kind, group)
         self.seq = 0
@@ -116,6 +118,7 @@ class Exact:
         self.head += [(0.0, 0, 0, 0)] * grow
         self.version += [0] * grow
         self.key_bytes += [0] * grow
+        self.fresh += [False] * grow
         self.in_transit += [0] * grow
         self.key_cap += m.key_cap[len(self.key_cap):]
         grow = len(m.fifo_of) - len(self.queue)
@@ -331,6 +334,7 @@ class Exact:
         k = item[3]
         self.head[k] = item
         self.left[k] = self.m.chunk_bytes[item[1]]
+        self.fresh[k] = self._arrives_fresh(k, self.left[k])
         self.since[k] = t
         self.busy[k] = True
         self.changed.add(k)
@@ -339,6 +343,16 @@ class Exact:
             if not act and r < self.m.nlinks:
                 self.res_since[r] = t
             act.add(k)
+
+    def _arrives_fresh(self, k: int, size: float) -> bool:
+        """Start-time fair queuing (overlay.classes): a class that was idle on a link starts at the
+        link's virtual time, so its first segment goes before the backlogged classes' next ones,
+        whatever its weight. Modelled for transfers of one segment at most (their whole transfer)."""
+        m = self.m
+        if not m.classed or size > m.segment:
+            return False
+        cls = m.key_class[k]
+        return not any(m.key_class[o] == cls for o in self.res_active[m.key_res[k][0]] if o != k)
 
     def _deactivate(self, k: int, t: float) -> None:
         m = self.m
@@ -370,6 +384,9 @@ class Exact:
         if q and q[0][0] <= t and q[0][3] == k:  # same key goes on: resources and rate stay
             item = heapq.heappop(q)
             self.head[k] = item
+            if self.fresh[k]:  # its class stays backlogged: the next transfer waits its weighted turn
+                self.fresh[k] = False
+                self.changed.add(k)
             self.left[k] = m.chunk_bytes[item[1]]
             self.since[k] = t
             self.version[k] += 1
@@ -424,7 +441,7 @@ class Exact:
         new = [min(key_cap[k], *[cap[r] for r in key_res[k]]) for k in single]
         if shared and self.m.classed:  # classes (weights, priorities, deadlines, rates): sim/sharing.py
             keys = keys + shared
-            new.extend(class_rates(self.m, shared, cap, key_cap).tolist())
+            new.extend(class_rates(self.m, shared, cap, key_cap, self.fresh).tolist())
         elif shared:  # one water-filling for all shared components: max-min decomposes over them
             keys = keys + shared
             pair_flow, res_ids = self.m.pairs(shared)

@@ -7,6 +7,12 @@ bytes; inside a class its flow keys take turns. At flow level, per link: priorit
 then deadline) are filled in order, each level weighted max-min on the capacity the levels above
 left; a key's weight is its class's weight over the number of busy keys of its class on its first
 link (the sender's own round-robin among them). A tree edge's `rates` cap its keys (the sender paces).
+Start-time fair queuing, not its fluid limit, decides who goes first when a class wakes up: an idle
+class starts at the link's virtual time, so its first segment is sent next whatever its weight. A
+transfer of one segment at most that finds its class idle on its first link (the exact engine's
+`fresh`) is therefore served first within its level; the next one of the same class waits its
+weighted turn. Plans of many thin trees (packing on a dense mesh: ~90 classes of 1-3 chunks) live on
+this: modelled as plain weighted max-min, aws10's packing was predicted 10-26 % slower than it ran.
 
 Node uplink/downlink caps: the data plane orders nothing there, every flow crossing one is equal
 (the caps' token buckets serve whoever writes). Modelled by alternating: links by class (as above)
@@ -38,10 +44,11 @@ NODE_ROUNDS = 8  # alternations between the links' classes and the node caps
 
 
 def class_rates(m: Model, keys: Sequence[int], cap: Sequence[float],
-                key_cap: Sequence[float] | None = None) -> np.ndarray:
+                key_cap: Sequence[float] | None = None, fresh: Sequence[bool] | None = None) -> np.ndarray:
     """Rates (bytes/s) of the busy `keys`, which share resources with each other (cap: per resource;
     key_cap: per key, default the plan's m.key_cap; the exact engine passes its own with the
-    scheduler's cap rates in it)."""
+    scheduler's cap rates in it). fresh: per key, its head transfer arrived while its class was idle
+    on its first link: within its level it goes first (start-time fair queuing, module docstring)."""
     n = len(keys)
     ks = np.asarray(keys, dtype=np.int64)
     pf, pr = m.pairs(ks)
@@ -55,6 +62,8 @@ def class_rates(m: Model, keys: Sequence[int], cap: Sequence[float],
     _, inv, count = np.unique(cls * len(capacity) + a.first_res[ks], return_inverse=True, return_counts=True)
     weight = a.class_weight[cls] / count[inv]
     level = a.class_level[cls]
+    if fresh is not None:  # a sub-level first within each level: the transfers that arrived fresh
+        level = 2 * level + 1 - np.fromiter((fresh[k] for k in keys), dtype=np.int64, count=n)
     link = pr < m.nlinks
     if link.all():
         return _leveled(pf, pr, capacity, n, kcap, level, weight)

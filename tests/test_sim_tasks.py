@@ -72,6 +72,21 @@ def test_weights_are_per_class_not_per_flow():
     assert pred.tasks["a"].receiver_done_s[2] == pytest.approx(3 * B / C + SEG / (C / 2))
 
 
+def test_a_small_transfer_of_an_idle_class_goes_first_whatever_its_weight():
+    # start-time fair queuing (overlay.classes): a class idle on the link starts at the link's virtual
+    # time, so its one-segment chunk is sent next at C, not at its weight's 1/10 of C (10 S / C)
+    net = line(2)
+    small = 4096  # float32s: S = 16 KiB, one segment
+    s_bytes = small * 4
+    pred = simulate_tasks([TaskRun("heavy", with_sharing(send(0, 1), weight=9.0)),
+                           TaskRun("light", with_sharing(send(0, 1, chunks=1, chunk=small), weight=1.0), 0.5)], net)
+    assert ends(pred) == pytest.approx({"light": 0.5 + s_bytes / C, "heavy": (B + s_bytes) / C})
+    # a second chunk of the same class right behind it waits its weighted turn: 1/10 of C
+    pred = simulate_tasks([TaskRun("heavy", with_sharing(send(0, 1), weight=9.0)),
+                           TaskRun("light", with_sharing(send(0, 1, chunks=2, chunk=small), weight=1.0), 0.5)], net)
+    assert pred.tasks["light"].end_s == pytest.approx(0.5 + s_bytes / C + 10 * s_bytes / C)
+
+
 def test_strict_priority_starves_the_low_class_then_gives_it_all():
     # high: B, low: B/2 on one link. Strict priority: high alone at C (ends B/C), then low at full
     # rate (ends B/C + (B/2)/C). Fair sharing would end low first (at B/C) and high at 1.5 B/C.
