@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from waiting import until
 
 from agents.engine import LEAF_SLICE, ChunkEngine, TaskAborted, TaskError, TaskState
 from agents.workload import contribution
@@ -85,19 +86,18 @@ def engine(node: int, plan: Plan) -> tuple[ChunkEngine, TaskState, _Wire]:
 
 async def test_leaf_chunks_go_out_in_slices_and_stop_when_their_task_is_aborted():
     plan = tree_plan(STAR, chunk=PARAMS // 30)  # 30 chunks; node 0 is a leaf of every one
-    turns = len(plan.layout)  # turns of the event loop: far more than the slices need
     eng, st, wire = engine(0, plan)
     first = len(wire.sent)
     assert first == LEAF_SLICE < len(plan.layout)  # begin_task sends one slice, the loop the rest
     eng.abort(JOB, RND, 0)
-    for _ in range(turns):
-        await asyncio.sleep(0)
+    turn_done = asyncio.Event()  # queued behind the next slice's turn: set once that turn has run
+    asyncio.get_running_loop().call_soon(turn_done.set)
+    await turn_done.wait()
     assert len(wire.sent) == first  # nothing more of an aborted task goes out
     with pytest.raises(TaskAborted):
         await st.done
     eng, st, wire = engine(0, plan)  # left alone: every leaf chunk once, in order
-    for _ in range(turns):
-        await asyncio.sleep(0)
+    await until(lambda: len(wire.sent) >= len(plan.layout), "every leaf chunk to go out")
     assert [h["chunk"] for h, _ in wire.sent] == list(range(len(plan.layout)))
 
 
