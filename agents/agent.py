@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from core.plan import Plan, PlanError, aux_from_wire
 from emulation.link import LinkShaper
 from emulation.topology import Topology
 from emulation.trace import Trace
@@ -47,7 +48,6 @@ from overlay.messages import (
     decode,
 )
 from overlay.peers import Overlay
-from scheduler.plan import Plan, PlanError, aux_from_wire
 
 from .capprobes import CapProbes
 from .engine import ChunkEngine

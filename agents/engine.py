@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from core.classes import MBIT, TrafficClass
+from core.plan import AuxTable, Plan
 from overlay.budget import MemoryBudget
 from overlay.burstlog import BurstLog
-from overlay.classes import MBIT, TrafficClass
 from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int, chunk_header
 from overlay.peers import HoldRefused, Overlay
 from overlay.routing import Routes
-from scheduler.plan import AuxTable, Plan
 
 log = logging.getLogger("wansync.engine")
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from core.compute import ComputeModel
+from core.plan import Plan
 from overlay.clock import SyncedClock
 from overlay.messages import Job, Ready, Record, Stats
 from overlay.peers import Overlay
-from scheduler.plan import Plan
-from sim.compute import ComputeModel
 
 from .engine import ChunkEngine, TaskAborted
 from .looplag import LoopLag

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.plan import Plan
 from overlay.clock import SyncedClock
 from overlay.messages import Record, Task, TaskDone
 from overlay.peers import Overlay
-from scheduler.plan import Plan
 
 from .engine import ChunkEngine, TaskAborted
 from .workload import contribution, expected

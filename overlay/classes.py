@@ -1,6 +1,6 @@
 """How one link is shared between traffic classes: strict priority, earliest deadline, weighted shares.
 
-A plan may give each (task, tree) a class (scheduler.plan.ChunkGroup: weight, priority, deadline,
+A plan may give each (task, tree) a class (core.plan.ChunkGroup: weight, priority, deadline,
 per-edge rates); its chunks carry it in their header (`cls`), so every hop, relays included, shares
 its links the same way without knowing the plan. On one link the next segment comes from the class
 that has bytes ready and is
@@ -26,39 +26,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from core.classes import TrafficClass
 
 from .drr import DeficitRoundRobin, Queued
 
-MAX_WEIGHT = 1e6  # a weight is a relative share in (0, MAX_WEIGHT]
-PRIORITIES = 8  # strict priority levels 0..7, higher first
-NO_DEADLINE = -1.0  # on the wire: the class has no deadline
-MBIT = 1e6 / 8  # bytes per second in one Mbit/s (plans give rates in Mbit/s)
 # a paced class's burst: this much time at its rate, at least a segment (an idle one saves no more)
 PACE_BURST_S = 0.025
 PACE_MIN_BURST = 64 * 1024
-
-
-@dataclass(frozen=True)
-class TrafficClass:
-    """What a class asks of every link it crosses; the default is plain round-robin."""
-
-    weight: float = 1.0
-    priority: int = 0
-    deadline: float | None = None  # absolute, on the wire clock (overlay.clock)
-
-    def to_wire(self, tree: int) -> list[float | int]:
-        return [tree, self.weight, self.priority, NO_DEADLINE if self.deadline is None else self.deadline]
-
-    @classmethod
-    def from_wire(cls, v: list) -> tuple[int, TrafficClass]:
-        """(tree, class) of a validated header's `cls` (overlay.fieldcheck.traffic_class)."""
-        tree, weight, priority, deadline = v
-        return tree, cls(float(weight), priority, None if deadline == NO_DEADLINE else float(deadline))
-
-
-DEFAULT = TrafficClass()
 
 
 class Classed(Queued, Protocol):

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .classes import MAX_WEIGHT, NO_DEADLINE, PRIORITIES
+from core.classes import MAX_WEIGHT, NO_DEADLINE, PRIORITIES
 
 MAX_NODE = 1 << 16
 MAX_ITEMS = 1 << 16  # entries of a list or map inside one control message

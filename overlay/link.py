@@ -28,7 +28,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .classes import DEFAULT, ClassScheduler, TrafficClass
+from core.classes import DEFAULT, TrafficClass
+
+from .classes import ClassScheduler
 from .codec import FrameProtocol, encode
 from .delayline import DelayLine, Pacer
 

@@ -309,7 +309,7 @@ class Job(Record):
     # what a worker waits for before its next iteration: "result" (of the task holding its contribution:
     # BSP, a ready queue) or "bound" (a GO allowing it: SSP's staleness bound)
     rule: str | None = f(fc.text(16), optional=True)
-    compute: str | None = f(fc.text(), optional=True)  # the compute model (sim.compute spec); seeded by `seed`
+    compute: str | None = f(fc.text(), optional=True)  # the compute model (core.compute spec); seeded by `seed`
     compute_scale: float | None = f(lo=0, optional=True)  # its times shrink by this (the run's --scale)
     seed: int | None = _count(optional=True)
     # what a member contributes: None, the synthetic integers (exact checks); else a workload spec the

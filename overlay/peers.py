@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from core.classes import TrafficClass
+
 from .auth import HANDSHAKE_TIMEOUT_S, AuthError, Handshake, TlsFiles
 from .budget import MemoryBudget
 from .burstlog import BurstLog
-from .classes import TrafficClass
 from .codec import DISCARD, MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol, _Discard
 from .link import SEGMENT_BYTES, Blocks, LinkSender, Pacer, Transfer
 from .messages import ProtocolError, ack_for, chunk_key

@@ -16,9 +16,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from core.plan import Plan
 from sim import SimNetwork, SimulationStalled, make_network, simulate
 
-from .plan import Plan
 from .view import NetworkView
 
 SEGMENT_BYTES = 64 * 1024

@@ -18,7 +18,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from .plan import Plan
+from core.plan import Plan
+
 from .service import Scheduler
 
 Link = tuple[int, int]

@@ -14,8 +14,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from core.plan import Plan
+
 from . import deadline
-from .plan import Plan
 from .tasks import JobState
 from .view import NetworkView
 

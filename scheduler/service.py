@@ -37,6 +37,7 @@ from typing import Any
 
 import msgpack
 
+from core.plan import Job, Plan, PlanError, aux_to_wire, check_sharing, with_sharing
 from overlay.auth import TlsFiles
 from overlay.messages import (
     Abort,
@@ -65,7 +66,6 @@ from sim.capshare import CapSharing
 from . import planners
 from . import progress as progress_models
 from .liveness import Liveness
-from .plan import Job, Plan, PlanError, aux_to_wire, check_sharing, with_sharing
 from .registry import AgentInfo, Registry
 from .server import ControlServer
 from .tasks import JobState, RoundRecord, Task, TaskRecord
@@ -248,7 +248,7 @@ class Scheduler:
         `group` ready; mcast-bsp, mcast-ssp: multicasts to chosen receivers, `progress_options` say how:
         select, p, k, eta). `progress` may also be a progress model built by the caller
         (scheduler.progress, e.g. selective.SelectiveReduce with its options). `compute`: a compute model
-        spec (sim.compute), else `compute_s` seconds each. `workload`: what members contribute (None: the
+        spec (core.compute), else `compute_s` seconds each. `workload`: what members contribute (None: the
         synthetic integers; a spec of agents.training: real training). Returns the job with its records."""
         model = (progress_models.resolve(progress, staleness=staleness, group=group, **(progress_options or {}))
                  if isinstance(progress, str) else progress)

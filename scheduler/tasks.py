@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.plan import Job, Plan
 from overlay.messages import TaskDone
 
-from .plan import Job, Plan
 from .planners import PlannerSpec
 
 

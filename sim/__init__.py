@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from scheduler.plan import Plan
+from core.plan import Plan
 
 from .costs import MEASURED, NONE, WanCosts
 from .exact import Exact, exact_cost_s

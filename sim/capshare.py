@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.plan import Plan
+from core.plan import Plan
 
 from .model import max_min_rates
 

@@ -1,6 +1,6 @@
 """Job mode: a progress policy driving many tasks over a time budget, on one network, blind.
 
-Workers compute (the same seeded draws of a sim.compute.ComputeModel the agents sleep for), say READY,
+Workers compute (the same seeded draws of a core.compute.ComputeModel the agents sleep for), say READY,
 and the policy forms tasks, which the exact engine replays as they come, sharing the network with
 every task still running. The caller supplies the planner (`plan_for(members, receivers) -> Plan`),
 so the simulator stays pure. The policies mirror scheduler/progress (bsp.py, ssp.py, queue.py; not
@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.plan import Plan
+from core.compute import ComputeModel
+from core.plan import Plan
 
-from .compute import ComputeModel
 from .costs import NONE, WanCosts
 from .exact import Exact
 from .model import Model, SimNetwork, TaskRun

@@ -7,7 +7,7 @@ now, and each sender's slack tau — and applies the answer: the new task's rece
 dropped from running tasks, and every task's priority level.
 
 SSP worker lifecycle (digest 000 §2.4, as scheduler/progress/ssp.py runs it live): a worker computes
-iteration k (seeded draws of a sim.compute.ComputeModel), says READY and multicasts; iteration k is
+iteration k (seeded draws of a core.compute.ComputeModel), says READY and multicasts; iteration k is
 *done* once that multicast is over; it may compute k + 1 once its own multicast is over and
 k + 1 <= min_u d_u + 1 + s. Utilisation = share of the observed window a worker computes, averaged
 over workers; scale = receivers that got the whole delivery per multicast, over n.
@@ -26,7 +26,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .compute import ComputeModel
+from core.compute import ComputeModel
+
 from .switch import Switch
 
 

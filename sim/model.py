@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduler.plan import ChunkGroup, Plan
+from core.plan import ChunkGroup, Plan
 
 from .costs import NONE, WanCosts
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from scheduler.plan import Plan
+from core.compute import ComputeModel
+from core.plan import Plan
 
-from .compute import ComputeModel
 from .job import JobPrediction, JobTask, PlanFor, Queue, _Job
 from .model import FLOAT32, SimNetwork, TaskRun
 from .stepped import DT, Stepped

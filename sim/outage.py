@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.plan import Plan
+from core.compute import ComputeModel
+from core.plan import Plan
 
-from .compute import ComputeModel
 from .job import _END, JobPrediction, PlanFor, Queue, _Job
 from .model import SimNetwork, TaskRun
 from .stepped import DT, Stepped

@@ -15,10 +15,10 @@ import numpy as np
 
 from agents.engine import ChunkEngine
 from agents.workload import contribution
+from core.plan import Plan
 from emulation.link import LinkShaper
 from emulation.topology import Topology
 from overlay.peers import Overlay
-from scheduler.plan import Plan
 
 SECRET = b"harness-cluster-secret-0123456789"  # tests run authenticated, as `wansync run` does
 

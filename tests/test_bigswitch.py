@@ -5,17 +5,17 @@ SSP driver's staleness bound. Simulator only: milliseconds to a few seconds."""
 import numpy as np
 import pytest
 
+from core.compute import ComputeModel
+from core.plan import Job
 from emulation.bigswitch import SwitchModel, model_of, parse
 from emulation.simnet import sim_network
 from emulation.topology import TopologyError, build
 from emulation.trace import PORT, RateEvent, Trace, TraceError
 from emulation.trace import build as build_trace
-from scheduler.plan import Job
 from scheduler.planners import multicast
 from scheduler.selection.choosers import make
 from scheduler.view import NetworkView
 from sim import TaskRun, simulate_tasks
-from sim.compute import ComputeModel
 from sim.mcastjob import blocked_for, bsp_round, simulate_ssp
 from sim.switch import Switch
 

@@ -12,11 +12,11 @@ import math
 import pytest
 
 from agents.probes import MIN_PERIOD_S, LinkProbes
+from core.plan import Plan, make_layout, tree_group
 from emulation.link import MBIT, Backlogs, LinkShaper, LinkSpec
 from emulation.simnet import sim_network
 from emulation.topology import Topology, TopologyError, build
 from overlay.delayline import FLUSH_GRAIN_S, DelayLine, WireClock
-from scheduler.plan import Plan, make_layout, tree_group
 from scheduler.view import KNOWN_S, NetworkView
 from sim import MEASURED, NONE, WanCosts, simulate
 from wansync.guard import GUARD_MIN_RATIO, cpu_forecast, cpu_warning

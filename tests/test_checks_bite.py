@@ -23,10 +23,10 @@ from waiting import until
 
 from agents.engine import LEAF_SLICE, ChunkEngine, TaskAborted, TaskError, TaskState
 from agents.workload import contribution
+from core.plan import ChunkGroup, Job, Plan, PlanError, make_layout, tree_group
 from emulation.topology import uniform
 from overlay.auth import AuthError, Handshake
 from overlay.messages import bitmap, validate
-from scheduler.plan import ChunkGroup, Job, Plan, PlanError, make_layout, tree_group
 from scheduler.planners import netstorm
 from scheduler.view import NetworkView
 

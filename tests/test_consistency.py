@@ -6,8 +6,8 @@ import pytest
 from harness import assert_job_exact
 from test_cluster import start_cluster, stop_cluster
 
+from core.plan import ChunkGroup, Job, Plan
 from emulation.topology import uniform
-from scheduler.plan import ChunkGroup, Job, Plan
 from scheduler.planners import ring
 
 PARAMS, CHUNK = 40_000, 4_000
@@ -89,7 +89,7 @@ def fig10_topology():
 
 
 def fig10_plan(route) -> Plan:
-    from scheduler.plan import make_layout, tree_group
+    from core.plan import make_layout, tree_group
 
     g = tree_group(range(10), 3, {0: 3, 1: 3, 2: 3, 3: None})
     g = ChunkGroup(g.chunks, g.root, g.parent, g.children, {(0, 3): (route,)})

@@ -22,12 +22,12 @@ from waiting import until
 
 from agents.engine import ChunkEngine
 from agents.workload import contribution
+from core.classes import TrafficClass
+from core.plan import Job, Plan, PlanError, direct_group, make_layout
 from emulation.simnet import sim_network
 from emulation.topology import build, uniform
-from overlay.classes import TrafficClass
 from overlay.routing import Routes
 from scheduler import planners
-from scheduler.plan import Job, Plan, PlanError, direct_group, make_layout
 from scheduler.planners import crew
 from scheduler.planners.crew_split import assign, bounds, rearrange, replacement, solve_ed, solve_na, split
 from scheduler.progress.crew import CrewQueue
@@ -414,7 +414,7 @@ async def test_a_task_whose_member_is_killed_is_abandoned_and_recorded_with_noth
 def test_a_link_failure_in_the_simulators_job_mode_is_repaired_or_abandoned():
     """Link 0-1 fails at once: every early task over it stalls until the failure is known, then is re-run
     with its blocks moved (Eq. 3) or, with no repair, abandoned and its members queue again."""
-    from sim.compute import ComputeModel
+    from core.compute import ComputeModel
     from sim.job import Queue
     from sim.outage import simulate_outages
     topo = build("crew:6:seed=4:x=0.1")
@@ -446,7 +446,7 @@ def test_non_blocking_scatter_rearranges_the_default_plan_and_counts_what_was_se
     """The group's plan moves the fewest chunks off the default assignment (Algorithm 2); in the
     stepped engine, contribution bytes already sent count, so a fully pre-sent scatter leaves only the
     multicast; a whole non-blocking job runs to its budget."""
-    from sim.compute import ComputeModel
+    from core.compute import ComputeModel
     from sim.job import Queue
     from sim.nonblocking import default_blocks, simulate_nonblocking
     topo = build("crew:6:seed=4:x=0.1")
@@ -516,8 +516,8 @@ def test_bad_crew_input_is_refused_naming_the_field(call, error, message):
 
 
 def test_job_mode_names_its_engines():
+    from core.compute import ComputeModel
     from sim import simulate_job
-    from sim.compute import ComputeModel
     from sim.job import Queue
     with pytest.raises(ValueError, match="engine: .fluid. is not exact, ring or stepped"):
         simulate_job(Queue(2), lambda m, r: None, ComputeModel(), [0, 1], make_network({(0, 1): 1.0, (1, 0): 1.0}),

@@ -26,13 +26,13 @@ from harness import SECRET, LocalNet
 
 from agents.engine import TaskAborted, TaskError, TaskState
 from agents.workload import contribution
+from core.plan import Plan, make_layout, tree_group
 from emulation.topology import uniform
 from overlay import auth
 from overlay.auth import Handshake
 from overlay.codec import encode
 from overlay.messages import bitmap, chunk_key, validate
 from overlay.peers import Overlay
-from scheduler.plan import Plan, make_layout, tree_group
 
 JOB = 1
 PARAMS, CHUNK = 20_000, 5_000  # four chunks of 20 KB: one frame each

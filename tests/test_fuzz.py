@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 
 from agents.engine import ChunkEngine
 from agents.workload import contribution
+from core.plan import Job
 from emulation.topology import uniform
 from overlay.codec import MAX_HEADER, FrameProtocol
 from overlay.control import ControlConn, control_protocol
 from overlay.messages import CHUNK_KINDS, SCHEMAS, ProtocolError, bitmap
 from overlay.peers import Overlay, _Handshake, _PeerConn
-from scheduler.plan import Job
 from scheduler.planners import star
 from scheduler.view import NetworkView
 

@@ -347,7 +347,7 @@ async def test_a_relay_over_its_budget_refuses_and_the_round_still_ends_exact(ca
     """Relayed bytes are charged as they arrive; over the budget (or the sender's share) a relay
     refuses them unacknowledged and asks for them again once it has room: nothing lost."""
     caplog.set_level(logging.WARNING)
-    from scheduler.plan import Job
+    from core.plan import Job
     from scheduler.planners import star
     from scheduler.view import NetworkView
 

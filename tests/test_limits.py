@@ -20,12 +20,12 @@ from waiting import until
 
 from agents.engine import ChunkEngine
 from agents.workload import contribution
+from core.plan import Job
 from emulation.topology import uniform
 from overlay.codec import CONTROL_MAX_HEADER, MAX_INVALID, SCRATCH, FrameProtocol, encode
 from overlay.control import control_protocol
 from overlay.messages import FramingError, bitmap
 from overlay.peers import Overlay
-from scheduler.plan import Job
 from scheduler.planners import star
 from scheduler.view import NetworkView
 

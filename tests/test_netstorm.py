@@ -4,9 +4,9 @@ import random
 
 import pytest
 
+from core.plan import Job
 from emulation.topology import internet2
 from scheduler.metric import blockage, tree_delay
-from scheduler.plan import Job
 from scheduler.planners import netstorm
 from scheduler.view import NetworkView
 

@@ -7,11 +7,11 @@ import pytest
 from harness import LocalNet
 from waiting import until
 
+from core.plan import Job
 from emulation.link import LinkSpec
 from emulation.topology import Topology, internet2, uniform
 from overlay.codec import encode
 from overlay.messages import bitmap, chunk_key
-from scheduler.plan import Job
 from scheduler.planners import PLANNERS
 from scheduler.view import NetworkView
 

@@ -18,10 +18,10 @@ from scipy.optimize import linprog
 from test_cluster import start_cluster, stop_cluster
 from test_overlay import line
 
+from core.plan import Job, PlanError
 from emulation.gpumesh import gpumesh, gpunic
 from emulation.link import LinkSpec
 from emulation.topology import Topology, TopologyError, build, internet2, uniform
-from scheduler.plan import Job, PlanError
 from scheduler.planners import resolve
 from scheduler.planners.arborescence import INF, cost, depth, edmonds, shallow, steiner
 from scheduler.planners.dbtree import btree, dtree

@@ -9,9 +9,9 @@ from harness import LocalNet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.plan import ChunkGroup, Plan, PlanError, make_layout, tree_group
 from emulation.link import LinkSpec
 from emulation.topology import Topology
-from scheduler.plan import ChunkGroup, Plan, PlanError, make_layout, tree_group
 
 
 def random_topology(rng: random.Random, n: int) -> Topology:

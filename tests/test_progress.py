@@ -11,13 +11,13 @@ from harness import LocalNet, assert_round_exact, exact_sum
 from test_cluster import start_cluster, stop_cluster
 from waiting import until
 
+from core.compute import ComputeError, ComputeModel
+from core.plan import Job
 from emulation.link import LinkSpec
 from emulation.topology import Topology, uniform
-from scheduler.plan import Job
 from scheduler.planners import multicast
 from scheduler.progress import resolve as resolve_progress
 from scheduler.view import NetworkView
-from sim.compute import ComputeError, ComputeModel
 
 PARAMS, CHUNK = 60_000, 6_000
 

@@ -216,11 +216,11 @@ def test_a_bad_configuration_is_refused_naming_the_field():
 
 # --- the simulator's job mode runs the same controller ----------------------------------------------------
 def _job(scheme, engine, n=6, budget=20.0, seed=3):
+    from core.compute import ComputeModel
+    from core.plan import Job
     from emulation.simnet import sim_network
     from emulation.switch import switch
-    from scheduler.plan import Job
     from scheduler.planners import ring
-    from sim.compute import ComputeModel
     from sim.job import Selective, simulate_job
     from wansync.predict import oracle_view
 
@@ -258,7 +258,7 @@ def test_the_ring_cost_model_agrees_with_the_exact_engine_on_disjoint_rings():
 
 # --- compute stand-ins and the switch ---------------------------------------------------------------------
 def test_the_runtime_stand_ins_have_the_digests_spread_and_spikes():
-    from sim.compute import ComputeError, ComputeModel
+    from core.compute import ComputeError, ComputeModel
 
     cnn = [ComputeModel("cnn:mean=0.5", seed=1).draw(0, k) for k in range(6000)]
     tr = [ComputeModel("transformer:mean=0.5", seed=1).draw(0, k) for k in range(6000)]

@@ -10,12 +10,12 @@ import dataclasses
 
 import pytest
 
+from core.compute import ComputeModel
+from core.plan import ChunkGroup, Job, Plan, make_layout, tree_group, with_sharing
 from emulation.link import LinkSpec
 from emulation.topology import Topology
-from scheduler.plan import ChunkGroup, Job, Plan, make_layout, tree_group, with_sharing
 from scheduler.planners import multicast
 from sim import MBIT, TaskRun, make_network, simulate, simulate_tasks
-from sim.compute import ComputeModel
 from sim.job import Bsp, Queue, Ssp, simulate_job
 from wansync.predict import oracle_view
 

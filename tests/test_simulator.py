@@ -12,13 +12,13 @@ import pytest
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order
 
+from core.plan import ChunkGroup, Job, Plan, make_layout, tree_group
 from emulation.link import LinkSpec
 from emulation.simnet import sim_network
 from emulation.topology import Topology, internet2
 from emulation.trace import RateEvent, Trace
 from emulation.waxman import crew_mesh, from_spec, waxman
 from overlay.routing import Routes, adjacency
-from scheduler.plan import ChunkGroup, Job, Plan, make_layout, tree_group
 from scheduler.planners import netstorm
 from sim import MBIT, SimulationStalled, max_min_rates, simulate
 from wansync.predict import oracle_view

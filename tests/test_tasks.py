@@ -16,9 +16,9 @@ from test_failures import Cluster
 from waiting import until
 
 from agents.engine import TaskError
+from core.plan import ChunkGroup, Job, Plan, PlanError
 from emulation.link import LinkSpec
 from emulation.topology import Topology, uniform
-from scheduler.plan import ChunkGroup, Job, Plan, PlanError
 from scheduler.planners import mst, star
 from scheduler.view import NetworkView
 from wansync.cluster import RunConfig

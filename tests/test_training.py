@@ -13,10 +13,10 @@ from test_cluster import start_cluster, stop_cluster
 from waiting import until
 
 from agents.training import U32, Trainer, TrainingSpec, WorkloadError, check_result, digits_split, init_model, shard
+from core.plan import Job
 from emulation.switch import switch
 from emulation.topology import uniform
 from overlay.messages import JobEnd
-from scheduler.plan import Job
 from scheduler.planners import ring
 from scheduler.progress.selective import SelectiveReduce
 from scheduler.view import NetworkView

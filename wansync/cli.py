@@ -127,8 +127,8 @@ def _mcast_options(args: argparse.Namespace) -> dict:
 def _compute_model(args: argparse.Namespace, schemes: list[str]) -> str | None:
     """--compute-model checked here (a csv trace made absolute for the agent processes), and the
     progress model's fit with the schemes: ssp multicasts one worker's tensor, the others reduce."""
+    from core.compute import ComputeError, ComputeModel
     from scheduler.planners import resolve
-    from sim.compute import ComputeError, ComputeModel
 
     if args.staleness < 0 or args.group < 1:
         raise SystemExit("wansync: --staleness must be >= 0 and --group >= 1")

@@ -59,7 +59,7 @@ class RunConfig:
     out: Path | None = None
     loop: str = DEFAULT_LOOP
     compute_s: float = 0.0
-    compute_model: str | None = None  # a seeded per-node compute model (sim.compute); overrides compute_s
+    compute_model: str | None = None  # a seeded per-node compute model (core.compute); overrides compute_s
     progress: str = "bsp"  # scheduler.progress: bsp, ssp (staleness), queue (group)
     staleness: int = 2
     group: int = 2

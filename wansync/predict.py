@@ -11,11 +11,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core.plan import Job, Plan
 from emulation.simnet import sim_network
 from emulation.topology import Topology
 from emulation.trace import Trace
 from scheduler import planners
-from scheduler.plan import Job, Plan
 from scheduler.view import NetworkView
 from sim import MEASURED, RoundPrediction, SimNetwork, SimulationStalled, WanCosts, simulate
 

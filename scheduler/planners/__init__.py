@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..plan import Job, Plan
+from core.plan import Job, Plan
+
 from ..view import NetworkView
 from . import (
     a2a,

@@ -1,11 +1,12 @@
 """All-to-all direct (A2A, a CREW baseline): every member sends its whole tensor straight to every
-other receiver, and each sums on its own. One all-to-all group (scheduler.plan.direct_group): no
+other receiver, and each sums on its own. One all-to-all group (core.plan.direct_group): no
 tree, no aggregator, p (p - 1) full copies on the p (p - 1) direct links; its time is about the
 model over the slowest of those links."""
 
 from __future__ import annotations
 
-from ..plan import Job, Plan, direct_group, make_layout
+from core.plan import Job, Plan, direct_group, make_layout
+
 from ..view import NetworkView
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..plan import ChunkGroup, Job, Plan
+from core.plan import ChunkGroup, Job, Plan
+
 from ..view import NetworkView
 from .common import best_hub
 from .machines import machines_of

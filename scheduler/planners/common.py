@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..plan import Job, Plan, make_layout, tree_group
+from core.plan import Job, Plan, make_layout, tree_group
+
 from ..view import NetworkView
 
 

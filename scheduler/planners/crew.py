@@ -35,7 +35,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..plan import ChunkGroup, Job, Plan, PlanError, make_layout
+from core.plan import ChunkGroup, Job, Plan, PlanError, make_layout
+
 from ..view import NetworkView
 from .crew_split import Split, assign, rearrange, split
 

@@ -12,7 +12,8 @@ follow their min-hop routes.
 
 from __future__ import annotations
 
-from ..plan import Job, Plan, make_layout, tree_group
+from core.plan import Job, Plan, make_layout, tree_group
+
 from ..view import NetworkView
 from .machines import machines_of
 

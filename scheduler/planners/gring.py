@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import random
 
-from ..plan import Job, Plan
+from core.plan import Job, Plan
+
 from ..view import NetworkView
 from .ring import ring_plan
 

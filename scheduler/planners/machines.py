@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import networkx as nx
 
-from ..plan import Job
+from core.plan import Job
+
 from ..view import NetworkView
 
 SAME_RATE = 1e-6  # relative: links this close to the fastest count as inside a machine

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..plan import Job, Plan
+from core.plan import Job, Plan
+
 from ..view import DisconnectedView, NetworkView
 from .common import single_tree_plan
 

@@ -12,7 +12,8 @@ starts at it. Option `receivers` (default: every other node the view knows); `mo
 
 from __future__ import annotations
 
-from ..plan import ChunkGroup, Job, Plan, PlanError, make_layout
+from core.plan import ChunkGroup, Job, Plan, PlanError, make_layout
+
 from ..view import NetworkView
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import networkx as nx
 
-from ..plan import ChunkGroup, Job, Plan, make_layout, tree_group
+from core.plan import ChunkGroup, Job, Plan, make_layout, tree_group
+
 from ..view import DisconnectedView, NetworkView
 
 

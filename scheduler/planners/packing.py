@@ -36,7 +36,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..plan import ChunkGroup, Job, Plan, PlanError
+from core.plan import ChunkGroup, Job, Plan, PlanError
+
 from ..view import NetworkView
 from .packing_lp import Packing, Tree, pack
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..plan import Job, Plan
+from core.plan import Job, Plan
+
 from ..view import NetworkView
 from .common import single_tree_plan
 from .machines import machines_of

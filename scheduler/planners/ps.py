@@ -4,7 +4,8 @@ tensors and sends the result back; it may be a member (its own transfer is then 
 
 from __future__ import annotations
 
-from ..plan import Job, Plan
+from core.plan import Job, Plan
+
 from ..view import NetworkView
 from .common import best_hub, single_tree_plan
 

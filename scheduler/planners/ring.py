@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..plan import ChunkGroup, Job, Plan, make_layout
+from core.plan import ChunkGroup, Job, Plan, make_layout
+
 from ..view import NetworkView
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..plan import Job, Plan, make_layout, tree_group
+from core.plan import Job, Plan, make_layout, tree_group
+
 from ..view import NetworkView
 
 

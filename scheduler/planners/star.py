@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..plan import Job, Plan
+from core.plan import Job, Plan
+
 from ..view import NetworkView
 from .common import hub_for, single_tree_plan
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import networkx as nx
 
-from ..plan import Job, Plan, make_layout, tree_group
+from core.plan import Job, Plan, make_layout, tree_group
+
 from ..view import NetworkView
 from .crew_split import assign
 

@@ -36,7 +36,8 @@ import logging
 import time
 from typing import Any
 
-from ..plan import Plan
+from core.plan import Plan
+
 from ..planners.crew import loads, move_blocks
 from ..tasks import JobState, Task, TaskRecord
 from . import Control

@@ -43,11 +43,11 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from core.plan import ChunkGroup, Job, Plan, make_layout  # noqa: E402
 from emulation.link import EARLY_S  # noqa: E402
 from emulation.tc import unavailable  # noqa: E402
 from emulation.topology import build  # noqa: E402
 from scheduler import planners  # noqa: E402
-from scheduler.plan import ChunkGroup, Job, Plan, make_layout  # noqa: E402
 from scheduler.view import NetworkView  # noqa: E402
 from wansync.cluster import RunConfig, run  # noqa: E402
 from wansync.guard import job_guard  # noqa: E402

@@ -71,17 +71,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench_common import spawn_agent  # noqa: E402
 
+from core.compute import ComputeModel  # noqa: E402
+from core.plan import Job, Plan  # noqa: E402
 from emulation.faults import AppLinkControl, FaultInjector, parse  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.topology import Topology, build  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler import planners  # noqa: E402
-from scheduler.plan import Job, Plan  # noqa: E402
 from scheduler.planners import crew  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, SimNetwork, simulate, simulate_job  # noqa: E402
-from sim.compute import ComputeModel  # noqa: E402
 from sim.job import Queue  # noqa: E402
 from sim.nonblocking import default_blocks, simulate_nonblocking  # noqa: E402
 from sim.outage import simulate_outages  # noqa: E402
@@ -118,7 +118,7 @@ def exact_digest(members: Iterable[int], iters: dict[int, int], params: int) -> 
 def compute_trace(path: Path, kind: str, seed: int, nodes: int, draws: int = DRAWS) -> str:
     """A surrogate of the paper's per-iteration compute times (T1: LSTM on UCF101, T2: Transformer on
     WMT16, rescaled to [0.05, 0.2] s): lognormal draws per (worker, iteration), min-max rescaled; T2's
-    tail is heavier. Written as a csv trace (sim.compute), so agents and simulator draw the same."""
+    tail is heavier. Written as a csv trace (core.compute), so agents and simulator draw the same."""
     rng = np.random.default_rng([seed, 0 if kind == "T1" else 1])
     x = rng.lognormal(0.0, 0.35 if kind == "T1" else 0.8, size=(nodes, draws))
     x = COMPUTE_LO + (COMPUTE_HI - COMPUTE_LO) * (x - x.min()) / (x.max() - x.min())

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import idle_priority  # noqa: E402
 
 from agents.workload import chunk_params, model_params  # noqa: E402
+from core.plan import Job  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.topology import Topology, build  # noqa: E402
 from emulation.trace import build as build_trace  # noqa: E402
-from scheduler.plan import Job  # noqa: E402
 from scheduler.planners import resolve  # noqa: E402
 from scheduler.planners.packing_lp import pack  # noqa: E402
 from scheduler.service import JobState  # noqa: E402

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tasks import exact_digest  # noqa: E402
 
+from core.compute import ComputeModel  # noqa: E402
 from emulation.bigswitch import SwitchModel  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.topology import build  # noqa: E402
@@ -61,7 +62,6 @@ from scheduler.selection.optimal import optimal_bsp  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, TaskRun, simulate_tasks  # noqa: E402
-from sim.compute import ComputeModel  # noqa: E402
 from sim.mcastjob import bsp_round, simulate_ssp  # noqa: E402
 from wansync.cluster import RunConfig, agent_command  # noqa: E402
 from wansync.guard import live_guard  # noqa: E402

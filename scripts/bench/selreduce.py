@@ -3,7 +3,7 @@ paper's scale and live with real training.
 
 Simulated (blind, sim.job with the paper's ring cost model, sim/ringcost.py): n = 40, 80, 120, 200
 workers on a non-blocking switch, b_i = round(20u, 3) Gbit/s with u ~ U[lambda, 1] (lambda 0.05),
-alpha 1 ms, a 500 MB model, 100 s of training; CNN-like runtimes (sim.compute `cnn`: lognormal,
+alpha 1 ms, a 500 MB model, 100 s of training; CNN-like runtimes (core.compute `cnn`: lognormal,
 cv 0.1, 1.5-2x spikes in 1 round of 20) of mean 0.5 s (the paper's traces are lost; "sub-second").
 p = 0.3 n, eta 0.3, theta 1, dt = 5 % of the mean round (the digest's rule for the emulation, used
 at both scales), warm start, the hazard form of Eq. 4 (see below). Per scheme and n, over seeds
@@ -58,18 +58,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_common import spawn_agent  # noqa: E402
 
 from agents.training import TrainingSpec  # noqa: E402
+from core.compute import ComputeModel  # noqa: E402
+from core.plan import Job, Plan  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.switch import edge_bandwidths, switch  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from overlay.messages import JobEnd  # noqa: E402
 from scheduler.live import LiveState  # noqa: E402
-from scheduler.plan import Job, Plan  # noqa: E402
 from scheduler.planners import ring  # noqa: E402
 from scheduler.progress.selective import SelectiveReduce  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, SimNetwork, simulate_job  # noqa: E402
-from sim.compute import ComputeModel  # noqa: E402
 from sim.job import Selective  # noqa: E402
 from sim.selective import SelectiveConfig  # noqa: E402
 from wansync.cluster import RunConfig, agent_command  # noqa: E402

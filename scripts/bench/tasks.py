@@ -69,19 +69,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_common import spawn_agent  # noqa: E402
 
 from agents.workload import chunk_params, model_params  # noqa: E402
+from core.compute import ComputeModel  # noqa: E402
+from core.plan import (
+    Job,  # noqa: E402
+    Plan,  # noqa: E402
+)
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.topology import Topology, internet2  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler import planners  # noqa: E402
 from scheduler.live import LiveState  # noqa: E402
-from scheduler.plan import (
-    Job,  # noqa: E402
-    Plan,  # noqa: E402
-)
 from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState, TaskRecord  # noqa: E402
 from sim import MEASURED, SimNetwork, TaskRun, simulate_job, simulate_tasks  # noqa: E402
-from sim.compute import ComputeModel  # noqa: E402
 from sim.job import Queue as SimQueue  # noqa: E402
 from sim.job import Ssp as SimSsp  # noqa: E402
 from wansync.cluster import RunConfig, agent_command  # noqa: E402

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from overlay.classes import MAX_WEIGHT, PRIORITIES
+from core.classes import MAX_WEIGHT, PRIORITIES
 
 NodeId = int
 
