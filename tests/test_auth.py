@@ -380,30 +380,35 @@ async def test_agent_process_with_the_wrong_secret_is_refused_with_one_line(capl
 async def test_run_hands_its_agents_the_secret_by_environment_not_argv(tmp_path):
     import json as _json
 
-    from emulation.topology import internet2, uniform
-    from wansync.backend import AppBackend
-    from wansync.cluster import LocalAgents, RunConfig, agent_command, run_secret
+    from wansync.backend import AppBackend, agent_command
+    from wansync.cluster import LocalAgents, agent_options_file, run_secret
+    from wansync.options import Options
+    from wansync.runspec import resolve
 
-    cfg = RunConfig(topology="internet2", topo=internet2(), schemes=["star"], model="resnet50", scale=0.01,
-                    rounds=1)
-    cmd = agent_command(cfg, 0, 1234, "run-x")
+    cfg = resolve(Options.make(topology="internet2", schemes=["star"], scale=0.01, rounds=1))
+    path = agent_options_file(cfg, "run-x")
+    cmd = agent_command(path, 0, "127.0.0.1:1234")
     assert not any("secret" in c.lower() for c in cmd)
-    # the processes `wansync run` starts: each sees the secret in its environment, none in its argv
-    cfg = RunConfig(topology="uniform", topo=uniform(2), schemes=["star"], model="resnet50", scale=0.01, rounds=1)
+    assert Options.read(path).security["secret_file"] is None  # a fresh secret: in the environment only
+    # the processes `wansync run` starts: each sees the secret in its environment, none in its argv or options
+    cfg = resolve(Options.make(topology="uniform", nodes=2, schemes=["star"], scale=0.01, rounds=1))
     secret, env = run_secret(cfg)
 
     class Echo(AppBackend):  # the agent's command line, run by a stand-in that reports what it got
-        def agent_command(self, cmd, node, port):
+        def agent_command(self, options_file, node, port):
+            cmd = agent_command(options_file, node, f"127.0.0.1:{port}")
             return [sys.executable, "-c", "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps("
-                    "[os.environ.get('WANSYNC_SECRET'), sys.argv]))", str(tmp_path / f"n{node}")] + cmd[1:]
+                    "[os.environ.get('WANSYNC_SECRET'), sys.argv, open(sys.argv[sys.argv.index('--options') + 1])"
+                    ".read()]))", str(tmp_path / f"n{node}")] + cmd[1:]
 
     agents = LocalAgents(cfg, "run-x", env, Echo())
     await agents.start(1234)
     await agents.stop()
     for n in range(2):
-        got_secret, argv = _json.loads((tmp_path / f"n{n}").read_text())
+        got_secret, argv, options = _json.loads((tmp_path / f"n{n}").read_text())
         assert got_secret == secret.decode()
         assert not any(secret.decode() in a for a in argv)
+        assert secret.decode() not in options and _json.loads(options)["cluster"]["name"] == "run-x"
 
 
 # --- TLS ---------------------------------------------------------------------------------------------------

@@ -36,8 +36,9 @@ from scheduler.tasks import JobState, Task
 from scheduler.view import NetworkView
 from sim import TaskRun, make_network, simulate, simulate_tasks
 from sim.stepped import NotOneHop, Stepped
-from wansync.cluster import RunConfig
+from wansync.options import Options
 from wansync.predict import oracle_view
+from wansync.runspec import resolve
 
 
 # --- LP (2) ----------------------------------------------------------------------------------------------
@@ -343,8 +344,7 @@ async def test_the_policy_moves_a_dead_aggregators_block_and_abandons_what_canno
     assert len(pol.abandoned) == 2
 
 
-CREW7 = RunConfig(topology="uniform:20", topo=uniform(7, rate_mbps=20.0).scaled(0.2), schemes=[],
-                  model="resnet50", scale=0.2, rounds=1)
+CREW7 = resolve(Options.make(topology="uniform:20", nodes=7, scale=0.2, rounds=1))
 
 
 async def first_started_task(sched):

@@ -3,23 +3,25 @@ complete and exact or aborted and retried, and the following rounds are exact ag
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from harness import assert_job_exact
 from waiting import until
 
-from emulation.topology import load as load_topology
 from emulation.topology import uniform
 from overlay.auth import SECRET_ENV, generate_secret
 from overlay.routing import Routes, adjacency
 from scheduler.service import JobState, Scheduler
-from wansync.cluster import RunConfig, agent_command
+from wansync.backend import agent_command
+from wansync.cluster import agent_options_file
+from wansync.options import Options
 from wansync.procs import reap
+from wansync.runspec import RunConfig, resolve
 
 PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
 NODES = 4
@@ -28,8 +30,7 @@ NODES = 4
 UNTIL_STOPPED = 10_000
 
 
-AGENTS = RunConfig(topology="uniform", topo=uniform(NODES).scaled(0.2), schemes=[], model="resnet50", scale=0.2,
-                   rounds=1)  # only for the agents' command line
+AGENTS = resolve(Options.make(topology="uniform", nodes=NODES, scale=0.2, rounds=1))  # only for the agents' options
 
 
 class Cluster:
@@ -47,6 +48,7 @@ class Cluster:
         self.logs: dict[int, str] = {}  # every incarnation's stderr so far, drained without blocking
         self._drainer: asyncio.Task | None = None
         self.port = 0
+        self.options_file: Path | None = None
 
     async def __aenter__(self) -> "Cluster":
         self.port = await self.sched.start()
@@ -66,7 +68,10 @@ class Cluster:
     def spawn(self, node: int) -> None:
         env = dict(os.environ, **{SECRET_ENV: self.secret})
         self.drain(node)
-        self.procs[node] = subprocess.Popen(agent_command(self.agents, node, self.port, self.cluster), env=env,
+        if self.options_file is None:
+            self.options_file = agent_options_file(self.agents, self.cluster)
+        cmd = agent_command(self.options_file, node, f"127.0.0.1:{self.port}")
+        self.procs[node] = subprocess.Popen(cmd, env=env,
                                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         assert self.procs[node].stderr is not None
         os.set_blocking(self.procs[node].stderr.fileno(), False)
@@ -163,7 +168,7 @@ def sparse(tmp_path, links: list[tuple[int, int]]) -> RunConfig:
     f = tmp_path / "overlay.toml"
     f.write_text(f"nodes = {NODES}\ndefaults = {{rate_mbps = 100, delay_ms = 5}}\n"
                  + "".join(f"[[links]]\na = {a}\nb = {b}\n" for a, b in links))
-    return dataclasses.replace(AGENTS, topology=str(f), topo=load_topology(f))
+    return resolve(AGENTS.options.replace(wan__topology=str(f), wan__nodes=None))
 
 
 async def test_a_lost_relay_is_routed_around_at_once(tmp_path):

@@ -20,7 +20,9 @@ from emulation.faults import AppLinkControl, Fault, FaultError, FaultInjector, c
 from emulation.topology import build
 from overlay.messages import ProtocolError, validate
 from wansync.cli import main
-from wansync.cluster import RunConfig, run
+from wansync.cluster import run
+from wansync.options import Options
+from wansync.runspec import resolve
 
 
 # --- grammar ---------------------------------------------------------------------------------------
@@ -236,9 +238,9 @@ def test_app_link_control_messages_go_to_the_owners():
 
 # --- real clusters ---------------------------------------------------------------------------------
 def _cfg(tmp_path, *faults, rounds=3):
-    topo = build("uniform:50", 4).scaled(0.005)
-    return RunConfig(topology="uniform:50", topo=topo, schemes=["ring"], model="resnet50", scale=0.005,
-                     rounds=rounds, warmup=1, out=tmp_path / "r.jsonl", faults=[parse(f) for f in faults])
+    return resolve(Options.make(topology="uniform:50", nodes=4, schemes=["ring"], workload__model="resnet50",
+                                scale=0.005, rounds=rounds, warmup=1, out=str(tmp_path / "r.jsonl"),
+                                faults=list(faults), no_http=True))
 
 
 def _records(tmp_path):

@@ -47,5 +47,6 @@ def test_an_unknown_policy_is_refused(restore_gc):
 
 def test_the_agent_command_line_refuses_an_unknown_policy():
     out = subprocess.run([sys.executable, "-m", "wansync.cli", "agent", "--node", "0", "--scheduler", "127.0.0.1:1",
-                          "--cluster", "c", "--gc", "aggressive"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert out.returncode == 2 and "--gc" in out.stderr and "aggressive" in out.stderr
+                          "--cluster", "c", "--agent-gc", "aggressive"], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert out.returncode == 2 and "--agent-gc" in out.stderr and "aggressive" in out.stderr

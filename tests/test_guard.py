@@ -15,11 +15,12 @@ import pytest
 from agents.agent import Agent
 from agents.workload import expected
 from emulation.link import MBIT, RESUME_GAP_S, Downlink, LinkShaper, LinkSpec, Uplink
-from emulation.topology import Topology, internet2
+from emulation.topology import Topology
 from overlay.auth import SECRET_ENV
 from scheduler.live import LiveState
 from scheduler.service import Scheduler
-from wansync.cluster import RunConfig, agent_command, parse_chunk, run_secret
+from wansync.backend import agent_command
+from wansync.cluster import agent_options_file, run_secret
 from wansync.guard import (
     GUARD_MAX_LAG_S,
     GUARD_MIN_BACKLOG_S,
@@ -29,6 +30,8 @@ from wansync.guard import (
     guard_verdict,
     live_guard,
 )
+from wansync.options import Options
+from wansync.runspec import parse_chunk, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = b"guard-test-cluster-secret-0123456789"
@@ -370,28 +373,28 @@ def test_chunk_rejects_what_is_not_a_whole_number_of_parameters(text, says):
 
 
 def test_run_config_honours_the_chunk_override_and_agents_get_the_options(tmp_path):
-    topo = internet2().scaled(0.05)
-    cfg = RunConfig(topology="internet2", topo=topo, schemes=["mst"], model="resnet50", scale=0.05, rounds=1)
+    cfg = resolve(Options.make(topology="internet2", schemes=["mst"], scale=0.05, rounds=1))
     assert cfg.chunk == 50_000  # the scaled default
-    cfg.chunk_override, cfg.hold_budget_mb = parse_chunk("200KB"), 32.0
-    assert cfg.chunk == 50_000 and cfg.chunk_override == 50_000
-    cfg.chunk_override = parse_chunk("4MiB")
+    cfg = resolve(cfg.options.replace(chunk="200KB", hold_budget_mb=32.0))
+    assert cfg.chunk == 50_000 and parse_chunk("200KB") == 50_000
+    cfg = resolve(cfg.options.replace(chunk="4MiB"))
     assert cfg.chunk == 1 << 20
-    cmd = agent_command(cfg, 0, 1234, "c")
-    assert cmd[cmd.index("--hold-budget-mb") + 1] == "32"
-    assert cmd[cmd.index("--gc") + 1] == "tuned"
-    cfg.agent_gc = "default"
-    assert agent_command(cfg, 0, 1234, "c")[cmd.index("--gc") + 1] == "default"
-    assert cmd[cmd.index("--probe-bytes") + 1] == str((1 << 20) * 4 // 2)
-    # --secret-file: that secret for the scheduler and in the agents' environment, never in argv
-    cfg.secret, cfg.secret_file = b"s" * 20, tmp_path / "s"
+    got = Options.read(agent_options_file(cfg, "c"))
+    assert got.agents["hold_budget_mb"] == 32.0 and got.agents["gc"] == "tuned" and got.cluster["name"] == "c"
+    assert got.agents["probe_bytes"] == (1 << 20) * 4 // 2  # probes stay half a chunk
+    got = Options.read(agent_options_file(resolve(cfg.options.replace(agents__gc="default")), "c"))
+    assert got.agents["gc"] == "default"
+    # --secret-file: that secret for the scheduler and in the agents' environment, never in argv or options
+    (tmp_path / "s").write_bytes(b"s" * 20)
+    cfg = resolve(cfg.options.replace(secret_file=str(tmp_path / "s")), secret=b"s" * 20)
     secret, env = run_secret(cfg)
-    assert secret == b"s" * 20 and env[SECRET_ENV] == "s" * 20 and "s" * 20 not in agent_command(cfg, 0, 1, "c")
+    path = agent_options_file(cfg, "c")
+    assert secret == b"s" * 20 and env[SECRET_ENV] == "s" * 20 and "s" * 20 not in path.read_text()
+    assert "s" * 20 not in agent_command(path, 0, "127.0.0.1:1")
     cfg.secret = bytes(range(200, 232))  # not text: the agents read the file themselves
     secret, env = run_secret(cfg)
     assert secret == cfg.secret and SECRET_ENV not in env
-    cmd = agent_command(cfg, 0, 1, "c")
-    assert cmd[cmd.index("--secret-file") + 1] == str(tmp_path / "s")
+    assert Options.read(agent_options_file(cfg, "c")).security["secret_file"] == str(tmp_path / "s")
     cfg.secret = None
     secret, env = run_secret(cfg)
     assert len(secret) >= 32 and env[SECRET_ENV] == secret.decode()  # a fresh one per run

@@ -21,7 +21,8 @@ from emulation.link import LinkSpec
 from emulation.topology import Topology, uniform
 from scheduler.planners import mst, star
 from scheduler.view import NetworkView
-from wansync.cluster import RunConfig
+from wansync.options import Options
+from wansync.runspec import resolve
 
 PARAMS, CHUNK = 60_000, 6_000
 
@@ -194,8 +195,8 @@ async def test_a_task_that_cannot_mean_anything_is_refused_naming_the_field_and_
 
 
 # --- failure scoped to the tasks an agent had a part in ---------------------------------------------------------
-SIX = RunConfig(topology="uniform:20", topo=uniform(6, rate_mbps=20.0).scaled(0.2), schemes=[], model="resnet50",
-                scale=0.2, rounds=1)  # 20 Mbit/s links: a 2.4 MB partial reduce takes about a second
+# 20 Mbit/s links: a 2.4 MB partial reduce takes about a second
+SIX = resolve(Options.make(topology="uniform:20", nodes=6, scale=0.2, rounds=1))
 
 
 async def test_an_agent_killed_while_it_aggregates_for_two_tasks_affects_only_those():

@@ -254,7 +254,9 @@ def test_link_down_and_blackhole_cut_both_ways_and_heal(build) -> None:
 
 
 async def test_run_on_tc_is_exact_without_application_shaping(monkeypatch, tmp_path) -> None:
-    from wansync.cluster import RunConfig, run
+    from wansync.cluster import run
+    from wansync.options import Options
+    from wansync.runspec import resolve
 
     applied: list[tuple[float, dict]] = []
     orig = tc.TcNetwork.set_rates
@@ -265,8 +267,10 @@ async def test_run_on_tc_is_exact_without_application_shaping(monkeypatch, tmp_p
     monkeypatch.setattr(tc.TcNetwork, "set_rates", spy)
     topo = Topology("uniform", 3, {(a, b): LinkSpec(50.0, 0.0) for a in range(3) for b in range(3) if a != b})
     trace = Trace((RateEvent(0.1, 0, 1, 10.0), RateEvent(0.1, 2, 1, 12.0)))
-    cfg = RunConfig(topology="uniform:50", topo=topo, schemes=["star", "ring"], model="20000000", scale=0.01,
-                    rounds=2, warmup=0, trace=trace, backend="tc", out=tmp_path / "r.jsonl")
+    cfg = resolve(Options.make(topology="uniform:50", nodes=3, schemes=["star", "ring"], workload__model="20000000",
+                               scale=0.01, rounds=2, warmup=0, backend="tc", out=str(tmp_path / "r.jsonl"),
+                               no_http=True))
+    cfg.topo, cfg.trace = topo, trace  # the kernel shapes this topology and replays this trace
     before = set(tc.leftovers())
     jobs = await run(cfg, show_table=False)
     assert set(tc.leftovers()) <= before  # torn down
@@ -329,14 +333,17 @@ async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: s
 
     from scheduler.service import Scheduler
     from wansync.backend import AppBackend, TcBackend
-    from wansync.cluster import LocalAgents, RunConfig, run_secret
+    from wansync.cluster import LocalAgents, run_secret
+    from wansync.options import Options
+    from wansync.runspec import resolve
 
     fast = 40.0 if where == "link" else 1000.0
     topo = Topology("three", 3, {(a, b): LinkSpec(fast, 0.0) for a in range(3) for b in range(3) if a != b},
                     downlink_mbps={2: 40.0} if where == "downlink" else {})
     path = tmp_path / "three.json"  # the agents read the topology (and node 2's cap) from the file
     path.write_text(json.dumps(topo.to_dict()))
-    cfg = RunConfig(topology=str(path), topo=topo, schemes=[], model="1000000", scale=1.0, rounds=1, backend=backend)
+    cfg = resolve(Options.make(topology=str(path), workload__model="1000000", scale=1.0, rounds=1, backend=backend,
+                               no_http=True))
     secret, env = run_secret(cfg)
     cluster = f"share-{backend}-{where}"
     back = TcBackend(topo, None, Console(stderr=True)) if backend == "tc" else AppBackend()

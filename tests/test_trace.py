@@ -1,7 +1,6 @@
 """Fluctuation traces: every model seeded and bounded, files round-trip, bad input named, outages
 (rate 0) survived by the shaper, the live data plane and the simulator, which see the same events."""
 
-import argparse
 import asyncio
 import time
 
@@ -17,8 +16,10 @@ from emulation.topology import build as build_topology
 from emulation.topology import internet2, uniform
 from emulation.trace import RateEvent, Trace, TraceError, build, markov, read_csv, redraw, steps, walk
 from sim import SimulationStalled, simulate
-from wansync.cli import _trace, main
+from wansync.cli import main
+from wansync.options import Options, OptionsError
 from wansync.predict import RoundPredictor, predict
+from wansync.runspec import trace_of
 
 HORIZON = 3600.0
 
@@ -131,16 +132,19 @@ def test_events_on_links_that_do_not_exist_are_refused(tmp_path):
     assert main(["simulate", "--topology", "internet2", "--trace", f"csv:{tmp_path / 't.csv'}"]) == 2
 
 
-def _args(**kw):
-    d = {"trace": None, "trace_file": None, "dynamic": False, "period": 180.0, "seed": 1, "scale": 0.05}
-    return argparse.Namespace(**{**d, **kw})
+def _trace(options, topo):
+    return trace_of(options, topo)
+
+
+def _args(period=180.0, trace_file=None, **kw):
+    return Options.make(period_s=period, trace_file=None if trace_file is None else str(trace_file), **kw)
 
 
 def test_dynamic_is_an_alias_of_redraw_and_not_combinable():
     topo = internet2()
     assert _trace(_args(dynamic=True, period=60), topo) == _trace(_args(trace="redraw:60"), topo)
-    with pytest.raises(TraceError, match="not both"):
-        _trace(_args(dynamic=True, trace="walk"), topo)
+    with pytest.raises(OptionsError, match="not both"):
+        _args(dynamic=True, trace="walk").validate()
     assert not _trace(_args(), topo).events
 
 

@@ -9,7 +9,9 @@ application shapers do in the agents).
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -19,17 +21,25 @@ from emulation.topology import Topology
 from emulation.trace import Trace
 
 
+def agent_command(options_file: Path, node: int, scheduler: str) -> list[str]:
+    """An agent process: the run's options file, and what is its own (node id, the scheduler's address
+    as it reaches it). The cluster secret goes in the environment or its file, never in argv (ps)."""
+    return [sys.executable, "-m", "wansync.cli", "agent", "--options", str(options_file), "--node", str(node),
+            "--scheduler", scheduler]
+
+
 class AppBackend:
     """The application shapes every link; faults reach the agents as EMU messages (the default)."""
 
     name = "app"
     scheduler_host = "127.0.0.1"
+    agent_shaping = "app"  # agents emulate rates and delays (wansync.options SHAPING)
 
     async def setup(self) -> None:
         pass
 
-    def agent_command(self, cmd: list[str], node: int, port: int) -> list[str]:
-        return cmd
+    def agent_command(self, options_file: Path, node: int, port: int) -> list[str]:
+        return agent_command(options_file, node, f"{self.scheduler_host}:{port}")
 
     def link_control(self) -> LinkControl | None:
         return None
@@ -62,12 +72,13 @@ class TcBackend(AppBackend):
     def scheduler_host(self) -> str:  # type: ignore[override]
         return self.net.ctl_host
 
-    def agent_command(self, cmd: list[str], node: int, port: int) -> list[str]:
+    agent_shaping = "delay-only"  # the kernel shapes rates; delay and jitter stay in the agents
+
+    def agent_command(self, options_file: Path, node: int, port: int) -> list[str]:
         """The same agent inside its namespace: scheduler over the unshaped control bridge, data on its
-        netns address (so agent-to-agent bytes cross the shaped veths), delay only in the application."""
-        cmd = list(cmd)
-        cmd[cmd.index("--scheduler") + 1] = f"{self.net.ctl_host}:{port}"
-        return self.net.exec_prefix(node) + cmd + ["--listen", f"{self.net.data_addr(node)}:0", "--delay-only"]
+        netns address (so agent-to-agent bytes cross the shaped veths)."""
+        cmd = agent_command(options_file, node, f"{self.net.ctl_host}:{port}")
+        return self.net.exec_prefix(node) + cmd + ["--listen", f"{self.net.data_addr(node)}:0"]
 
     def link_control(self) -> LinkControl | None:
         return self.net if hasattr(self.net, "set_blackhole") else None  # type: ignore[return-value]

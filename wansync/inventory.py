@@ -24,6 +24,7 @@ to the peers uses), tls_cert and tls_key (this host's certificate, default the r
 
 from __future__ import annotations
 
+import argparse
 import re
 import tomllib
 from dataclasses import dataclass, fields
@@ -136,3 +137,36 @@ def _checked(specs: list[HostSpec]) -> list[HostSpec]:
         if s.name in dup:
             s.name = f"{s.name}#{i}"
     return specs
+
+
+SHAPES = ("app", "tc", "none")
+
+
+def add_host_arguments(parser: argparse.ArgumentParser) -> None:
+    """`wansync deploy`'s own flags: which hosts, how to reach them, how to run there. They are the
+    launcher's, not the run's options: no host process reads them."""
+    g = parser.add_argument_group("hosts")
+    g.add_argument("--inventory", type=Path, default=None, metavar="FILE",
+                   help="hosts.toml (README: Running on real machines)")
+    g.add_argument("-H", "--hosts", default=None, metavar="USER@HOST,...",
+                   help="hosts in node order, instead of an inventory (as horovodrun -H)")
+    g.add_argument("--known-hosts", type=Path, default=None, metavar="FILE",
+                   help="host keys to check against (default ~/.ssh/known_hosts)")
+    g.add_argument("--accept-new-host-keys", action="store_true",
+                   help="trust hosts never seen before and add them to known_hosts (a changed key is refused)")
+    g.add_argument("--identity", default=None, metavar="KEY",
+                   help="SSH private key for every host (default: ssh-agent, ~/.ssh/id_*)")
+    g.add_argument("--wheelhouse", type=Path, default=None, metavar="DIR",
+                   help="install from these wheels (wansync + dependencies) instead of building them here")
+    g.add_argument("--scheduler-here", action="store_true",
+                   help="run the scheduler in this process instead of on the first host")
+    g.add_argument("--scheduler-address", default=None, metavar="HOST",
+                   help="with --scheduler-here: the address hosts dial to reach it (default: this machine's "
+                        "address as each SSH connection sees it)")
+    g.add_argument("--shape", choices=SHAPES, default="app",
+                   help="app: agents emulate the topology's links (default, as `wansync run`); tc: per-destination "
+                        "htb classes on each host's NIC, rates from the topology/trace; none: the real network")
+    g.add_argument("--no-shaping", dest="shape", action="store_const", const="none", help="= --shape none")
+    g.add_argument("--clean", action="store_true",
+                   help="remove what runs whose launcher died left on the hosts (processes, shaping, run dirs)")
+    g.add_argument("--force", action="store_true", help="--clean: also runs whose launcher is still alive")

@@ -49,8 +49,10 @@ from emulation.tc import unavailable  # noqa: E402
 from emulation.topology import build  # noqa: E402
 from scheduler import planners  # noqa: E402
 from scheduler.view import NetworkView  # noqa: E402
-from wansync.cluster import RunConfig, run  # noqa: E402
+from wansync.cluster import run  # noqa: E402
 from wansync.guard import job_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 SCHEMES = ["mst", "netstorm", "ring"]
 ALL_LINKS = "all-links"
@@ -246,9 +248,11 @@ def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> li
     fd, name = tempfile.mkstemp(prefix="wansync-capacity-", suffix=".jsonl")
     os.close(fd)
     out = Path(name)
-    cfg = RunConfig(topology=case.topology, topo=topo.scaled(case.scale), schemes=case.schemes, model=case.model,
-                    scale=case.scale, rounds=case.rounds, warmup=case.warmup, out=out, backend=case.backend,
-                    chunk_override=case.chunk, options=dict(case.options))
+    cfg = resolve(Options.make(topology=case.topology, nodes=case.nodes, schemes=case.schemes,
+                               workload__model=case.model, scale=case.scale, rounds=case.rounds, warmup=case.warmup,
+                               out=str(out), backend=case.backend,
+                               chunk=None if case.chunk is None else str(case.chunk),
+                               no_http=True, **{f"schemes__{k}": v for k, v in case.options.items()}))
     quiet = Console(file=io.StringIO(), width=150)
     try:
         with Sampler() as sampler:

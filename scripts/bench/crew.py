@@ -85,10 +85,13 @@ from sim import MEASURED, SimNetwork, simulate, simulate_job  # noqa: E402
 from sim.job import Queue  # noqa: E402
 from sim.nonblocking import default_blocks, simulate_nonblocking  # noqa: E402
 from sim.outage import simulate_outages  # noqa: E402
-from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.backend import agent_command  # noqa: E402
+from wansync.cluster import agent_options_file  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.predict import oracle_view  # noqa: E402
 from wansync.procs import reap  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 MODEL_BYTES = 180_000_000  # the paper's default model
 CHUNK_PARAMS = 16_384  # 64 KiB chunks (k ~ 2,750 >> n)
@@ -461,6 +464,7 @@ class LivePart:
         self.compute = compute_trace(tmp / "live-compute.csv", "T1", args.live_seed, LIVE_N)
         self.secret = generate_secret()
         self.cluster = "crew-" + self.secret[:8]
+        self.options_file: Path | None = None  # written once: every agent reads the same
         self.sched = Scheduler(self.cluster, LIVE_N, secret=self.secret.encode())
         self.procs: dict[int, subprocess.Popen] = {}
         self.jobs: dict[str, JobState] = {}
@@ -469,10 +473,13 @@ class LivePart:
         self.outage: dict[str, Any] = {}
 
     def spawn(self, node: int, port: int) -> None:
-        cfg = RunConfig(topology=self.spec, topo=self.topo, schemes=list(LIVE_SCHEMES), model=str(self.params),
-                        scale=1.0, rounds=1, seed=self.args.live_seed,
-                        chunk_override=self.chunk)  # probes follow the chunk size (half a chunk), as --chunk does
-        self.procs[node] = spawn_agent(agent_command(cfg, node, port, self.cluster), node, {SECRET_ENV: self.secret},
+        if self.options_file is None:  # probes follow the chunk size (half a chunk), as --chunk does
+            cfg = resolve(Options.make(topology=self.spec, nodes=self.topo.nodes, schemes=list(LIVE_SCHEMES),
+                                       workload__model=str(self.params), scale=1.0, rounds=1,
+                                       seed=self.args.live_seed, chunk=str(self.chunk)))
+            self.options_file = agent_options_file(cfg, self.cluster)
+        cmd = agent_command(self.options_file, node, f"127.0.0.1:{port}")
+        self.procs[node] = spawn_agent(cmd, node, {SECRET_ENV: self.secret},
                                        self.args.agent_logs)
 
     async def run(self) -> dict[str, Any]:

@@ -30,9 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from emulation.topology import build  # noqa: E402
 from scheduler.service import JobState  # noqa: E402
-from wansync.cluster import RunConfig, run  # noqa: E402
+from wansync.cluster import run  # noqa: E402
 from wansync.guard import live_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.predict import predict  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 SCHEMES = ["star", "ring", "mst", "ktree"]
 TIE_PCT = 3.0  # schemes closer than this (live or predicted) are a tie for the ranking
@@ -43,9 +45,8 @@ LIVE_JOBS: list[JobState] = []  # every live run used, for the fidelity guard's 
 
 def live_vs_sim(topology: str, nodes: int | None, scale: float, rounds: int) -> dict[str, tuple[float, float]]:
     """One cluster run: per scheme, (median measured round time, median prediction)."""
-    topo = build(topology, nodes).scaled(scale)
-    cfg = RunConfig(topology=topology, topo=topo, schemes=SCHEMES, model="resnet50", scale=scale,
-                    rounds=rounds, warmup=1)
+    cfg = resolve(Options.make(topology=topology, nodes=nodes, schemes=SCHEMES, workload__model="resnet50",
+                               scale=scale, rounds=rounds, warmup=1, no_http=True))
     quiet = Console(file=io.StringIO(), width=150)
     jobs = asyncio.run(run(cfg, console=quiet, show_table=False))
     LIVE_JOBS.extend(jobs)

@@ -100,9 +100,12 @@ from overlay import codec  # noqa: E402
 from overlay.auth import HANDSHAKE_TIMEOUT_S, SECRET_ENV, AuthError, Handshake, generate_secret  # noqa: E402
 from overlay.messages import ProtocolError, bitmap  # noqa: E402
 from scheduler.service import JobState, Scheduler  # noqa: E402
-from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.backend import agent_command  # noqa: E402
+from wansync.cluster import agent_options_file  # noqa: E402
 from wansync.guard import job_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.procs import reap  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 CTX = mp.get_context("fork")  # forked before the parent starts any loop or thread
 LEN = struct.Struct("!I")
@@ -677,12 +680,13 @@ class Hostile:
 
     # --- processes ------------------------------------------------------------------------------
     def spawn(self, port: int) -> None:
-        cfg = RunConfig(topology="internet2", topo=self.topo, schemes=self.args.schemes, model=self.args.model,
-                        scale=self.args.scale, rounds=self.args.rounds, seed=self.args.seed,
-                        extra_agent_args=["--hold-budget-mb", str(HOLD_BUDGET_MB)])
+        cfg = resolve(Options.make(topology="internet2", schemes=self.args.schemes, workload__model=self.args.model,
+                                   scale=self.args.scale, rounds=self.args.rounds, seed=self.args.seed,
+                                   hold_budget_mb=float(HOLD_BUDGET_MB)))
+        options_file = agent_options_file(cfg, self.cluster)
         for n in range(self.topo.nodes):
             err = (self.logdir / f"agent{n}.log").open("w")
-            self.procs[n] = subprocess.Popen(agent_command(cfg, n, port, self.cluster),
+            self.procs[n] = subprocess.Popen(agent_command(options_file, n, f"127.0.0.1:{port}"),
                                              env={**os.environ, SECRET_ENV: self.secret},
                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
             err.close()

@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from emulation.topology import internet2  # noqa: E402
 from emulation.trace import redraw  # noqa: E402
 from scheduler.service import JobState  # noqa: E402
-from wansync.cli import TRACE_HORIZON_S  # noqa: E402
-from wansync.cluster import RunConfig, run  # noqa: E402
+from wansync.cluster import run  # noqa: E402
 from wansync.guard import live_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.predict import predict  # noqa: E402
+from wansync.runspec import TRACE_HORIZON_S, resolve  # noqa: E402
 
 HUB = 5  # the paper's node 6, the degree-4 hub (MXNet's PS placement)
 STATIC = ["star", "mst", "ktree", "netstorm-lite", "netstorm-std", "netstorm"]
@@ -42,10 +43,12 @@ def cluster(schemes: list[str], scale: float, rounds: int | dict[str, int], *, d
             period_s: float = 180.0, options: dict | None = None) -> list[JobState]:
     topo = internet2().scaled(scale)
     trace = redraw(topo.links, period_s, TRACE_HORIZON_S, seed=1).scaled(scale) if dynamic else None
-    cfg = RunConfig(topology="internet2", topo=topo, schemes=schemes, model="alexnet", scale=scale,
-                    rounds=rounds if isinstance(rounds, int) else max(rounds.values()), warmup=1, hub=HUB,
-                    dynamic=dynamic, period_s=period_s, trace=trace, options=dict(options or {}),
-                    rounds_by_scheme=rounds if isinstance(rounds, dict) else {})
+    cfg = resolve(Options.make(topology="internet2", schemes=schemes, workload__model="alexnet", scale=scale,
+                               rounds=rounds if isinstance(rounds, int) else max(rounds.values()), warmup=1, hub=HUB,
+                               dynamic=dynamic, period_s=period_s, no_http=True,
+                               rounds_by_scheme=rounds if isinstance(rounds, dict) else {},
+                               **{f"schemes__{k}": v for k, v in (options or {}).items()}))
+    cfg.trace = trace  # drawn here, the same draw the prediction used; the agents load it from the run's file
     jobs = asyncio.run(run(cfg, console=Console(file=io.StringIO(), width=150), show_table=False))
     LIVE_JOBS.extend(jobs)
     for js in jobs:

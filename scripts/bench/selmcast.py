@@ -63,9 +63,12 @@ from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, TaskRun, simulate_tasks  # noqa: E402
 from sim.mcastjob import bsp_round, simulate_ssp  # noqa: E402
-from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.backend import agent_command  # noqa: E402
+from wansync.cluster import agent_options_file  # noqa: E402
 from wansync.guard import live_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.procs import reap  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 MBIT = 1e6 / 8
 # SSP (digest 000 §4): b = 40 Gbit/s, v = 200 MB, compute mean 1 s; lognormal stand-ins per workload
@@ -170,10 +173,12 @@ class Live:
 
     async def run(self) -> None:
         port = await self.sched.start()
-        cfg = RunConfig(topology=self.spec, topo=self.topo, schemes=["mcast"], model=str(LIVE_PARAMS), scale=1.0,
-                        rounds=self.rounds, seed=self.seed, chunk_override=LIVE_CHUNK)
+        cfg = resolve(Options.make(topology=self.spec, nodes=self.topo.nodes, schemes=["mcast"], progress__model="ssp",
+                                   workload__model=str(LIVE_PARAMS), scale=1.0, rounds=self.rounds, seed=self.seed,
+                                   chunk=str(LIVE_CHUNK)))
+        options_file = agent_options_file(cfg, self.cluster)
         for n in range(LIVE_N):
-            self.procs.append(subprocess.Popen(agent_command(cfg, n, port, self.cluster),
+            self.procs.append(subprocess.Popen(agent_command(options_file, n, f"127.0.0.1:{port}"),
                                                env={**os.environ, SECRET_ENV: self.secret},
                                                stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:

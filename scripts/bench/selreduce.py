@@ -72,11 +72,14 @@ from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, SimNetwork, simulate_job  # noqa: E402
 from sim.job import Selective  # noqa: E402
 from sim.selective import SelectiveConfig  # noqa: E402
-from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.backend import agent_command  # noqa: E402
+from wansync.cluster import agent_options_file  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.predict import oracle_view  # noqa: E402
 from wansync.procs import reap  # noqa: E402
 from wansync.results import Recorder, Results  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 SCHEMES = ("sr", "pr", "ar")
 # --- the paper's simulation (digest §4, §2.8) ---------------------------------------------------------
@@ -330,6 +333,7 @@ class LiveBench:
         self.compute = f"cnn:mean={args.compute_mean}"
         self.secret = generate_secret()
         self.cluster = "selreduce-" + self.secret[:8]
+        self.options_file: Path | None = None  # written once: every agent reads the same
         # 16 agents on 2 shared cores: a starved agent's heartbeat comes late, which is no failure to
         # react to (the fidelity guard judges the run); 1.5 s lost two agents mid-job on a loaded machine
         self.sched = Scheduler(self.cluster, LIVE_N, secret=self.secret.encode(), heartbeat_timeout=HEARTBEAT_S)
@@ -340,10 +344,14 @@ class LiveBench:
         self.runs: list[LiveRun] = []
 
     def spawn(self, node: int, port: int) -> None:
-        cfg = RunConfig(topology=self.topo_spec, topo=self.topo, schemes=["ring"], model=str(self.spec.vector_params),
-                        scale=1.0, rounds=1, seed=self.args.seed)
+        if self.options_file is None:
+            cfg = resolve(Options.make(topology=self.topo_spec, nodes=self.topo.nodes, schemes=["ring"],
+                                       workload__model=str(self.spec.vector_params), scale=1.0, rounds=1,
+                                       seed=self.args.seed))
+            self.options_file = agent_options_file(cfg, self.cluster)
         one_thread = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.procs[node] = spawn_agent(agent_command(cfg, node, port, self.cluster), node, {SECRET_ENV: self.secret},
+        cmd = agent_command(self.options_file, node, f"127.0.0.1:{port}")
+        self.procs[node] = spawn_agent(cmd, node, {SECRET_ENV: self.secret},
                                        self.args.agent_logs, env=one_thread)
 
     async def run(self) -> None:

@@ -392,11 +392,12 @@ def round_times(backend: str, scale: float, rounds: int, schemes: list[str]) -> 
     """Median round time per scheme on internet2 via `wansync run`'s own machinery (all rounds exact)."""
     from rich.console import Console
 
-    from wansync.cluster import RunConfig, run
+    from wansync.cluster import run
+    from wansync.options import Options
+    from wansync.runspec import resolve
 
-    topo = internet2().scaled(scale)
-    cfg = RunConfig(topology="internet2", topo=topo, schemes=schemes, model="resnet50", scale=scale,
-                    rounds=rounds, warmup=1, hub=5, backend=backend)
+    cfg = resolve(Options.make(topology="internet2", schemes=schemes, workload__model="resnet50", scale=scale,
+                               rounds=rounds, warmup=1, hub=5, backend=backend, no_http=True))
     jobs = asyncio.run(run(cfg, Console(stderr=True, quiet=True), show_table=False))
     LIVE_JOBS.setdefault(backend, []).extend(jobs)
     out = {}

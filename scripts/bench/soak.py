@@ -46,9 +46,12 @@ from emulation.faults import AppLinkControl, Fault, FaultInjector  # noqa: E402
 from emulation.topology import internet2  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
 from scheduler.service import Scheduler  # noqa: E402
-from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.backend import agent_command  # noqa: E402
+from wansync.cluster import agent_options_file  # noqa: E402
 from wansync.guard import live_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.procs import reap  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 SCHEMES = ["mst", "netstorm", "ring", "star"]
 KINDS = ["kill", "freeze", "cut", "blackhole", "collapse"]
@@ -70,6 +73,7 @@ class Soak:
         self.params, self.chunk = model_params(args.model, args.scale), chunk_params(args.scale)
         self.secret = generate_secret()
         self.cluster = "soak-" + self.secret[:8]
+        self.options_file: Path | None = None  # written once: every agent reads the same
         self.events: list[tuple[float, str, dict[str, Any]]] = []
         self.sched = Scheduler(self.cluster, self.topo.nodes, secret=self.secret.encode(),
                                on_event=lambda kind, data: self.events.append((time.time(), kind, data)))
@@ -83,9 +87,11 @@ class Soak:
 
     # --- processes -------------------------------------------------------------------------------
     def spawn(self, node: int) -> None:
-        cfg = RunConfig(topology="internet2", topo=self.topo, schemes=SCHEMES, model=self.args.model,
-                        scale=self.args.scale, rounds=ROUNDS_PER_JOB, seed=self.args.seed)
-        cmd = agent_command(cfg, node, self.port, self.cluster)
+        if self.options_file is None:
+            cfg = resolve(Options.make(topology="internet2", schemes=SCHEMES, workload__model=self.args.model,
+                                       scale=self.args.scale, rounds=ROUNDS_PER_JOB, seed=self.args.seed))
+            self.options_file = agent_options_file(cfg, self.cluster)
+        cmd = agent_command(self.options_file, node, f"127.0.0.1:{self.port}")
         self.procs[node] = subprocess.Popen(cmd, env={**os.environ, SECRET_ENV: self.secret},
                                             stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

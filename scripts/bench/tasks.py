@@ -84,11 +84,14 @@ from scheduler.tasks import JobState, TaskRecord  # noqa: E402
 from sim import MEASURED, SimNetwork, TaskRun, simulate_job, simulate_tasks  # noqa: E402
 from sim.job import Queue as SimQueue  # noqa: E402
 from sim.job import Ssp as SimSsp  # noqa: E402
-from wansync.cluster import RunConfig, agent_command  # noqa: E402
+from wansync.backend import agent_command  # noqa: E402
+from wansync.cluster import agent_options_file  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
 from wansync.predict import oracle_view  # noqa: E402
 from wansync.procs import reap  # noqa: E402
 from wansync.results import Recorder, Results  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
 
 SCHEMES = ["star", "mst"]
 # the blind simulator's cases (after the phases): bursts of tasks started together, replayed by sim
@@ -259,6 +262,7 @@ class TasksBench:
         self.params, self.chunk = model_params(args.model, args.scale), chunk_params(args.scale)
         self.secret = generate_secret()
         self.cluster = "tasks-" + self.secret[:8]
+        self.options_file: Path | None = None  # written once: every agent reads the same
         self.sched = Scheduler(self.cluster, self.topo.nodes, secret=self.secret.encode())
         self.results = Results(args.out)
         if args.out is not None:
@@ -269,9 +273,12 @@ class TasksBench:
         self.sim_rows: list[tuple[str, int, float, float, float]] = []
 
     def spawn(self, node: int, port: int) -> None:
-        cfg = RunConfig(topology="internet2", topo=self.topo, schemes=SCHEMES, model=self.args.model,
-                        scale=self.args.scale, rounds=1, seed=self.args.seed)
-        self.procs[node] = spawn_agent(agent_command(cfg, node, port, self.cluster), node, {SECRET_ENV: self.secret},
+        if self.options_file is None:
+            cfg = resolve(Options.make(topology="internet2", schemes=SCHEMES, workload__model=self.args.model,
+                                       scale=self.args.scale, rounds=1, seed=self.args.seed))
+            self.options_file = agent_options_file(cfg, self.cluster)
+        cmd = agent_command(self.options_file, node, f"127.0.0.1:{port}")
+        self.procs[node] = spawn_agent(cmd, node, {SECRET_ENV: self.secret},
                                        self.args.agent_logs)
 
     async def watch_agents(self) -> None:

@@ -37,7 +37,7 @@ from bench_common import commit, cpu_s, die_with_parent, exit_on_sigterm, reap, 
 from emulation.link import LinkShaper, LinkSpec
 from overlay.link import SEGMENT_BYTES
 from overlay.peers import Overlay
-from wansync.cluster import DEFAULT_LOOP
+from wansync.loops import DEFAULT_LOOP
 
 MIB = 1 << 20
 FRAMES = (1 * MIB, 4 * MIB)
