@@ -223,7 +223,9 @@ def test_deploy_whole_flow_over_real_ssh(hosts: standin.StandinHosts, tmp_path: 
     assert not [c for c in watch.cmdlines if secret in c], "the cluster secret appeared on a command line"
     assert watch.secret_modes == {0o600}, f"secret file modes seen: {watch.secret_modes}"
     assert watch.key_modes == {0o600}, f"TLS key modes seen: {watch.key_modes}"
-    assert all("--tls-ca" in c for c in watch.cmdlines if "wansync.cli agent" in c or "wansync.cli scheduler" in c)
+    # every process read the run's options from its host's copy, not from flags rebuilt field by field
+    procs = [c for c in watch.cmdlines if "wansync.cli agent" in c or "wansync.cli scheduler" in c]
+    assert procs and all("--options" in c and "--tls-ca" not in c and "--topology" not in c for c in procs), procs
     assert watch.dashboard is not None and "error" not in watch.dashboard, watch.dashboard
     # results: every round exact (judged here from the plans in the file), every host's records and logs
     res = tmp_path / "out" / "results.jsonl"
@@ -316,6 +318,32 @@ def test_scheduler_here_and_installed_hosts_not_reinstalled(hosts: standin.Stand
     installs = {json.loads((tmp_path / "out" / "logs" / f"{h.name}.json").read_text())["install"]
                 for h in hosts.hosts}
     assert installs in ({"up to date"}, {"installed"}, {"installed", "up to date"})
+    assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
+
+
+@needs_hosts
+def test_deploy_hands_every_process_the_whole_options(hosts: standin.StandinHosts, tmp_path: Path) -> None:
+    """The bug this replaced: the scheduler on the first host got a command line rebuilt field by field
+    and lost --progress, --staleness and more (deploy --progress ssp ran BSP). Now the scheduler there
+    reads the options file; every run option given here is in what it recorded, and the jobs ran SSP."""
+    given = {"progress": ("--progress", "ssp", "ssp"), "staleness": ("--staleness", "1", 1),
+             "gc": ("--agent-gc", "default", "default"), "hold_budget_mb": ("--hold-budget-mb", "64", 64.0),
+             "primary_busy_bound": ("--primary-busy-bound", "3", 3), "eta": ("--eta", "0.5", 0.5),
+             "heartbeat_timeout_s": ("--heartbeat-timeout", "4", 4.0), "compute_model": (
+                 "--compute-model", "constant:0.01", "constant:0.01")}
+    argv = [x for flag, value, _ in given.values() for x in (flag, value)]
+    cmd = deploy(hosts, tmp_path, *RUN, "--schemes", "mcast", "--no-http", *argv)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    [run] = [r for r in recs if r["type"] == "run"]
+    seen = {name: value for group in run["options"].values() if isinstance(group, dict)
+            for name, value in group.items()}
+    seen["progress"] = run["options"]["progress"]["model"]
+    for name, (flag, _, want) in given.items():
+        assert seen[name] == want, f"{flag}: the scheduler on h0 recorded {seen[name]!r}, not {want!r}"
+    jobs = [r for r in recs if r["type"] == "job"]
+    assert jobs and all(j["progress"] == "ssp" and j["scheme"] == "mcast" for j in jobs), jobs
     assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
 
 
