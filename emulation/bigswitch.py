@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .link import LinkSpec
-from .topology import Topology, TopologyError
-from .trace import PORT, RateEvent, Trace, TraceError
+from .topotypes import Topology, TopologyError
+from .tracetypes import PORT, RateEvent, Trace, TraceError
 
 PREFIX = "bigswitch"
 

@@ -14,7 +14,7 @@ Rates are per direction; delays are zero (the evaluation is of transfer times).
 from __future__ import annotations
 
 from .link import LinkSpec
-from .topology import Topology, TopologyError
+from .topotypes import Topology, TopologyError
 
 GBIT = 1000.0  # Mbit/s
 

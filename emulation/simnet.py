@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from sim import SimNetwork, make_network
 
-from .topology import Topology
-from .trace import Trace
+from .topotypes import Topology
+from .tracetypes import Trace
 
 
 def sim_network(topo: Topology, trace: Trace | None = None) -> SimNetwork:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from .link import LinkSpec
-from .topology import Topology, TopologyError
+from .topotypes import Topology, TopologyError
 
 LAMBDA = 0.05  # the paper's default skew: b in [1, 20] units
 DELAY_S = 0.001  # alpha, 1 ms

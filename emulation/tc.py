@@ -44,7 +44,7 @@ from pathlib import Path
 
 from overlay.routing import Routes
 
-from .topology import Topology
+from .topotypes import Topology
 
 PREFIX_RE = re.compile(r"^(ws[0-9a-f]{4})-")
 OWNER_DIR = Path("/run/wansync")

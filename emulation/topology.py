@@ -3,6 +3,10 @@
 Built-ins: `uniform` and `hetero` (full meshes) and `internet2`, the 9-node, 13-link overlay of
 the NetStorm paper. Any topology also loads from a TOML or JSON file; a bad file raises
 `TopologyError` naming the offending field. Node ids are 0..n-1 (the paper's node k is our k-1).
+
+`build(spec)` finds the generator a spec names in one registry (GENERATORS): the built-ins and presets
+here, and the generator modules (bigswitch, gpumesh, switch, waxman), which build on the record in
+topotypes.py and never import this module, so no import goes in a circle.
 """
 
 from __future__ import annotations
@@ -10,90 +14,18 @@ from __future__ import annotations
 import json
 import random
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overlay.routing import Routes, adjacency
-
+from . import bigswitch, gpumesh, switch, waxman
 from .link import LinkSpec
+from .topotypes import INTERNET2_DELAY_S, PAPER_RATE_RANGE, Topology, TopologyError
 
 # NetStorm's Internet2 overlay (digest §4, 1-indexed there): 13 links, node 6 (our 5) has degree 4.
 INTERNET2_LINKS = [(1, 2), (1, 3), (2, 3), (2, 5), (3, 4), (4, 5), (4, 6), (5, 7), (6, 7), (6, 8),
                    (6, 9), (7, 8), (8, 9)]
-INTERNET2_DELAY_S = 0.030
-PAPER_RATE_RANGE = (20, 155)  # Mbit/s, integer draws as in the authors' scripts
-
-
-class TopologyError(ValueError):
-    """A topology (file or arguments) that cannot be built; the message names the field."""
-
-
-@dataclass(frozen=True)
-class Topology:
-    name: str
-    nodes: int
-    links: Mapping[tuple[int, int], LinkSpec]  # directed; every overlay link appears both ways
-    uplink_mbps: Mapping[int, float] = field(default_factory=dict)
-    downlink_mbps: Mapping[int, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for (a, b) in self.links:
-            if (b, a) not in self.links:
-                raise TopologyError(f"links: {a}->{b} has no reverse direction {b}->{a}")
-        adj = adjacency(self.links)
-        if self.nodes > 1 and (len(adj) < self.nodes or self._components(adj) > 1):
-            raise TopologyError(f"nodes: the {self.nodes} nodes are not all connected by links")
-
-    @staticmethod
-    def _components(adj: Mapping[int, set[int]]) -> int:
-        seen: set[int] = set()
-        count = 0
-        for start in adj:
-            if start in seen:
-                continue
-            count += 1
-            stack = [start]
-            while stack:
-                u = stack.pop()
-                if u not in seen:
-                    seen.add(u)
-                    stack.extend(adj[u] - seen)
-        return count
-
-    @property
-    def full_mesh(self) -> bool:
-        return len(self.links) == self.nodes * (self.nodes - 1)
-
-    def neighbors(self, node: int) -> list[int]:
-        return sorted(b for (a, b) in self.links if a == node)
-
-    def undirected(self) -> list[tuple[int, int]]:
-        return sorted((a, b) for (a, b) in self.links if a < b)
-
-    def routes(self) -> Routes:
-        return Routes(adjacency(self.links))
-
-    def scaled(self, scale: float) -> Topology:
-        """Delays shrink with --scale (rates do not), so a scaled run keeps the full-size shape."""
-        links = {k: replace(v, delay_s=v.delay_s * scale, jitter_s=v.jitter_s * scale)
-                 for k, v in self.links.items()}
-        return replace(self, links=links)
-
-    def with_rates(self, rates: Mapping[tuple[int, int], float]) -> Topology:
-        links = {k: replace(v, rate_mbps=rates.get(k, v.rate_mbps)) for k, v in self.links.items()}
-        return replace(self, links=links)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "nodes": self.nodes,
-            "links": [{"src": a, "dst": b, "rate_mbps": s.rate_mbps, "delay_ms": s.delay_s * 1e3,
-                       "jitter_ms": s.jitter_s * 1e3} for (a, b), s in sorted(self.links.items())],
-            "caps": [{"node": n, "uplink_mbps": self.uplink_mbps.get(n),
-                      "downlink_mbps": self.downlink_mbps.get(n)}
-                     for n in sorted(set(self.uplink_mbps) | set(self.downlink_mbps))],
-        }
 
 
 def uniform(nodes: int, rate_mbps: float = 100.0, delay_s: float = INTERNET2_DELAY_S) -> Topology:
@@ -121,8 +53,6 @@ def internet2(seed: int = 1, lo: float = PAPER_RATE_RANGE[0], hi: float = PAPER_
     return Topology("internet2", 9, links)
 
 
-BUILTIN = ("uniform", "hetero", "internet2", "waxman:N", "crew:N", "geo:NAME", "gpumesh:AxB", "gpunic:AxB",
-           "switch:N", "bigswitch:N")
 PRESETS = Path(__file__).parent / "presets"  # measured matrices; each file names its source
 
 
@@ -190,49 +120,74 @@ def _rate_factor(spec: str, arg: str) -> tuple[str, float]:
     return (rest[0] if rest else ""), factor
 
 
+def _mesh(spec: str, nodes: int | None, seed: int) -> Topology:
+    """`uniform[:Mbps]` or `hetero[:lo-hi][:x=F]` on --nodes nodes (default 9)."""
+    name, _, arg = spec.partition(":")
+    n = 9 if nodes is None else nodes
+    if n < 2:
+        raise TopologyError(f"nodes: {name} needs at least 2 nodes, got {n}")
+    if name == "uniform":
+        return uniform(n, float(arg) if arg else 100.0)
+    rng, factor = _rate_factor(spec, arg)
+    lo, hi = (float(x) for x in rng.split("-")) if rng else PAPER_RATE_RANGE
+    topo = hetero(n, lo, hi, seed=seed)
+    if factor != 1.0:  # the seeded draws stay the same; only their scale changes
+        topo = topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
+    return topo
+
+
+@dataclass(frozen=True)
+class Generator:
+    """One family of topologies a spec `NAME[:...]` names: `make(spec, nodes, seed)`. A `sized` one takes
+    its size from --nodes; any other fixes its own, which --nodes (if given) must agree with."""
+
+    name: str
+    usage: str  # how the spec is written, for the error that lists them
+    make: Callable[[str, int | None, int], Topology]
+    sized: bool = False
+
+
+GENERATORS: dict[str, Generator] = {}
+
+
+def register(gen: Generator) -> Generator:
+    GENERATORS[gen.name] = gen
+    return gen
+
+
+def _spec_only(from_spec: Callable[[str], Topology]) -> Callable[[str, int | None, int], Topology]:
+    return lambda spec, nodes, seed: from_spec(spec)
+
+
+register(Generator("uniform", "uniform", _mesh, sized=True))
+register(Generator("hetero", "hetero", _mesh, sized=True))
+register(Generator("internet2", "internet2",
+                   lambda spec, nodes, seed: _internet2_spec(spec, spec.partition(":")[2], seed)))
+register(Generator("waxman", "waxman:N", _spec_only(waxman.from_spec)))
+register(Generator("crew", "crew:N", _spec_only(waxman.from_spec)))
+register(Generator("geo", "geo:NAME", _spec_only(preset)))
+register(Generator("gpumesh", "gpumesh:AxB", _spec_only(gpumesh.from_spec)))  # GPU clusters, Gbit/s
+register(Generator("gpunic", "gpunic:AxB", _spec_only(gpumesh.from_spec)))
+# seed 003's network: uneven capped host edges on a non-blocking fabric
+register(Generator("switch", "switch:N", _spec_only(switch.from_spec)))
+register(Generator("bigswitch", "bigswitch:N", _spec_only(bigswitch.from_spec)))  # SelMcast's big switch
+
+
 def build(spec: str, nodes: int | None = None, seed: int = 1) -> Topology:
     """`internet2[:seed=S][:x=F]`, `uniform[:Mbps]`, `hetero[:lo-hi][:x=F]`, `waxman:N[:seed=S][:x=F]`,
     `crew:N[:seed=S][:x=F]`, `geo:NAME[:x=F]` (x multiplies every rate), `gpumesh:AxB[:inter=G][:intra=G]`,
     `gpunic:AxB[...]` (GPU clusters, Gbit/s), `switch:N[...]` (capped hosts on a non-blocking fabric),
     `bigswitch:N[:...]` (emulation.bigswitch), or a .toml/.json file."""
-    name, _, arg = spec.partition(":")
-    if name == "bigswitch":
-        from .bigswitch import from_spec as switch_spec  # bigswitch builds on this module
-
-        topo = switch_spec(spec)
-    elif name in ("waxman", "crew"):
-        from .waxman import from_spec  # waxman builds on this module
-
-        topo = from_spec(spec)
-    elif name in ("gpumesh", "gpunic"):
-        from .gpumesh import from_spec as gpu_spec  # gpumesh builds on this module
-
-        topo = gpu_spec(spec)
-    elif name == "geo":
-        topo = preset(spec)
-    elif name == "switch":  # seed 003's network: uneven capped host edges on a non-blocking fabric
-        from .switch import from_spec as switch_spec
-
-        topo = switch_spec(spec)
-    elif name == "internet2":
-        topo = _internet2_spec(spec, arg, seed)
-    elif name in ("uniform", "hetero"):
-        n = 9 if nodes is None else nodes
-        if n < 2:
-            raise TopologyError(f"nodes: {name} needs at least 2 nodes, got {n}")
-        if name == "uniform":
-            topo = uniform(n, float(arg) if arg else 100.0)
-        else:
-            rng, factor = _rate_factor(spec, arg)
-            lo, hi = (float(x) for x in rng.split("-")) if rng else PAPER_RATE_RANGE
-            topo = hetero(n, lo, hi, seed=seed)
-            if factor != 1.0:  # the seeded draws stay the same; only their scale changes
-                topo = topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
-        return topo
+    gen = GENERATORS.get(spec.partition(":")[0])
+    if gen is not None:
+        topo = gen.make(spec, nodes, seed)
+        if gen.sized:
+            return topo
     elif Path(spec).suffix in (".toml", ".json"):
         topo = load(spec)
     else:
-        raise TopologyError(f"topology: unknown {spec!r}; use one of {', '.join(BUILTIN)} or a .toml/.json file")
+        known = ", ".join(g.usage for g in GENERATORS.values())
+        raise TopologyError(f"topology: unknown {spec!r}; use one of {known} or a .toml/.json file")
     if nodes is not None and nodes != topo.nodes:
         raise TopologyError(f"nodes: --nodes {nodes} disagrees with topology {topo.name!r}, "
                             f"which has {topo.nodes} nodes")

@@ -12,7 +12,7 @@ from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
 from .link import LinkSpec
-from .topology import INTERNET2_DELAY_S, PAPER_RATE_RANGE, Topology, TopologyError
+from .topotypes import INTERNET2_DELAY_S, PAPER_RATE_RANGE, Topology, TopologyError
 
 CREW_UNIT_MBPS = 25.0
 

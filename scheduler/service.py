@@ -37,6 +37,7 @@ from typing import Any
 
 import msgpack
 
+from core.capshare import CapSharing
 from core.plan import Job, Plan, PlanError, aux_to_wire, check_sharing, with_sharing
 from overlay.auth import TlsFiles
 from overlay.messages import (
@@ -61,7 +62,6 @@ from overlay.messages import (
 from overlay.messages import Job as JobMsg
 from overlay.messages import Task as TaskMsg
 from overlay.routing import NoRoute, Routes, adjacency
-from sim.capshare import CapSharing
 
 from . import planners
 from . import progress as progress_models

@@ -1,8 +1,8 @@
 """Flow-level simulator: replays plans on plain network data and predicts their times, blind.
 
 Its own package so that the scheduler (deadlines, on its view), the emulator (on a configured
-topology) and the CLI can all use it; it knows only the Plan types, the one min-hop router and the
-scheduler's pure split of node caps between classed flows (sim.capshare, which the scheduler runs live).
+topology) and the CLI can all use it; it knows only core/ (the Plan types and the policies the scheduler
+runs live: core.capshare's split of node caps, core.selective, core.sspview) and the one min-hop router.
 model.py says what is simulated, sharing.py how traffic classes share links, exact.py and fluid.py
 are the two engines, network.py builds the input from plain data, job.py drives jobs.
 
@@ -13,8 +13,8 @@ are the two engines, network.py builds the input from plain data, job.py drives 
   reduces, traffic classes, the scheduler's rates at node caps) in the exact engine; per task its
   end and receivers' done times.
 - `simulate_job(policy, plan_for, ...)` (policies in job.py): BSP, SSP, a ready queue or selective reduce's
-  controller (selective.py, with the pure BAG/bpaWR of selection.py, the one the scheduler runs live) forming
-  tasks over a budget; `engine="ring"` replays ring groups with the paper's closed form (ringcost.py);
+  controller (core/selective.py, with the pure BAG/bpaWR of core/selection.py, the one the scheduler runs
+  live) forming tasks over a budget; `engine="ring"` replays ring groups with the paper's closed form (ringcost.py);
   `engine="stepped"` (stepped.py) replays one-hop plans as flows in steps, for CREW's n = 60; outage.py adds
   link failures with the caller's repair, nonblocking.py CREW's non-blocking scatter.
 """
@@ -40,13 +40,12 @@ from .model import (
     TaskPrediction,
     TaskRun,
     TasksPrediction,
-    max_min_rates,
 )
 from .network import make_network
 
 __all__ = ["EXACT_BUDGET_S", "FLOAT32", "MBIT", "MEASURED", "NONE", "JobPrediction", "Mode", "RoundPrediction",
            "SimNetwork", "SimulationStalled", "TaskPrediction", "TaskRun", "TasksPrediction", "WanCosts",
-           "make_network", "max_min_rates", "simulate", "simulate_job", "simulate_tasks"]
+           "make_network", "simulate", "simulate_job", "simulate_tasks"]
 
 EXACT_BUDGET_S = 2.0  # auto mode: the exact engine's estimated run time it may spend
 

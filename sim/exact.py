@@ -6,7 +6,7 @@ Its cost grows with transfers times the number of keys that share links with eac
 beyond seconds: `exact_cost_s` estimates it so `simulate(mode="auto")` can pick the fluid engine.
 
 Where classed flows of different senders meet at a node cap, the live scheduler assigns them per-flow
-rates at every classed task's start and end (sim.capshare); this engine runs that same code at
+rates at every classed task's start and end (core.capshare); this engine runs that same code at
 the same moments (a task's start_s, its last receiver's done time) and applies the rates as per-key
 caps, 0 holding a key until a later update (`cap_rates=False`: only the plans' own `rates`).
 """
@@ -20,8 +20,10 @@ import numpy as np
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
-from . import capshare
-from .model import MBIT, Model, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction, max_min_rates
+from core import capshare
+from core.maxmin import max_min_rates
+
+from .model import MBIT, Model, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction
 from .sharing import class_rates
 
 _INF = float("inf")
@@ -222,7 +224,7 @@ class Exact:
         m = self.m
         return [(m.tasks[i].key, None if v < 0 else m.nodes[v], e) for i, v, e in ended]
 
-    # the scheduler's cap rates (sim.capshare)
+    # the scheduler's cap rates (core.capshare)
     def _cap_rates(self, t_idx: int, what: int) -> None:
         """A task with classed trees starts or ends: the scheduler splits the node caps again and the
         senders pace their flows (every route of the edge) to the new rates from now on."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import MBIT, Model, RoundPrediction, SimulationStalled, max_min_rates
+from core.maxmin import max_min_rates
+
+from .model import MBIT, Model, RoundPrediction, SimulationStalled
 
 FLUID_PASSES = 3  # 1 static pass, then re-solves from the previous pass's activity
 FLUID_SLICES = 24  # at most this many time slices (plus trace events) per re-solve

@@ -15,7 +15,7 @@ imported, they live on the scheduler's job state), with the worker loop of agent
                      contributions (each its own iteration), which they all receive; when fewer
                      than `group` are still to come (only with `rounds`), whoever is queued goes
     Selective(cfg, bandwidth, samples)
-                     selective reduce, P-Reduce, all-reduce (seed 003): sim.selective.Controller, the
+                     selective reduce, P-Reduce, all-reduce (seed 003): core.selective.Controller, the
                      very object scheduler/progress/selective.py runs live, told of every READY and
                      task end and woken at its own dt; a member resumes at its own receive time
 
@@ -35,12 +35,12 @@ from typing import Any
 
 from core.compute import ComputeModel
 from core.plan import Plan
+from core.selective import Controller, Launch, SelectiveConfig
 
 from .costs import NONE, WanCosts
 from .exact import Exact
 from .model import Model, SimNetwork, TaskRun
 from .ringcost import RingCost
-from .selective import Controller, Launch, SelectiveConfig
 from .stepped import DT, Stepped
 
 PlanFor = Callable[[tuple[int, ...], tuple[int, ...]], Plan]

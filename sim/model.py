@@ -25,7 +25,7 @@ The simulator models what the live data plane does, and nothing fitted to live r
   its own, every unclassed transfer is in the default class, so unclassed tasks share one FIFO per
   (origin, destination, first hop) as they do live; each class has FIFOs of its own. How classes
   share a resource: sharing.py;
-- the scheduler's cap rates (sim.capshare): where classed trees of different senders meet at a
+- the scheduler's cap rates (core.capshare): where classed trees of different senders meet at a
   node cap, the exact engine runs the scheduler's own split at each classed task's start and end and
   paces those edges (every route of one) to it, overriding the plan's `rates` (0 holds the edge).
 """
@@ -95,35 +95,6 @@ class TasksPrediction:
 
 class SimulationStalled(RuntimeError):
     """Work remained but nothing could make progress (a link or cap at rate 0 for good)."""
-
-
-def max_min_rates(pair_flow: np.ndarray, pair_res: np.ndarray, capacity: np.ndarray, nflows: int,
-                  weights: np.ndarray | None = None) -> np.ndarray:
-    """Max-min fair rates by progressive filling: every unfrozen flow grows by the same step until a
-    resource saturates, whose flows then freeze. (pair_flow[i], pair_res[i]) says flow uses resource.
-    Frozen pairs are dropped as it goes, so big instances get cheaper with every level.
-    weights: weighted max-min instead (flow f grows by weights[f] per step; all > 0)."""
-    rate = np.zeros(nflows)
-    left = np.asarray(capacity, dtype=float).copy()
-    nres = len(left)
-    level = 0.0
-    pf, pr = np.asarray(pair_flow), np.asarray(pair_res)
-    w = None if weights is None else np.asarray(weights, dtype=float)
-    while len(pf):
-        count = np.bincount(pr, minlength=nres) if w is None else np.bincount(pr, weights=w[pf], minlength=nres)
-        used = np.flatnonzero(count)
-        share = np.maximum(left[used], 0.0) / count[used]
-        step = float(share.min())
-        level += step
-        left[used] -= step * count[used]
-        full = np.zeros(nres, dtype=bool)
-        full[used[share <= step * (1 + 1e-12) + 1e-15]] = True
-        done = np.zeros(nflows, dtype=bool)
-        done[pf[full[pr]]] = True
-        rate[done] = level if w is None else level * w[done]
-        live = ~done[pf]
-        pf, pr = pf[live], pr[live]
-    return rate
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ node caps hold back gets that as its cap and the links are solved again, until n
 few rounds; it then keeps the last feasible answer). So priority and weights hold where the classes
 meet on a link; where they only meet at a node cap (senders writing to one receiver) they would
 share equally, but live the scheduler gives classed flows there per-flow rates at each classed
-task's start and end (sim.capshare), and the exact engine does the same (exact.py): they reach
+task's start and end (core.capshare), and the exact engine does the same (exact.py): they reach
 this function as per-key caps (`key_cap`; 0 = held), so priority and weights hold at caps per task.
 
 With a single class among the keys this is the plain max-min over every resource (what the simulator
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .model import max_min_rates
+from core.maxmin import max_min_rates
 
 if TYPE_CHECKING:
     from .model import Model

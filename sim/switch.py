@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import max_min_rates
+from core.maxmin import max_min_rates
 
 SHARING = ("maxmin", "priority")
 _EPS = 1e-9  # a flow with this share of its volume left is done (float residue of rate x time)

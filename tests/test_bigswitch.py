@@ -7,6 +7,7 @@ import pytest
 
 from core.compute import ComputeModel
 from core.plan import Job
+from core.sspview import blocked_for
 from emulation.bigswitch import SwitchModel, model_of, parse
 from emulation.simnet import sim_network
 from emulation.topology import TopologyError, build
@@ -16,7 +17,7 @@ from scheduler.planners import multicast
 from scheduler.selection.choosers import make
 from scheduler.view import NetworkView
 from sim import TaskRun, simulate_tasks
-from sim.mcastjob import blocked_for, bsp_round, simulate_ssp
+from sim.mcastjob import bsp_round, simulate_ssp
 from sim.switch import Switch
 
 MB = 1e6 / 8

@@ -1,4 +1,4 @@
-"""Selective reduce's selection functions and controller (sim/selection.py, sim/selective.py), without a
+"""Selective reduce's selection functions and controller (core/selection.py, core/selective.py), without a
 network: the paper's Fig. 3 toy example, BAG's corner cases, bpaWR on an empty CDF, the controller's
 P-Reduce, all-reduce, c-periodic full syncs and wasted-wait accounting."""
 
@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from sim.selection import LAUNCH, WAIT_REPLACE, WAIT_TOO_FEW, Ecdf, Training, bag, bpawr, ready_prob, t_sync
-from sim.selective import Controller, SelectiveConfig
+from core.selection import LAUNCH, WAIT_REPLACE, WAIT_TOO_FEW, Ecdf, Training, bag, bpawr, ready_prob, t_sync
+from core.selective import Controller, SelectiveConfig
 
 # --- Fig. 3: 5 workers, v = 5, sync time 2v / min b (alpha ~ 0), ready at 1, 2, 3, 3, 13 s ----------------
 TOY_READY = {1: 1.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 13.0}

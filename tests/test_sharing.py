@@ -10,13 +10,13 @@ from test_cluster import start_cluster, stop_cluster
 from test_overlay import header, line
 from waiting import until
 
+from core.capshare import Flow, assign
 from core.classes import NO_DEADLINE
 from core.plan import Job, Plan, PlanError, with_sharing
 from emulation.topology import uniform
 from overlay.messages import ProtocolError, validate
 from scheduler.planners import PLANNERS
 from scheduler.view import NetworkView
-from sim.capshare import Flow, assign
 
 CHUNK = 128 * 1024
 CHUNKS = 24  # per class: 3 MiB, about 0.6 s alone on a 40 Mbit/s link
@@ -305,8 +305,8 @@ def test_trees_of_one_task_at_different_levels_never_hold_each_other_at_a_cap():
     """A plan read from a file may give its trees different priorities: at a cap they take the task's
     most urgent level together (held behind its own other tree, one would wait for its task's end,
     which needs it)."""
+    from core.capshare import CapSharing
     from core.plan import ChunkGroup, make_layout
-    from sim.capshare import CapSharing
     layout = make_layout(2000, 1000)
     agg = {0: 2, 1: 2, 2: None}
     plan = Plan(1, "file", (0, 1, 2), {0: 1.0, 1: 1.0, 2: 1.0}, layout, (

@@ -120,7 +120,7 @@ def test_rate_cap_paces_one_tree_and_leaves_the_rest():
 
 def test_priority_holds_at_a_receivers_downlink_by_the_schedulers_rates():
     # 0->2 and 1->2 on their own links meet only at 2's downlink (80 Mbit/s), where no sender sees the
-    # other: the scheduler's cap rates decide (sim.capshare), per task, for classed trees only.
+    # other: the scheduler's cap rates decide (core.capshare), per task, for classed trees only.
     net = make_network({(0, 2): RATE, (1, 2): RATE}, downlink_mbps={2: RATE})
     high = with_sharing(send(0, 2), priority=5)
     # low unclassed: no rate of its own, so it takes its max-min half of the cap; high gets 40 of its 80

@@ -12,6 +12,7 @@ import pytest
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order
 
+from core.maxmin import max_min_rates
 from core.plan import ChunkGroup, Job, Plan, make_layout, tree_group
 from emulation.link import LinkSpec
 from emulation.simnet import sim_network
@@ -20,7 +21,7 @@ from emulation.trace import RateEvent, Trace
 from emulation.waxman import crew_mesh, from_spec, waxman
 from overlay.routing import Routes, adjacency
 from scheduler.planners import netstorm
-from sim import MBIT, SimulationStalled, max_min_rates, simulate
+from sim import MBIT, SimulationStalled, simulate
 from wansync.predict import oracle_view
 
 RATE = 80.0  # Mbit/s = 10 MB/s

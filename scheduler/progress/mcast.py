@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.mcastjob import SspView, blocked_for
+from core.sspview import SspView, blocked_for
 from sim.switch import Switch
 
 from ..selection import choosers

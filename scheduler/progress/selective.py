@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sim.selective import Controller, Launch, SelectiveConfig
+from core.selective import Controller, Launch, SelectiveConfig
 
 from ..tasks import JobState, TaskRecord
 from . import Control

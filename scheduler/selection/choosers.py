@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from sim.mcastjob import SspDecision, SspView
+from core.sspview import SspDecision, SspView
 
 from .consistency import Consistency
 from .orpheus import orpheus

@@ -60,6 +60,7 @@ from bench_common import spawn_agent  # noqa: E402
 from agents.training import TrainingSpec  # noqa: E402
 from core.compute import ComputeModel  # noqa: E402
 from core.plan import Job, Plan  # noqa: E402
+from core.selective import SelectiveConfig  # noqa: E402
 from emulation.simnet import sim_network  # noqa: E402
 from emulation.switch import edge_bandwidths, switch  # noqa: E402
 from overlay.auth import SECRET_ENV, generate_secret  # noqa: E402
@@ -71,7 +72,6 @@ from scheduler.service import Scheduler  # noqa: E402
 from scheduler.tasks import JobState  # noqa: E402
 from sim import MEASURED, SimNetwork, simulate_job  # noqa: E402
 from sim.job import Selective  # noqa: E402
-from sim.selective import SelectiveConfig  # noqa: E402
 from wansync.backend import agent_command  # noqa: E402
 from wansync.cluster import agent_options_file  # noqa: E402
 from wansync.guard import job_guard, live_guard  # noqa: E402

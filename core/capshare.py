@@ -2,8 +2,7 @@
 
 The scheduler runs this (scheduler.service: CapSharing at every classed task's start and end) and the
 simulator replays the very same code (sim.exact), so live and predicted rates cannot drift; it lives
-in sim/ because the simulator may import only plain plan types and the router, while the scheduler
-may import the simulator.
+in core/ because both sides run it and core/ is the one package both may import.
 
 A sender's class scheduler (overlay.classes) shares its own link by priority, deadline and weight.
 Where flows of different senders meet — a receiver's downlink in a big-switch topology, or the
@@ -31,9 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.plan import Plan
-
-from .model import max_min_rates
+from .maxmin import max_min_rates
+from .plan import Plan
 
 FlowKey = tuple[int, int, int, int, int]  # task, attempt, tree, a, b
 Update = list[list[float | int]]  # [tree, a, b, mbps] rows of one task attempt

@@ -2,8 +2,8 @@
 probability on an empirical runtime CDF, and the ring cost model (Eq. 2).
 
 Pure and deterministic: the live controller (scheduler/progress/selective.py) and the simulator's job
-mode (sim/job.py) call the very same functions through sim.selective.Controller. They live in sim/
-because the simulator may import only plan types and the router, while the scheduler may import sim/.
+mode (sim/job.py) call the very same functions through core.selective.Controller. They live in core/
+because both sides run them and core/ is the one package both may import.
 
 Worker ids are ints >= 0; bpaWR's virtual workers (predicted arrivals) are negative ints, so one
 bandwidth map holds both. Bandwidths and the model size share a unit (Mbit/s and Mbit), so 2v/b is
