@@ -189,6 +189,11 @@ def test_flags_override_the_file_and_values_are_validated_once(tmp_path):
     bad = Options.make(progress__model="nonsense")
     with pytest.raises(OptionsError, match="--progress must be one of"):  # a file is checked as flags are
         bad.validate()
+    for key, value in (("rounds", "5"), ("scale", True), ("schemes", "ring"), ("faults", "kill"),
+                       ("hold_budget_mb", None), ("rounds_by_scheme", {"ring": "2"}), ("dynamic", 1)):
+        with pytest.raises(OptionsError, match="not a valid value"):
+            Options.make(**{key: value}).validate()
+    Options.make(sync_every=None, nodes=None, scale=1).validate()  # None where the option allows it
     with pytest.raises(OptionsError, match="does not fit --progress"):
         resolve(Options.make(progress__model="ssp", schemes=["ring"]))
     with pytest.raises(OptionsError, match="unknown scheme"):

@@ -357,6 +357,7 @@ class Options:
 
     def validate(self) -> Options:
         """The checks that need nothing but the values (the launcher's `runspec.resolve` builds the rest)."""
+        self._check_types()
         w, p, a = self.workload, self.progress, self.agents
         checks = (
             (w["rounds"] >= 1 and all(n >= 1 for n in w["rounds_by_scheme"].values()), "--rounds must be >= 1"),
@@ -387,17 +388,40 @@ class Options:
         for ok, why in checks:
             if not ok:
                 raise OptionsError(why)
+        return self
+
+    def _check_types(self) -> None:
+        """A file is checked as a command line is: each value of its option's type (or its choices)."""
         for o in DECLARED:
             v = getattr(self, o.group)[o.name]
+            if not _type_ok(o, v):
+                raise OptionsError(f"{o.flag}: {v!r} is not a valid value")
             if o.choices is not None and v is not None and v not in o.choices:
                 raise OptionsError(f"{o.flag} must be one of {', '.join(o.choices)}, got {v!r}")
-        return self
 
     def paths(self) -> dict[str, str]:
         """Every option that names a file, by `group__name` (a launcher copies them to hosts and rewrites)."""
         keys = ("wan__trace_file", "security__secret_file", "security__tls_cert", "security__tls_key",
                 "security__tls_ca", "output__scenario", "output__out")
         return {k: v for k in keys if (v := getattr(self, k.split("__")[0])[k.split("__")[1]]) is not None}
+
+
+def _type_ok(o: Opt, v: Any) -> bool:
+    if v is None:
+        return o.default is None or o.type is _sync_every
+    if o.action in ("store_true",):
+        return isinstance(v, bool)
+    if o.action == "append":
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    if o.type is _schemes:
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    if o.type is _per_scheme:
+        return isinstance(v, dict) and all(isinstance(k, str) and isinstance(n, int) for k, n in v.items())
+    if o.type in (int, _sync_every):
+        return isinstance(v, int) and not isinstance(v, bool)
+    if o.type is float:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+    return isinstance(v, str)
 
 
 def _group_of(name: str) -> str:
