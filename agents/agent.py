@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from core.dispatch import DISPATCH, Dispatch
 from core.plan import Plan, PlanError, aux_from_wire
 from emulation.link import LinkShaper
 from emulation.topology import Topology
@@ -52,7 +53,7 @@ from overlay.peers import Overlay
 from .capprobes import CapProbes
 from .engine import ChunkEngine
 from .looplag import LoopLag
-from .probes import PROBE_CHUNK_BYTES, PROBE_CHUNK_NUM, LinkProbes
+from .probes import LinkProbes
 from .rounds import RoundLoop
 from .tasks import TaskRunner
 from .wan import NodeWan
@@ -60,20 +61,22 @@ from .wan import NodeWan
 log = logging.getLogger("wansync.agent")
 
 REPORT_EVERY_S = 0.25
+PROBE_CHUNK_BYTES = DISPATCH.probe_chunk_bytes  # wansync.cli scales it by --scale
 CLOCK_EXCHANGES = 5
 
 
 class Agent:
     def __init__(self, node: int, cluster: str, scheduler: tuple[str, int], topo: Topology, *,
                  trace: Trace | None = None, shaped: bool = True, host: str = "127.0.0.1",
-                 listen_port: int = 0, probe_bytes: int = PROBE_CHUNK_BYTES, probe_num: int = PROBE_CHUNK_NUM,
-                 primary_busy_bound: int = 2, aux_queue_length: int = 5, clock_skew: float = 0.0,
-                 clock_sync: bool = True, relay_by_table: bool = False, rate_shaping: bool = True,
+                 listen_port: int = 0, dispatch: Dispatch = DISPATCH, probe_bytes: int | None = None,
+                 probe_num: int | None = None, primary_busy_bound: int | None = None,
+                 aux_queue_length: int | None = None, clock_skew: float = 0.0,
+                 clock_sync: bool = True, rate_shaping: bool = True,
                  secret: bytes | None = None,
                  scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None,
                  advertise: tuple[str, int] | None = None) -> None:
-        """relay_by_table: relays route auxiliary chunks by their own tables instead of the source
-        route, which is what NetStorm's protocol forbids (Fig. 10's loop; tests only).
+        """dispatch: NetStorm's knobs (core.dispatch); probe_bytes, probe_num, primary_busy_bound and
+        aux_queue_length override one of them each where given (the CLI's flags).
         rate_shaping=False: the kernel shapes rates and applies the trace (tc backend); the
         application keeps only link delay and jitter (this kernel has no netem).
         advertise: the (host, port) peers should dial, registered instead of the listening address
@@ -90,10 +93,12 @@ class Agent:
         self.advertise = advertise
         self.clock = SyncedClock(clock_skew)
         self.clock_sync = clock_sync
-        self.engine = ChunkEngine(node, topo.routes(), primary_busy_bound=primary_busy_bound,
-                                  aux_queue_length=aux_queue_length)
+        self.dispatch = dispatch.but(primary_busy_bound=primary_busy_bound, aux_queue_length=aux_queue_length,
+                                     probe_chunk_bytes=probe_bytes, probe_num=probe_num)
+        self.engine = ChunkEngine(node, topo.routes(), dispatch=self.dispatch)
         if hold_budget is not None:
             self.engine.hold_budget = hold_budget
+        probe_bytes, probe_num = self.dispatch.probe_chunk_bytes, self.dispatch.probe_num
         self.probes = LinkProbes(self.clock.now, probe_bytes, probe_num,
                                  rx_bytes=lambda src: self.overlay.meters_in[src].bytes)
         self.wan = NodeWan(node, topo, trace or Trace(), shaped=shaped, rate_shaping=rate_shaping,
@@ -107,8 +112,6 @@ class Agent:
                                clock=self.clock.now, secret=secret, tls=tls)
         self.engine.overlay = self.overlay
         self.wan.bind(self.overlay)
-        if relay_by_table:
-            self.overlay.relay_by_table = self.engine.table_route
         self.plans: dict[int, Plan] = {}
         self.engine.plans = self.plans
         self.ctl: ControlConn | None = None

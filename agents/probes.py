@@ -38,9 +38,7 @@ from dataclasses import dataclass
 from overlay.messages import Report
 
 # NetStorm's passive awareness: chunks above PROBE_CHUNK_SIZE bytes are probes; PROBE_CHUNK_NUM of
-# them (besides a busy period's first chunk) make one estimate
-PROBE_CHUNK_BYTES = 2_000_000
-PROBE_CHUNK_NUM = 4
+# them (besides a busy period's first chunk) make one estimate (both in core.dispatch, as the run sets them)
 MIN_PERIOD_S = 0.010  # shorter busy periods are dropped (ms-grain flushes and wake-ups)
 MIN_SAMPLE_S = 0.040  # a sample covers at least this much busy time (its periods added up)
 SAMPLE_S = 0.25  # a long busy period is cut into samples this long, so the view follows rate changes
@@ -64,9 +62,8 @@ class _Period:
 
 
 class LinkProbes:
-    def __init__(self, now: Callable[[], float], probe_bytes: int = PROBE_CHUNK_BYTES,
-                 probe_num: int = PROBE_CHUNK_NUM, *, min_sample_s: float = MIN_SAMPLE_S,
-                 sample_s: float = SAMPLE_S, contiguous_s: float = CONTIGUOUS_S,
+    def __init__(self, now: Callable[[], float], probe_bytes: int, probe_num: int, *,
+                 min_sample_s: float = MIN_SAMPLE_S, sample_s: float = SAMPLE_S, contiguous_s: float = CONTIGUOUS_S,
                  rx_bytes: Callable[[int], int] | None = None) -> None:
         """now: the synced clock (a chunk's t_send was stamped by its sender on the same clock).
         rx_bytes(src): bytes received so far over src->this node (the overlay's meter; without one,

@@ -26,8 +26,9 @@ from overlay.clock import SyncedClock
 from overlay.messages import Job, Ready, Record, Stats
 from overlay.peers import Overlay
 
-from .engine import ChunkEngine, TaskAborted
+from .engine import ChunkEngine
 from .looplag import LoopLag
+from .taskpart import TaskAborted
 from .tasks import Outcome, Prepared, Skipped, TaskRunner
 from .training import Trainer, TrainingSpec, WorkloadError, check_result
 from .wan import NodeWan

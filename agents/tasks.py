@@ -27,7 +27,8 @@ from overlay.clock import SyncedClock
 from overlay.messages import Record, Task, TaskDone
 from overlay.peers import Overlay
 
-from .engine import ChunkEngine, TaskAborted
+from .engine import ChunkEngine
+from .taskpart import TaskAborted
 from .workload import contribution, expected
 
 log = logging.getLogger("wansync.agent")

@@ -15,7 +15,7 @@ never holds the link. Inside a class, flows (origin -> destination) share round-
 deadline: with nothing classed the link behaves exactly as plain round-robin.
 
 Where flows from different senders meet (a receiver's downlink, a node's uplink shared by its links)
-no sender's scheduler sees the others. There the scheduler assigns per-flow rates (sim.capshare,
+no sender's scheduler sees the others. There the scheduler assigns per-flow rates (core.capshare,
 sent as RATES; or a planner's `rates`, Mbit/s per tree edge) and the sender paces that flow to it
 here: a paced class is its own class per destination, with a token bucket; its turn passes while
 the bucket is empty, and a class at rate 0 is held until a new rate comes.

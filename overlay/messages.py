@@ -193,7 +193,7 @@ class Register(Record):
     clock_offset: float | None = f(lo=-1e9, hi=1e9, optional=True)  # this host's clock vs the scheduler's (s)
     clock_error: float | None = f(lo=0, hi=1e9, optional=True)  # its bound: half the best exchange's round trip
     # this node's configured caps (a big-switch topology), where it has them: the scheduler shares them
-    # between traffic classes by per-flow rates (sim.capshare)
+    # between traffic classes by per-flow rates (core.capshare)
     uplink_mbps: float | None = f(fc.positive, hi=fc.MAX_MBPS, optional=True)
     downlink_mbps: float | None = f(fc.positive, hi=fc.MAX_MBPS, optional=True)
 
@@ -391,7 +391,7 @@ class AuxUpdate(Record):
 @message
 class Rates(Record):
     """Per-flow rates a sender paces its classed flows to (overlay.classes), where flows of different
-    senders meet at a node cap (sim.capshare): [tree, a, b, Mbit/s] per tree edge a->b of this
+    senders meet at a node cap (core.capshare): [tree, a, b, Mbit/s] per tree edge a->b of this
     task's attempt; 0 holds the flow until a later RATES gives it a rate again."""
 
     T = Msg.RATES

@@ -117,10 +117,6 @@ class Overlay:
         self.port = 0
         self.errors: deque[ProtocolError] = deque(maxlen=ERRORS_KEPT)  # the latest, for logs and tests
         self.error_count = 0  # every protocol error and refusal since start
-        # None: relays follow the source route (the protocol). Set: relays ask their own auxiliary
-        # table for the rest of the route, which can loop while tables update (Fig. 10; tests only);
-        # a looping chunk then fails validation (its path visits a node twice) and is dropped
-        self.relay_by_table: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
         self._rx: dict[tuple, _Rx] = {}
         self._in_transit: dict[tuple[int, ...], int] = {}
         self._done: dict[tuple[int, int], set[tuple]] = {}
@@ -350,8 +346,6 @@ class Overlay:
             raise ProtocolError(f"path {path} at hop {hop} does not lead from {peer} to {self.node}",
                                 field="path", peer=peer, msg_type="CHUNK")
         key = chunk_key(h)
-        if self.relay_by_table is not None and hop + 2 < len(path) and key not in self._rx:
-            path = h["path"] = [*path[:hop + 1], *self.relay_by_table(h)]
         if key in self._done.get((h["job"], h["task"]), ()):
             return "dup", key
         rx = self._rx.get(key)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from core.dispatch import DISPATCH, Dispatch
 from core.plan import Plan
 
 from .costs import MEASURED, NONE, WanCosts
@@ -53,15 +54,15 @@ Mode = Literal["auto", "exact", "fluid"]
 
 
 def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes: int = 65536,
-             mode: Mode = "auto", primary_busy_bound: int = 2, aux_queue_length: int = 5,
-             costs: WanCosts = NONE, cap_rates: bool = True) -> RoundPrediction:
+             mode: Mode = "auto", dispatch: Dispatch = DISPATCH, costs: WanCosts = NONE,
+             cap_rates: bool = True) -> RoundPrediction:
     """Predict one synchronization round of `plan` on `net`, starting at `start_s` on the trace's clock.
 
     mode: `exact` (event driven), `fluid` (static shares, for 1,000-node scale), or `auto`, which
     runs `exact` unless its estimated cost exceeds EXACT_BUDGET_S, and always for plans with
     auxiliary routes or traffic classes (fluid cannot model them and refuses them).
-    primary_busy_bound, aux_queue_length: NetStorm's PRIMARY_BUSY_BOUND and AUXILIARY_QUEUE_LENGTH,
-    as the agents run them (agents.engine.ChunkEngine); they only matter for auxiliary routes.
+    dispatch: NetStorm's PRIMARY_BUSY_BOUND and AUXILIARY_QUEUE_LENGTH (core.dispatch), as the agents
+    run them; they only matter for auxiliary routes.
     costs: what live rounds pay outside link transfer (sim/costs.py; MEASURED for this data plane,
     NONE for links alone).
     cap_rates: classed trees crossing a node cap get the scheduler's per-flow rates (exact.py), as live.
@@ -70,7 +71,7 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
     if mode == "auto":
         mode = "exact" if m.has_aux or m.classed or any(m.direct) or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":
-        pred = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates).run()
+        pred = Exact(m, dispatch, cap_rates=cap_rates).run()
         task = pred.tasks[0]
         return RoundPrediction(max(task.node_done_s.values()) - start_s, task.node_done_s, pred.link_bytes,
                                pred.link_busy_s, "exact", pred.aux_bytes)
@@ -80,12 +81,11 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
 
 
 def simulate_tasks(tasks: Sequence[TaskRun], net: SimNetwork, *, segment_bytes: int = 65536,
-                   primary_busy_bound: int = 2, aux_queue_length: int = 5, costs: WanCosts = NONE,
-                   cap_rates: bool = True) -> TasksPrediction:
+                   dispatch: Dispatch = DISPATCH, costs: WanCosts = NONE, cap_rates: bool = True) -> TasksPrediction:
     """Replay concurrent tasks on one network with the exact engine: they share links and node caps at
     once, each from its own start (and its members' ready times), with traffic classes (model.py,
     sharing.py) and, unless cap_rates=False, the scheduler's per-flow rates at node caps (exact.py)."""
     if not tasks:
         raise ValueError("no tasks to simulate")
     m = Model(tasks, net, segment=segment_bytes, costs=costs)
-    return Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates).run()
+    return Exact(m, dispatch, cap_rates=cap_rates).run()

@@ -21,6 +21,7 @@ from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
 from core import capshare
+from core.dispatch import DISPATCH, Dispatch
 from core.maxmin import max_min_rates
 
 from .model import MBIT, Model, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction
@@ -41,17 +42,18 @@ class Exact:
     resources needs no water-filling.
 
     NetStorm's auxiliary dispatch is decided when the chunk is ready, from the sender's counts at
-    that moment, as agents.engine.ChunkEngine._send does: a send on a tree edge with auxiliary
-    routes takes the first route whose in-transit count is below `queue_length` once the primary
-    path's count reaches `busy_bound`, else the primary. A transfer is in transit from the moment it
-    is handed to its FIFO (queued ones count) until its hop ack is back: its last byte left, crossed
-    the first link, and the ack crossed the link back (overlay.peers.Overlay.in_transit). Sends
-    whose key such a decision reads become _SEND events at their ready time, so they are decided
-    (and counted) in time order; ties go in chunk order, as a node's ready chunks leave live."""
+    that moment, by the rule the agents' chunk engine sends by (core.dispatch.Dispatch.pick): a
+    send on a tree edge with auxiliary routes takes the first route whose in-transit count is below
+    `aux_queue_length` once the primary path's count reaches `primary_busy_bound`, else the
+    primary. A transfer is in transit from the moment it is handed to its FIFO (queued ones count)
+    until its hop ack is back: its last byte left, crossed the first link, and the ack crossed the
+    link back (overlay.peers.Overlay.in_transit). Sends whose key such a decision reads become _SEND
+    events at their ready time, so they are decided (and counted) in time order; ties go in chunk
+    order, as a node's ready chunks leave live."""
 
-    def __init__(self, m: Model, busy_bound: int = 2, queue_length: int = 5, *, cap_rates: bool = True) -> None:
+    def __init__(self, m: Model, dispatch: Dispatch = DISPATCH, *, cap_rates: bool = True) -> None:
         self.m = m
-        self.busy_bound, self.queue_length = busy_bound, queue_length
+        self.dispatch = dispatch
         self.cap = list(m.cap)
         self.key_cap: list[float] = []  # m.key_cap (the plans' rates), overridden by the scheduler's cap rates
         # the scheduler's per-flow rates at node caps (live: agents REGISTER their caps), or None: no caps
@@ -309,13 +311,10 @@ class Exact:
 
     def _dispatch(self, c: int, seq: int, t: float) -> None:
         k, kind, g = self.sends.pop(seq)
-        routes = self.m.aux_keys[g].get(k)
-        if routes and self.in_transit[k] >= self.busy_bound:
-            for a in routes:
-                if self.in_transit[a] < self.queue_length:
-                    k = a
-                    self.aux_bytes += self.m.chunk_bytes[c]
-                    break
+        aux = self.dispatch.pick(k, self.m.aux_keys[g].get(k), self.in_transit.__getitem__)
+        if aux is not None:
+            k = aux
+            self.aux_bytes += self.m.chunk_bytes[c]
         self.in_transit[k] += 1
         self._enqueue(k, t, c, kind)
 

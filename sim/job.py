@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.compute import ComputeModel
+from core.dispatch import DISPATCH, Dispatch
 from core.plan import Plan
 from core.selective import Controller, Launch, SelectiveConfig
 
@@ -101,8 +102,8 @@ class JobPrediction:
 
 def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: Iterable[int], net: SimNetwork,
                  budget_s: float, *, rounds: int | None = None, start_s: float = 0.0, segment_bytes: int = 65536,
-                 costs: WanCosts = NONE, primary_busy_bound: int = 2, aux_queue_length: int = 5,
-                 cap_rates: bool = True, engine: str = "exact", dt: float = DT) -> JobPrediction:
+                 costs: WanCosts = NONE, dispatch: Dispatch = DISPATCH, cap_rates: bool = True,
+                 engine: str = "exact", dt: float = DT) -> JobPrediction:
     """Replay a job from `start_s` for `budget_s` seconds: every worker starts computing iteration 0 at
     start_s; rounds: iterations per worker (None: as many as the budget allows). engine: "exact" (every
     chunk an event), "ring" (the paper's closed-form ring cost, ring plans only) or "stepped"
@@ -116,7 +117,7 @@ def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, worke
     elif engine == "exact":
         nodes = {n for link in net.rates_mbps for n in link}
         m = Model([], net, start_s, segment_bytes, costs, nodes=nodes)
-        eng = Exact(m, primary_busy_bound, aux_queue_length, cap_rates=cap_rates)
+        eng = Exact(m, dispatch, cap_rates=cap_rates)
     else:
         raise ValueError(f"engine: {engine!r} is not exact, ring or stepped")
     job = _Job(policy, plan_for, compute, tuple(sorted(workers)), rounds, eng, start_s)

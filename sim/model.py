@@ -14,8 +14,8 @@ The simulator models what the live data plane does, and nothing fitted to live r
 - what live rounds pay outside link transfer (sim/costs.py): the barrier's replies reaching the
   participants one by one and their round setup (each starts at its own time), a chunk's handling
   at every node it crosses (added to its route's delay), an ack's handling;
-- NetStorm's auxiliary routes (ChunkGroup.aux) are dispatched as agents.engine.ChunkEngine._send
-  does, when the chunk is ready: once `primary_busy_bound` transfers on the primary path are in
+- NetStorm's auxiliary routes (ChunkGroup.aux) are dispatched as the agents' chunk engine does
+  (core.dispatch), when the chunk is ready: once `primary_busy_bound` transfers on the primary path are in
   transit (queued, sending, or waiting for the first hop's ack), the first auxiliary route with
   fewer than `aux_queue_length` in transit takes the chunk, relayed like any other route;
 - several tasks at once (TaskRun: a plan, its start, its members' ready times): they share links and

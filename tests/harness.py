@@ -15,6 +15,7 @@ import numpy as np
 
 from agents.engine import ChunkEngine
 from agents.workload import contribution
+from core.dispatch import DISPATCH
 from core.plan import Plan
 from emulation.link import LinkShaper
 from emulation.topology import Topology
@@ -25,7 +26,7 @@ SECRET = b"harness-cluster-secret-0123456789"  # tests run authenticated, as `wa
 
 class LocalNet:
     def __init__(self, topo: Topology, *, shaped: bool = False, cluster: str = "test",
-                 segment_bytes: int = 64 * 1024, primary_busy_bound: int = 2,
+                 segment_bytes: int = 64 * 1024, primary_busy_bound: int | None = None,
                  secret: bytes | None = SECRET, hold_budget: int | None = None) -> None:
         """secret: every connection authenticates (overlay.auth) unless None (--insecure)."""
         self.topo = topo
@@ -43,7 +44,7 @@ class LocalNet:
     async def __aenter__(self) -> LocalNet:
         addrs = {}
         for n in range(self.topo.nodes):
-            eng = ChunkEngine(n, self.routes, primary_busy_bound=self.primary_busy_bound)
+            eng = ChunkEngine(n, self.routes, dispatch=DISPATCH.but(primary_busy_bound=self.primary_busy_bound))
             pacers = ({b: LinkShaper(s) for (a, b), s in self.topo.links.items() if a == n}
                       if self.shaped else None)
             ov = Overlay(n, self.cluster, eng, neighbors=self.topo.neighbors(n), pacers=pacers,

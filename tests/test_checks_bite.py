@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from waiting import until
 
-from agents.engine import LEAF_SLICE, ChunkEngine, TaskAborted, TaskError, TaskState
+from agents.engine import ChunkEngine
+from agents.taskpart import LEAF_SLICE, TaskAborted, TaskError, TaskPart
 from agents.workload import contribution
 from core.plan import ChunkGroup, Job, Plan, PlanError, make_layout, tree_group
 from emulation.topology import uniform
@@ -76,7 +77,7 @@ def own_sum(nodes: list[int]) -> np.ndarray:
     return np.sum([contrib(n).astype(np.int64) for n in nodes], axis=0).astype(np.float32)
 
 
-def engine(node: int, plan: Plan) -> tuple[ChunkEngine, TaskState, _Wire]:
+def engine(node: int, plan: Plan) -> tuple[ChunkEngine, TaskPart, _Wire]:
     eng = ChunkEngine(node, uniform(3).routes())
     wire = _Wire()
     eng.overlay = wire  # type: ignore[assignment]
@@ -117,7 +118,7 @@ def deliver(eng: ChunkEngine, *, kind: str, origin: int, contributors: list[int]
         eng.chunk_segment(h, dest)
 
 
-def assert_failed_not_summed(st: TaskState, want: np.ndarray) -> None:
+def assert_failed_not_summed(st: TaskPart, want: np.ndarray) -> None:
     """The round must end in TaskError; a result (right or wrong) means the forged frame was taken."""
     assert st.done.done(), "the forged frame neither failed the round nor was refused"
     if st.done.exception() is None:

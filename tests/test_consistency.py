@@ -1,6 +1,7 @@
 """NetStorm's policy-consistency failures (Fig. 8), reproduced with the protocol off, prevented with it on."""
 
 import asyncio
+from typing import Any
 
 import pytest
 from harness import assert_job_exact
@@ -8,6 +9,8 @@ from test_cluster import start_cluster, stop_cluster
 
 from core.plan import ChunkGroup, Job, Plan
 from emulation.topology import uniform
+from overlay.messages import chunk_key
+from overlay.peers import Overlay
 from scheduler.planners import ring
 
 PARAMS, CHUNK = 40_000, 4_000
@@ -96,7 +99,40 @@ def fig10_plan(route) -> Plan:
     return Plan(0, "fig10", (0, 1, 2, 3), dict.fromkeys(range(4), 1.0), make_layout(PARAMS, CHUNK), (g,))
 
 
-async def start_fig10(cluster, relay_by_table):
+class TableRelayOverlay(Overlay):
+    """What NetStorm's protocol forbids, for Fig. 10 only: a relay routes a chunk by its own auxiliary
+    table instead of the source route in its header, which can loop while tables update; a looping
+    chunk then fails validation (its path visits a node twice) and is dropped."""
+
+    def _on_chunk_header(self, peer: int, h: dict[str, Any]) -> tuple[str, Any]:
+        path, hop = h["path"], h["hop"]
+        if path[hop] == peer and path[hop + 1] == self.node and hop + 2 < len(path) \
+                and chunk_key(h) not in self._rx:
+            h["path"] = [*path[:hop + 1], *self._table_route(h)]
+        return super()._on_chunk_header(peer, h)
+
+    def _table_route(self, h: dict[str, Any]) -> tuple[int, ...]:
+        """The rest of a route through this node in its own table (the agent's engine), or the min-hop route."""
+        engine = self.sink
+        origin, dst = h["path"][0], h["path"][-1]
+        plan = engine.plans.get(h["version"])
+        if plan is not None:
+            group = next((gi for gi, g in enumerate(plan.groups) if h["chunk"] in g.chunks), None)
+            for r in engine.aux_for(plan, group).get((origin, dst), ()) if group is not None else ():
+                if self.node in r[:-1]:
+                    return r[r.index(self.node):]
+        return engine.routes.route(self.node, dst)
+
+
+@pytest.fixture
+def relay_by_table(monkeypatch):
+    """Agents started in this test relay by their own tables (TableRelayOverlay)."""
+    import agents.agent
+
+    monkeypatch.setattr(agents.agent, "Overlay", TableRelayOverlay)
+
+
+async def start_fig10(cluster):
     from agents.agent import Agent
     from scheduler.service import Scheduler
 
@@ -104,8 +140,7 @@ async def start_fig10(cluster, relay_by_table):
     sched = Scheduler(cluster, 4)
     port = await sched.start()
     # busy bound 0: every chunk node 0 sends goes the auxiliary way while the route has room
-    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=False, primary_busy_bound=0,
-                    relay_by_table=relay_by_table) for n in range(4)]
+    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=False, primary_busy_bound=0) for n in range(4)]
     tasks = [asyncio.create_task(a.run()) for a in agents]
     await sched.wait_agents(20)
     return sched, agents, tasks
@@ -121,9 +156,9 @@ def push_new_route_to_y_only(holder):
     return on_event
 
 
-async def run_fig10(relay_by_table, cluster):
+async def run_fig10(cluster):
     holder: dict = {}
-    sched, agents, tasks = await start_fig10(cluster, relay_by_table)
+    sched, agents, tasks = await start_fig10(cluster)
     holder["sched"] = sched
     sched.on_event = push_new_route_to_y_only(holder)
     from scheduler import planners
@@ -136,8 +171,8 @@ def loops(agents) -> int:
     return sum(e.field == "path" and "twice" in str(e) for a in agents for e in a.overlay.errors)
 
 
-async def test_fig10_relaying_by_own_tables_loops_while_tables_update():
-    sched, agents, tasks = await run_fig10(True, "fig10-off")
+async def test_fig10_relaying_by_own_tables_loops_while_tables_update(relay_by_table):
+    sched, agents, tasks = await run_fig10("fig10-off")
     try:
         job = asyncio.create_task(sched.run_job("fig10", rounds=3, params=PARAMS, chunk_params=CHUNK))
         with pytest.raises(TimeoutError):
@@ -151,7 +186,7 @@ async def test_fig10_relaying_by_own_tables_loops_while_tables_update():
 
 
 async def test_fig10_source_routing_cannot_loop_and_every_round_is_exact():
-    sched, agents, tasks = await run_fig10(False, "fig10-on")
+    sched, agents, tasks = await run_fig10("fig10-on")
     try:
         js = await asyncio.wait_for(sched.run_job("fig10", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
         assert loops(agents) == 0

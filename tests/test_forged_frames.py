@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from harness import SECRET, LocalNet
 
-from agents.engine import TaskAborted, TaskError, TaskState
+from agents.taskpart import TaskAborted, TaskError, TaskPart
 from agents.workload import contribution
 from core.plan import Plan, make_layout, tree_group
 from emulation.topology import uniform
@@ -167,14 +167,14 @@ def own_sum(rnd: int, nodes: list[int] | tuple[int, ...]) -> np.ndarray:
     return np.sum([contrib(rnd, n).astype(np.int64) for n in nodes], axis=0).astype(np.float32)
 
 
-def begin(net: LocalNet, n: int, plan: Plan, rnd: int, attempt: int = 0) -> TaskState:
+def begin(net: LocalNet, n: int, plan: Plan, rnd: int, attempt: int = 0) -> TaskPart:
     """What an agent does at the start of a round (agents/agent.py), then the round begins."""
     net.overlays[n].forget_before(JOB, rnd - 1)
     net.engines[n].drop_stale(JOB, rnd)
     return net.engines[n].begin_task(JOB, rnd, attempt, plan, contrib(rnd, n))
 
 
-async def outcome(st: TaskState) -> np.ndarray | BaseException:
+async def outcome(st: TaskPart) -> np.ndarray | BaseException:
     try:
         return await asyncio.wait_for(asyncio.shield(st.done), DEADLINE)
     except (TaskError, TaskAborted) as exc:
@@ -185,7 +185,7 @@ def per_chunk(plan: Plan, value: np.ndarray) -> list[tuple[int, np.ndarray]]:
     return [(c, value[off:off + n]) for c, (off, n) in enumerate(plan.layout)]
 
 
-async def judge_victim(st: TaskState, want: np.ndarray) -> bool:
+async def judge_victim(st: TaskPart, want: np.ndarray) -> bool:
     """Refused or aborted, never summed: TaskError, or the exact sum. True if the round failed."""
     got = await outcome(st)
     if isinstance(got, BaseException):
@@ -195,7 +195,7 @@ async def judge_victim(st: TaskState, want: np.ndarray) -> bool:
     return False
 
 
-async def judge_bystander(net: LocalNet, n: int, st: TaskState, want: np.ndarray, failed: bool, rnd: int) -> None:
+async def judge_bystander(net: LocalNet, n: int, st: TaskPart, want: np.ndarray, failed: bool, rnd: int) -> None:
     """A node that did nothing wrong: aborted with the round (the scheduler's ABORT) or exact."""
     if failed:
         net.overlays[n].abort(JOB, rnd, 0)

@@ -12,6 +12,7 @@ import pytest
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order
 
+from core.dispatch import Dispatch
 from core.maxmin import max_min_rates
 from core.plan import ChunkGroup, Job, Plan, make_layout, tree_group
 from emulation.link import LinkSpec
@@ -246,7 +247,7 @@ def test_smoke_1000_node_waxman():
     assert fluid.node_done_s == pytest.approx(exact.node_done_s)
 
 
-# --- NetStorm auxiliary routes: the dispatch of agents.engine.ChunkEngine._send -----------------
+# --- NetStorm auxiliary routes: the dispatch the agents' chunk engine sends by (core.dispatch) -----
 # Triangle a=0, b=1, c=2, every link both ways at RATE with delay d. An auxiliary transfer is
 # relayed cut-through (one flow over both its links, 2d, plus one segment sigma at the relay); its
 # hop ack is back one link delay after the first hop got the last byte (d + d after it left).
@@ -284,7 +285,8 @@ def test_aux_alternates_with_primary():
     t, d = tau(plan), DELAY
     sigma = SEG / (RATE * MBIT)
     assert 2 * d < t and d + sigma < t  # the regime the comment walks through
-    pred = simulate(plan, sim_network(triangle()), mode="exact", primary_busy_bound=0, aux_queue_length=1)
+    pred = simulate(plan, sim_network(triangle()), mode="exact",
+                    dispatch=Dispatch(primary_busy_bound=0, aux_queue_length=1))
     chunk = SEG * 4
     assert pred.aux_bytes == 2 * chunk
     assert pred.link_bytes == {(C, A): 4 * chunk, (A, B): 2 * chunk, (A, C): 2 * chunk, (C, B): 2 * chunk,
@@ -302,7 +304,7 @@ def test_aux_unused_when_primary_never_busy():
     net = sim_network(triangle())
     without = simulate(chain_with_aux(aux=False), net)
     for mode in ("exact", "auto"):
-        pred = simulate(chain_with_aux(), net, mode=mode, primary_busy_bound=10**6)
+        pred = simulate(chain_with_aux(), net, mode=mode, dispatch=Dispatch(primary_busy_bound=10**6))
         assert pred.mode == "exact"
         assert pred.aux_bytes == 0
         assert pred.round_s == pytest.approx(6 * t + 3 * d)
@@ -357,7 +359,7 @@ def test_plans_without_aux_unchanged():
     fluid = simulate(plan, net, mode="fluid")
     assert fluid.round_s == pytest.approx(1.023090548346651, rel=1e-12)
     assert fluid.node_done_s[0] == pytest.approx(0.8033814052734177, rel=1e-12)
-    other = simulate(plan, net, mode="exact", primary_busy_bound=0, aux_queue_length=1)
+    other = simulate(plan, net, mode="exact", dispatch=Dispatch(primary_busy_bound=0, aux_queue_length=1))
     assert other.round_s == exact.round_s and other.node_done_s == exact.node_done_s
 
 
@@ -371,7 +373,7 @@ def test_netstorm_aux_plan_dispatches_a_share():
     assert pred.mode == "exact"
     assert 0 < pred.aux_bytes < logical
     assert sum(pred.link_bytes.values()) > logical  # relayed bytes count on every link they cross
-    never = simulate(plan, net, primary_busy_bound=10**6)
+    never = simulate(plan, net, dispatch=Dispatch(primary_busy_bound=10**6))
     assert never.aux_bytes == 0 and sum(never.link_bytes.values()) == logical
 
 
@@ -389,7 +391,7 @@ def test_aux_routes_with_one_first_hop_share_a_fifo():
     t, d = tau(plan), DELAY
     sigma = SEG / (RATE * MBIT)
     assert 2 * d + 2 * sigma > t > d + sigma
-    pred = simulate(plan, sim_network(topo), primary_busy_bound=0, aux_queue_length=1)
+    pred = simulate(plan, sim_network(topo), dispatch=Dispatch(primary_busy_bound=0, aux_queue_length=1))
     chunk = SEG * 4
     assert pred.aux_bytes == 2 * chunk
     assert pred.link_bytes == {(A, B): chunk, (A, C): 2 * chunk, (C, B): chunk, (C, D): chunk, (D, B): chunk,

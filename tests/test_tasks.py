@@ -15,7 +15,7 @@ from test_cluster import start_cluster, stop_cluster
 from test_failures import Cluster
 from waiting import until
 
-from agents.engine import TaskError
+from agents.taskpart import TaskError
 from core.plan import ChunkGroup, Job, Plan, PlanError
 from emulation.link import LinkSpec
 from emulation.topology import Topology, uniform

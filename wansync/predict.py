@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core.dispatch import DISPATCH, Dispatch
 from core.plan import Job, Plan
 from emulation.simnet import sim_network
 from emulation.topology import Topology
@@ -62,11 +63,11 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
 class RoundPredictor:
     """Blind prediction for a live round: the frozen plan on the configured topology and trace."""
 
-    def __init__(self, topo: Topology, trace: Trace | None, *, primary_busy_bound: int = 2,
-                 aux_queue_length: int = 5) -> None:
+    def __init__(self, topo: Topology, trace: Trace | None, *, dispatch: Dispatch = DISPATCH,
+                 primary_busy_bound: int | None = None, aux_queue_length: int | None = None) -> None:
+        """primary_busy_bound, aux_queue_length: override the dispatch's where given (a run's flags)."""
         self.net: SimNetwork = sim_network(topo, trace)
-        self.dispatch = {"primary_busy_bound": primary_busy_bound, "aux_queue_length": aux_queue_length,
-                         "costs": MEASURED}  # the data plane's own costs too (sim/costs.py), as a live round pays them
+        self.dispatch = dispatch.but(primary_busy_bound=primary_busy_bound, aux_queue_length=aux_queue_length)
         self._cache: dict[tuple[int, int, float], float | None] = {}
 
     def round_s(self, plan: Plan, start_s: float = 0.0) -> float | None:
@@ -78,7 +79,8 @@ class RoundPredictor:
         key = (plan.version, aux, 0.0 if static else round(start_s, 3))
         if key not in self._cache:
             try:
-                self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s), **self.dispatch).round_s
+                self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s), dispatch=self.dispatch,
+                                           costs=MEASURED).round_s  # the data plane's own costs, as live
             except SimulationStalled:
                 self._cache[key] = None
         return self._cache[key]
