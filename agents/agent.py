@@ -61,7 +61,6 @@ from .wan import NodeWan
 log = logging.getLogger("wansync.agent")
 
 REPORT_EVERY_S = 0.25
-PROBE_CHUNK_BYTES = DISPATCH.probe_chunk_bytes  # wansync.cli scales it by --scale
 CLOCK_EXCHANGES = 5
 
 

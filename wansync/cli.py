@@ -268,10 +268,10 @@ def _agent(args: argparse.Namespace) -> int:
     """One node: the run's options (file and flags) and its own node id and addresses. It loads the
     overlay, the emulator and the agent; never the scheduler or the simulator."""
     from agents import gcpolicy
-    from agents.agent import PROBE_CHUNK_BYTES, Agent
+    from agents.agent import Agent
 
     from .loops import set_loop
-    from .runspec import tls_of, wan_of
+    from .runspec import dispatch_of, tls_of, wan_of
 
     options = options_from(args)
     topo, trace = wan_of(options)
@@ -283,7 +283,6 @@ def _agent(args: argparse.Namespace) -> int:
         raise CliError(f"--scheduler {args.scheduler!r} / --listen {args.listen!r}: expected HOST:PORT")
     a = options.agents
     set_loop(a["loop"])
-    probe_bytes = a["probe_bytes"] if a["probe_bytes"] is not None else int(PROBE_CHUNK_BYTES * options.wan["scale"])
     secret, tls = _secret(options, from_env=True), tls_of(options)
     advertise = None
     if args.advertise is not None:
@@ -293,9 +292,8 @@ def _agent(args: argparse.Namespace) -> int:
         advertise = (ahost.strip("[]"), int(aport))
     agent = Agent(args.node, options.cluster["name"], (host, int(port)), topo, trace=trace,
                   shaped=a["shaping"] != "none", host=lhost or "127.0.0.1", listen_port=int(lport or 0),
-                  rate_shaping=a["shaping"] == "app", probe_bytes=probe_bytes, probe_num=a["probe_num"],
-                  primary_busy_bound=a["primary_busy_bound"], aux_queue_length=a["aux_queue_length"], secret=secret,
-                  tls=tls, hold_budget=int(a["hold_budget_mb"] * (1 << 20)), scheduler_wait_s=a["scheduler_wait_s"],
+                  rate_shaping=a["shaping"] == "app", dispatch=dispatch_of(options), secret=secret, tls=tls,
+                  hold_budget=int(a["hold_budget_mb"] * (1 << 20)), scheduler_wait_s=a["scheduler_wait_s"],
                   advertise=advertise)
     gcpolicy.apply(a["gc"])  # the agent is built: what exists now lives as long as the process
     try:

@@ -36,7 +36,7 @@ from .procs import reap, wait_or_die
 from .progress import RunProgress
 from .report import print_table, summarize
 from .results import Recorder, Results
-from .runspec import RunConfig, run_record
+from .runspec import RunConfig, dispatch_of, run_record
 
 
 def agent_options(cfg: RunConfig, cluster: str, *, shaping: str = "app", trace_file: Path | None = None,
@@ -227,8 +227,7 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
     o = cfg.options
     results = Results(None if o.output["out"] is None else Path(o.output["out"]))
     results.write(run_record(cfg, session.cluster))
-    predictor = RoundPredictor(cfg.topo, cfg.trace, primary_busy_bound=o.agents["primary_busy_bound"],
-                               aux_queue_length=o.agents["aux_queue_length"])
+    predictor = RoundPredictor(cfg.topo, cfg.trace, dispatch=dispatch_of(o))
     sched = Scheduler(session.cluster, cfg.topo.nodes, predict=predictor.round_s,
                       update_time=o.schemes["update_time_s"] * o.wan["scale"], update_rate=o.schemes["update_rate"],
                       secret=session.secret, tls=cfg.tls, heartbeat_timeout=o.agents["heartbeat_timeout_s"])

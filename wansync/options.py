@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.dispatch import DISPATCH
+
 from .loops import DEFAULT_LOOP
 
 SCHEMA = 1
@@ -185,10 +187,12 @@ DECLARED: tuple[Opt, ...] = (
     Opt("agents", "hold_budget_mb", "--hold-budget-mb", 256.0, "memory for frames of rounds after the current one "
         "(default 256); over it they are refused unacknowledged and resent when their round begins", EVERY, float,
         metavar="MB"),
-    Opt("agents", "primary_busy_bound", "--primary-busy-bound", 2, "NetStorm's PRIMARY_BUSY_BOUND (chunks in "
-        "transit)", EVERY, int),
-    Opt("agents", "aux_queue_length", "--aux-queue-length", 5, "NetStorm's AUXILIARY_QUEUE_LENGTH", EVERY, int),
-    Opt("agents", "probe_num", "--probe-num", 4, "NetStorm's PROBE_CHUNK_NUM: probes per estimate", EVERY, int),
+    Opt("agents", "primary_busy_bound", "--primary-busy-bound", DISPATCH.primary_busy_bound,
+        "NetStorm's PRIMARY_BUSY_BOUND (chunks in transit)", EVERY, int),
+    Opt("agents", "aux_queue_length", "--aux-queue-length", DISPATCH.aux_queue_length,
+        "NetStorm's AUXILIARY_QUEUE_LENGTH", EVERY, int),
+    Opt("agents", "probe_num", "--probe-num", DISPATCH.probe_num, "NetStorm's PROBE_CHUNK_NUM: probes per estimate",
+        EVERY, int),
     Opt("agents", "probe_bytes", "--probe-bytes", None, "NetStorm's PROBE_CHUNK_SIZE in bytes (default 2 MB x "
         "--scale, or half a --chunk)", EVERY, int),
     Opt("agents", "shaping", "--shaping", "app", "what agents emulate: app (link rates and delays, default), "

@@ -63,11 +63,10 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
 class RoundPredictor:
     """Blind prediction for a live round: the frozen plan on the configured topology and trace."""
 
-    def __init__(self, topo: Topology, trace: Trace | None, *, dispatch: Dispatch = DISPATCH,
-                 primary_busy_bound: int | None = None, aux_queue_length: int | None = None) -> None:
-        """primary_busy_bound, aux_queue_length: override the dispatch's where given (a run's flags)."""
+    def __init__(self, topo: Topology, trace: Trace | None, *, dispatch: Dispatch = DISPATCH) -> None:
+        """dispatch: the run's NetStorm knobs (wansync.runspec.dispatch_of), as its agents send by them."""
         self.net: SimNetwork = sim_network(topo, trace)
-        self.dispatch = dispatch.but(primary_busy_bound=primary_busy_bound, aux_queue_length=aux_queue_length)
+        self.dispatch = dispatch
         self._cache: dict[tuple[int, int, float], float | None] = {}
 
     def round_s(self, plan: Plan, start_s: float = 0.0) -> float | None:

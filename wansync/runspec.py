@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.dispatch import DISPATCH, Dispatch
 from emulation.faults import Fault, FaultError, LinkControl
 from emulation.topology import Topology, TopologyError, build
 from emulation.trace import Trace, TraceError
@@ -130,6 +131,15 @@ def tls_of(options: Options) -> TlsFiles | None:
         return TlsFiles.from_args(s["tls_cert"], s["tls_key"], s["tls_ca"])
     except SecretError as exc:
         raise OptionsError(str(exc)) from None
+
+
+def dispatch_of(options: Options) -> Dispatch:
+    """NetStorm's knobs for this run (core.dispatch): the agents send by them, the simulator predicts by
+    them. The probe size is NetStorm's 2 MB shrunk by --scale unless given (launchers give half a --chunk)."""
+    a = options.agents
+    probe = a["probe_bytes"] if a["probe_bytes"] is not None else int(DISPATCH.probe_chunk_bytes * options.wan["scale"])
+    return DISPATCH.but(primary_busy_bound=a["primary_busy_bound"], aux_queue_length=a["aux_queue_length"],
+                        probe_num=a["probe_num"], probe_chunk_bytes=probe)
 
 
 def wan_of(options: Options) -> tuple[Topology, Trace]:
