@@ -28,10 +28,11 @@ from typing import Any
 from sim.selective import Controller, Launch, SelectiveConfig
 
 from ..tasks import JobState, TaskRecord
-from . import Control
+from .base import Control, Model, register
 
 
-class SelectiveReduce:
+@register
+class SelectiveReduce(Model):
     name = "selective"
     rule = "result"
 
