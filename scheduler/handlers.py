@@ -112,7 +112,7 @@ class Handlers:
         rnd, attempt = msg.round, msg.attempt or 0
         if rnd >= js.rounds:
             raise ProtocolError(f"round {rnd} of job {js.job}, which has {js.rounds}", field="round", msg_type=msg.T)
-        if not js.progress.barrier:  # the model forms the tasks (and answers with GO where it bounds)
+        if not js.progress.uses_barrier:  # the model forms the tasks (and answers with GO where it bounds)
             self.host.note_event("ready", job=js.job, node=a.node, round=rnd)
             js.progress.ready(self.control, js, a.node, rnd, set(msg.have or ()))
             return
@@ -153,7 +153,7 @@ class Handlers:
         if js is None or msg.job != js.job:
             return
         consistency = self.host.consistency
-        if not consistency and js.mode == "rounds" and js.progress.barrier and msg.task < js.rounds:
+        if not consistency and js.mode == "rounds" and js.progress.uses_barrier and msg.task < js.rounds:
             t: Task | None = js.bsp_task(msg.task)
         else:
             t = js.tasks.get(msg.task)

@@ -52,7 +52,7 @@ class Progress(Protocol):
 
     name: str
     rule: str  # "result" | "bound": what a worker waits for before its next iteration
-    barrier: bool  # the scheduler's round barrier forms its tasks (one per round, READY goes there)
+    uses_barrier: bool  # the scheduler's round barrier forms its tasks (one per round, READY goes there)
     multicasts: bool  # forms one-source multicasts: runs under a one-source scheme (mcast, mcast-l3)
     reduces: bool  # its tasks run under a reduce scheme (ring, mst, ...)
 
@@ -93,7 +93,7 @@ class Model:
 
     name = ""
     rule = "result"
-    barrier = False
+    uses_barrier = False
     multicasts = False
     reduces = True
 

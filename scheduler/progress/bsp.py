@@ -13,7 +13,7 @@ from .base import Control, Model, register
 class Bsp(Model):
     name = "bsp"
     rule = "result"
-    barrier = True
+    uses_barrier = True
 
     def ahead(self, nodes: int) -> int:
         return 1  # the barrier starts round r + 1 once r ended everywhere
