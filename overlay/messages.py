@@ -100,6 +100,7 @@ class Record:
 
     T: ClassVar[Msg]
     _fields: ClassVar[tuple[str, ...]] = ()
+    SPEAKS_FOR: ClassVar[bool] = False  # its `node` names the agent that sends it (must be the connection's)
 
     def wire(self) -> dict[str, Any]:
         h: dict[str, Any] = {"t": self.T.value}
@@ -183,6 +184,7 @@ class Auth(Record):
 @message
 class Register(Record):
     T = Msg.REGISTER
+    SPEAKS_FOR = True
     node: int = _node()
     host: str = f(fc.text(255))
     port: int = f(lo=0, hi=65536)
@@ -203,6 +205,7 @@ class Heartbeat(Record):
     """Liveness and progress: data bytes received so far; peers whose chunks wait unacknowledged."""
 
     T = Msg.HEARTBEAT
+    SPEAKS_FOR = True
     node: int = _node()
     time: float = f(lo=0)
     rx: int | None = _count(optional=True)
@@ -216,6 +219,7 @@ class Report(Record):
     node's own caps (a big switch's ports): [kind (0 uplink, 1 downlink), bytes, seconds busy]."""
 
     T = Msg.REPORT
+    SPEAKS_FOR = True
     node: int = _node()
     samples: list[list[float]] = f(fc.list_of(fc.sample, "samples"))
     caps: list[list[float]] | None = f(fc.list_of(fc.cap_sample, "cap samples"), optional=True)
@@ -243,6 +247,7 @@ class TaskDone(Record):
     that only contributed, aggregated or replicated has sent everything it had to."""
 
     T = Msg.TASK_DONE
+    SPEAKS_FOR = True
     node: int = _node()
     job: int = _count()
     task: int = _count()
@@ -262,6 +267,7 @@ class TaskDone(Record):
 @message
 class Stats(Record):
     T = Msg.STATS
+    SPEAKS_FOR = True
     node: int = _node()
     job: int = _count()
     stats: dict[str, Any] = f(fc.plain)
@@ -272,6 +278,7 @@ class Counters(Record):
     """Cumulative bytes sent per outgoing link (dst -> bytes) at `time` (synced clock)."""
 
     T = Msg.COUNTERS
+    SPEAKS_FOR = True
     node: int = _node()
     time: float = f(lo=0)
     links: dict[int, int] = f(fc.counters)

@@ -38,7 +38,7 @@ class _BadRequests(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
-            text = (getattr(exc, "message", "") or str(exc)).strip()
+            text = (exc.message or str(exc)).strip()  # declared on HttpProcessingError (a class default)
             first = text.splitlines()[0] if text else type(exc).__name__
             self.burst.log(logging.WARNING, ("bad request", type(exc).__name__),
                            f"refused a malformed HTTP request ({type(exc).__name__}: {first[:200]})")

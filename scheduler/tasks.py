@@ -173,7 +173,7 @@ class JobState:
     t0: float = 0.0
     last_plan_t: float = 0.0
     replans: int = 0
-    replan_s: float = 0.0  # the last re-plan's solve (service.replan_due spaces the next by it)
+    replan_s: float = 0.0  # the last re-plan's solve (versions.replan_due spaces the next by it)
     replanning: asyncio.Future | None = None  # an off-loop re-plan under way (PlannerSpec.offload)
     view_at_aux: dict[tuple[int, int], float] = field(default_factory=dict)
     last_aux_t: float = 0.0

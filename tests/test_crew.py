@@ -322,11 +322,11 @@ async def test_the_policy_moves_a_dead_aggregators_block_and_abandons_what_canno
     for a, b in uniform(5).links:
         sched.view.add_link(a, b)
     sched.alive = lambda: [0, 1, 2, 3]  # type: ignore[method-assign]  # node 4 is gone
-    plan = sched._publish(crew.plan(sched.view, Job(5_000, 100, (0, 1), {})))
+    plan = sched.versions.publish(crew.plan(sched.view, Job(5_000, 100, (0, 1), {})))
     pol, t = queue_task(sched, plan, (0, 1))
     # another task running: its blocks load nodes 0, 1 and 2, so node 3 is the least loaded (Eq. 3)
-    busy = sched._publish(crew.plan(sched.view, Job(5_000, 100, (1, 2), {"blocks": [[0, [[0, 20]]], [1, [[20, 35]]],
-                                                                                  [2, [[35, 50]]]]})))
+    busy = sched.versions.publish(crew.plan(sched.view, Job(5_000, 100, (1, 2), {
+        "blocks": [[0, [[0, 20]]], [1, [[20, 35]]], [2, [[35, 50]]]]})))
     sched.current.tasks[1] = Task(1, 0, barrier=False, members=(1, 2), version=busy.version)
     sched.view.node_down(4)
     assert pol.retry(sched, sched.current, t, plan.version, "agent 4 lost") is None  # re-planned, not abandoned

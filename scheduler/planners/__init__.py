@@ -9,7 +9,7 @@ explicit, owned by the job, empty at its start and after a change of members.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,3 +122,25 @@ def resolve(scheme: str) -> PlannerSpec:
         return SCHEMES[scheme]
     except KeyError:
         raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(sorted(SCHEMES))}") from None
+
+
+# --- the planner options that name nodes: what the scheduler checks and keeps to the living ------------
+def named_nodes(options: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The nodes a task's planner options name, by option (aggregators outside the members, a hub):
+    each must be a node of the cluster."""
+    out = {"aggregators": list(options.get("aggregators", ()))}
+    if options.get("hub") is not None:
+        out["hub"] = [options["hub"]]
+    return out
+
+
+def for_living(options: Mapping[str, Any], alive: Container[int], members: Container[int] | None = None
+               ) -> dict[str, Any]:
+    """Planner options for the nodes still alive: a lost hub is dropped (the planner picks the best one
+    alive); given a task's `members`, its aggregators narrow to the living outside them."""
+    out = dict(options)
+    if out.get("hub") is not None and out["hub"] not in alive:
+        del out["hub"]
+    if members is not None and "aggregators" in out:
+        out["aggregators"] = [n for n in out["aggregators"] if n in alive and n not in members]
+    return out

@@ -6,12 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..tasks import JobState, TaskRecord
-from . import Control
+from .base import Control, Model, register
 
 
-class Bsp:
+@register
+class Bsp(Model):
     name = "bsp"
     rule = "result"
+    uses_barrier = True
+
+    def ahead(self, nodes: int) -> int:
+        return 1  # the barrier starts round r + 1 once r ended everywhere
+
+    def over(self, js: JobState) -> bool:
+        return len(js.records) >= js.rounds  # a round per task; a round aborted is asked for again
 
     def __init__(self, **_: Any) -> None:
         pass

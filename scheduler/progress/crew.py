@@ -24,14 +24,13 @@ after an abort never puts its contribution in a second task. Only the affected t
 Link failures: a link whose chunks wait unacknowledged for `link_timeout_s` (agents report it in
 their heartbeats: `down` cuts the connection, a blackhole swallows the bytes) is LINK_DOWN for every
 running task with a plan edge over it: the link leaves the view (planning and Eq. (3) avoid it) for
-`suspect_s`, and those tasks abort; then `retry` moves the blocks that needed it. A watchdog ticks
-every `tick` s for that and for the budgets.
+`suspect_s`, and those tasks abort; then `retry` moves the blocks that needed it. The scheduler's
+liveness watchdog (scheduler/liveness.py) asks for that and for the budgets on every tick (`watch`),
+and keeps the suspicions with its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -40,7 +39,8 @@ from core.plan import Plan
 
 from ..planners.crew import loads, move_blocks
 from ..tasks import JobState, Task, TaskRecord
-from . import Control
+from ..view import NetworkView
+from .base import Control, register
 from .queue import ReadyQueue
 
 log = logging.getLogger("wansync.scheduler")
@@ -50,28 +50,26 @@ BUDGET_FACTOR = 10.0  # ... and this many times its plan's LP time on the view
 LINK_TIMEOUT_S = 3.0  # chunks unacknowledged this long on a link: it is down (at least; see link_timeout_s)
 LINK_SEGMENTS = 8  # ... and at least this many segment times of the slowest link the view knows
 SUSPECT_S = 30.0  # a link found down stays out of planning this long (then it is tried again)
-TICK_S = 0.25
 
 
+@register
 class CrewQueue(ReadyQueue):
     name = "crew"
     rule = "result"
 
     def __init__(self, group: int = 2, budget_s: float | None = None, link_timeout: float = LINK_TIMEOUT_S,
-                 suspect_s: float = SUSPECT_S, tick: float = TICK_S, **kw: Any) -> None:
+                 suspect_s: float = SUSPECT_S, **kw: Any) -> None:
         super().__init__(group, **kw)
         if budget_s is not None and not budget_s > 0:
             raise ValueError(f"budget_s must be > 0, got {budget_s}")
         self.budget_s = budget_s
-        self.link_timeout, self.suspect_s, self.tick = link_timeout, suspect_s, tick
+        self.link_timeout, self.suspect_s = link_timeout, suspect_s
         self.formed_t: dict[int, float] = {}  # task -> when it formed (its budget counts from there)
-        self.suspected: dict[tuple[int, int], float] = {}  # link -> when it is trusted again
         self.failovers: list[dict[str, Any]] = []  # every block moved: task, block root, replacement
         self.abandoned: list[dict[str, Any]] = []
         self.stopped = False  # no task forms any more (the job is being ended early)
         self.placed: set[tuple[int, int]] = set()  # (worker, iteration) in a task that was not abandoned
         self.consumed: dict[int, frozenset[int]] = {}  # abandoned task -> members that had its result
-        self._watch: asyncio.Task | None = None
 
     def stop(self) -> None:
         """Form no more tasks (a job ended at a time budget: the running ones finish, then JOB_END)."""
@@ -79,9 +77,6 @@ class CrewQueue(ReadyQueue):
         self.queue = []
 
     # --- the queue ----------------------------------------------------------------------------------
-    def start(self, ctl: Control, js: JobState) -> None:
-        self._watch = asyncio.get_running_loop().create_task(self._watchdog(ctl, js))
-
     def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
         """A READY for an iteration already placed in a task that was not abandoned is the member
         asking again after an abort (its agent does, whether the task is being retried or already
@@ -115,11 +110,9 @@ class CrewQueue(ReadyQueue):
                 if n in alive and all(n != q for q, _ in self.queue):
                     self.queue.append((n, k))
         self._form(ctl, js)
-        if js.finished.is_set() and self._watch is not None:
-            self._watch.cancel()
 
     # --- failures -----------------------------------------------------------------------------------
-    def link_timeout_s(self, view: Any) -> float:
+    def link_timeout_s(self, view: NetworkView) -> float:
         """How long a link's chunks may wait for an acknowledgement before it counts as down: the
         configured floor, or a few segment times of the slowest link the view knows (a slow link
         still acknowledges a segment now and then)."""
@@ -132,7 +125,7 @@ class CrewQueue(ReadyQueue):
         lp = 0.0 if plan is None else plan.info.get("t_scatter_s", 0.0) + plan.info.get("t_multicast_s", 0.0)
         return max(BUDGET_MIN_S, BUDGET_FACTOR * lp)
 
-    def retry(self, ctl: Any, js: JobState, t: Task, prev: int | None, why: str,
+    def retry(self, ctl: Control, js: JobState, t: Task, prev: int | None, why: str,
               done: frozenset[int] = frozenset()) -> str | None:
         """The scheduler aborted the task's attempt (why; `done`: the receivers that had reported it
         complete); return why it is abandoned, or None to let it be re-planned (for a CREW plan,
@@ -163,13 +156,11 @@ class CrewQueue(ReadyQueue):
         blocks, moved = out
         if moved:
             t.options["blocks"] = blocks
-            note = getattr(ctl, "note_event", None)
             for mv in moved:
                 mv.update(task=t.id, why=why)
                 self.failovers.append(mv)
                 log.warning("job %d task %d: block of %d moves to %d (Eq. 3)", js.job, t.id, mv["from"], mv["to"])
-                if note is not None:
-                    note("failover", job=js.job, **mv)
+                ctl.note_event("failover", job=js.job, **mv)
         return None
 
     def _abandon(self, js: JobState, t: Task, why: str) -> str:
@@ -179,31 +170,13 @@ class CrewQueue(ReadyQueue):
         self.abandoned.append({"task": t.id, "members": list(t.members), "why": why, "t": time.time()})
         return why
 
-    async def _watchdog(self, ctl: Any, js: JobState) -> None:
-        """Budgets and dead links of running tasks, every tick, until the job ends."""
-        with contextlib.suppress(asyncio.CancelledError):
-            while not js.finished.is_set():
-                await asyncio.sleep(self.tick)
-                try:
-                    self.check(ctl, js, time.time())
-                except Exception:  # a bug here must not stop the job's failure handling
-                    log.exception("crew watchdog")
-
-    def check(self, ctl: Any, js: JobState, now: float) -> None:
-        for link, until in list(self.suspected.items()):
-            if now > until:
-                del self.suspected[link]
-                ctl.view.unsuspend(*link)
-        down: set[tuple[int, int]] = set()
+    def watch(self, ctl: Control, js: JobState, now: float) -> None:
+        """Budgets and dead links of running tasks, on every tick of the scheduler's liveness watchdog:
+        a link found down is suspected there (out of planning for `suspect_s`, then trusted again)."""
         timeout = self.link_timeout_s(ctl.view)
-        for a in list(ctl.agents.values()):
-            for b, waited in a.stuck.items():
-                if waited >= timeout:
-                    down.add((min(a.node, b), max(a.node, b)))
-        for link in sorted(down - set(self.suspected)):
-            if ctl.view.suspend(*link):
-                self.suspected[link] = now + self.suspect_s
-                ctl.note_event("link_down", link=list(link), why="chunks unacknowledged")
+        down = {link for link, waited in ctl.waited().items() if waited >= timeout}
+        for link in sorted(down):
+            ctl.suspect(link, self.suspect_s, "link_down", why="chunks unacknowledged")
         for t in sorted(js.tasks.values(), key=lambda t: t.id):
             if t.recorded_t is not None or t.version is None or t.started_t is None:
                 continue

@@ -33,7 +33,7 @@ from sim.switch import Switch
 
 from ..selection import choosers
 from ..tasks import JobState, TaskRecord
-from . import Control
+from .base import Control, Model, register
 from .ssp import Ssp
 
 MBIT = 1e6 / 8
@@ -96,10 +96,12 @@ def _check(select: str, caps: str) -> None:
         raise ValueError(f"caps: declared or measured, got {caps!r}")
 
 
-class McastBsp(_Choosing):
+@register
+class McastBsp(_Choosing, Model):
     name = "mcast-bsp"
     rule = "bound"
-    multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3)
+    multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3) ...
+    reduces = False  # ... and nothing else
 
     def __init__(self, select: str = "selmcast", p: int | None = None, k: int | None = 4, seed: int = 1,
                  caps: str = "declared", **_: Any) -> None:
@@ -184,10 +186,12 @@ class _Live:
     started: float
 
 
+@register
 class McastSsp(Ssp, _Choosing):
     name = "mcast-ssp"
     rule = "bound"
     multicasts = True
+    reduces = False
 
     def __init__(self, staleness: int = 4, select: str = "selmcast", p: int | None = None, k: int | None = 4,
                  eta: float = 0.75, seed: int = 1, caps: str = "declared", **_: Any) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..tasks import JobState, TaskRecord
-from . import Control
+from .base import Control, Model, register
 
 
-class ReadyQueue:
+@register
+class ReadyQueue(Model):
     name = "queue"
     rule = "result"
 

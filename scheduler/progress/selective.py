@@ -1,4 +1,4 @@
-"""Selective reduce (seed 003) as a progress model: the controller of sim.selective, live.
+"""Selective reduce (seed 003) as a progress model: the controller of core.selective, live.
 
 The same Controller object the simulator's job mode drives (sim/job.py `Selective`) decides here; this
 module only feeds it the scheduler's events and turns its launches into formed tasks:
@@ -28,10 +28,11 @@ from typing import Any
 from core.selective import Controller, Launch, SelectiveConfig
 
 from ..tasks import JobState, TaskRecord
-from . import Control
+from .base import Control, Model, register
 
 
-class SelectiveReduce:
+@register
+class SelectiveReduce(Model):
     name = "selective"
     rule = "result"
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..tasks import JobState, TaskRecord
-from . import Control
+from .base import Control, Model, register
 
 
-class Ssp:
+@register
+class Ssp(Model):
     name = "ssp"
     rule = "bound"
-    multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3)
+    multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3), or one-member reduces
 
     def __init__(self, staleness: int = 2, **_: Any) -> None:
         if staleness < 0:

@@ -1,0 +1,106 @@
+"""Failures: an agent lost (fenced, its tasks aborted, the job re-planned), a task's attempt aborted
+(asked for again under BSP, retried or given up when formed), an agent back (it joins the job).
+
+A lost agent aborts (and retries or re-plans) only the tasks it had a part in; the job's progress model
+may refuse a formed task's retry or prepare it (CREW's failover, §2.9).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from core.capshare import CapSharing
+from overlay.messages import Abort, Fence
+
+from .events import Observed
+from .liveness import Liveness
+from .progress import Control
+from .records import Records
+from .registry import AgentInfo, Registry
+from .start import TaskStart
+from .tasks import JobState
+from .versions import Versions
+from .view import NetworkView
+
+log = logging.getLogger("wansync.scheduler")
+
+
+class Host(Observed, Protocol):
+    current: JobState | None  # the running (or last) job
+    control: Control  # the progress model's view of the scheduler
+
+
+class Failures:
+    def __init__(self, registry: Registry, view: NetworkView, liveness: Liveness, versions: Versions,
+                 cap_sharing: CapSharing, starter: TaskStart, records: Records, host: Host) -> None:
+        self.registry = registry
+        self.view = view
+        self.liveness = liveness
+        self.versions = versions
+        self.cap_sharing = cap_sharing
+        self.starter = starter
+        self.records = records
+        self.host = host
+        self.closing = False  # shutting down: connections close, nobody is lost for it
+
+    def lose(self, node: int, why: str) -> None:
+        """Declare an agent gone: fence its incarnation, abort the tasks it had a part in, re-plan."""
+        if self.closing:
+            self.registry.agents.pop(node, None)
+            return
+        a = self.registry.remove(node, why)
+        if a is None:
+            return
+        for link in self.view.node_down(node):  # suspected links the living need
+            self.liveness.trust(link)
+            self.host.note_event("link_trusted", link=list(link), why=f"needed without node {node}")
+        log.warning("agent %d lost (%s); fencing epoch %d", node, why, a.epoch)
+        self.host.note_event("agent_lost", node=node, why=why)
+        fence = Fence(node=node, epoch=a.epoch)
+        self.registry.send(a, fence)  # a frozen agent reads it when it wakes
+        a.conn.close()
+        self.registry.broadcast(fence)
+        js = self.host.current
+        if js is None or js.finished.is_set():
+            return
+        for t in sorted(js.tasks.values(), key=lambda t: t.id):
+            if t.version is None or t.recorded_t is not None:
+                continue
+            if node in t.involved or node in self.versions.plans[t.version].nodes:
+                self.abort(js, t.id, f"agent {node} lost: {why}")
+        if js.progress is not None:
+            js.progress.lost(self.host.control, js, node)
+
+    def abort(self, js: JobState, tid: int, why: str) -> None:
+        """The task's current attempt cannot end exact: everyone drops it; a BSP round is asked for
+        again (READY), a formed task is re-planned (without what was lost) and started again."""
+        t = js.tasks[tid]
+        t_start, prev, had = t.started_t, t.version, frozenset(t.done)
+        att = t.abort()
+        self.starter.send_rates(js, self.cap_sharing.end(tid, att))
+        js.aborts.append({"round": t.round, "task": tid, "attempt": att, "why": why, "t": time.time(),
+                          "t_start": t_start})
+        log.warning("job %d task %d attempt %d aborted: %s", js.job, tid, att, why)
+        self.host.note_event("abort", job=js.job, task=tid, round=t.round, attempt=att, why=why)
+        self.registry.broadcast(Abort(job=js.job, task=tid, attempt=att))
+        if not t.barrier:
+            # the progress model may refuse the retry (abandon) or prepare it (CREW's failover, §2.9)
+            why_not = (js.progress.retry(self.host.control, js, t, prev, why, had) if js.progress is not None
+                       else None)
+            if why_not is not None or t.aborted >= t.options.get("max_attempts", 4):
+                self.records.give_up(js, t, why_not or why)
+            else:
+                self.starter.try_start(js, tid)
+
+    def rejoin(self, a: AgentInfo) -> None:
+        """A restarted agent: peers learn its address and epoch; it joins the running job from the next
+        round that is not frozen yet (whose plan then includes it)."""
+        self.registry.broadcast(self.registry.peers())
+        js = self.host.current
+        if js is None or js.finished.is_set():
+            return
+        start = js.joins[a.node] = max(js.frozen, default=-1) + 1
+        self.host.note_event("agent_rejoined", node=a.node, epoch=a.epoch, round=start)
+        self.registry.send(a, {**js.job_msg, "start": start})

@@ -1,0 +1,208 @@
+"""Plan versions and re-planning: which plan a task runs, frozen once, and when a job plans again.
+
+Version rule (one mechanism for every scheme): under BSP each agent says READY when it computed
+round r; the first READY for r freezes the version for everyone, so a round never mixes versions.
+Re-planning (adaptive schemes, when the view moved by more than `update_rate`) only ever affects
+rounds not yet frozen; a change of members or of usable links plans again for the living. A formed
+task gets a plan of its own, on its live members. Auxiliary tables (NetStorm) may be refreshed
+between versions without a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+from core.plan import Plan, aux_to_wire, with_sharing
+from overlay.messages import AuxUpdate
+
+from . import planners
+from .events import Observed
+from .registry import Registry
+from .tasks import JobState, Task
+from .view import DisconnectedView, NetworkView
+
+log = logging.getLogger("wansync.scheduler")
+
+# A re-plan takes at most this share of one core: the solver shares the machine with the agents (on
+# one machine, all of them), and a dense mesh's packing LP takes 0.2-0.5 s where UPDATE_TIME may be 0.25 s
+REPLAN_CPU_SHARE = 0.1
+TASK_OPTIONS = ("weights", "max_attempts", "sharing")  # a formed task's options that are not the planner's
+
+
+class Unplannable(DisconnectedView):
+    """A formed task has nobody left to contribute or receive: it is given up at once."""
+
+
+def replan_due(since_last_s: float, update_time_s: float, last_solve_s: float) -> bool:
+    """May a new re-plan start `since_last_s` after the last one began? Not before UPDATE_TIME, nor
+    before the last solve's time over REPLAN_CPU_SHARE (a slow solver re-plans less often)."""
+    return since_last_s >= max(update_time_s, last_solve_s / REPLAN_CPU_SHARE)
+
+
+class Versions:
+    """Every published plan by version, and the decisions that publish one."""
+
+    def __init__(self, view: NetworkView, registry: Registry, obs: Observed, *, update_rate: float,
+                 update_time: float) -> None:
+        self.view = view
+        self.registry = registry
+        self.obs = obs
+        self.update_rate = update_rate  # re-plan only if some link's rate moved by more than this (relative)
+        self.update_time = update_time  # ... and at most this often (seconds; NetStorm's UPDATE_TIME)
+        self.plans: dict[int, Plan] = {}
+        self.version = 0
+        self.policy_bytes = 0  # size of every published plan, as sent to one agent
+
+    def publish(self, plan: Plan) -> Plan:
+        plan.validate(self.view.links())
+        self.version += 1
+        plan = plan.with_version(self.version)
+        self.plans[plan.version] = plan
+        self.policy_bytes += len(msgpack.packb(plan.to_wire()))
+        self.obs.on_event("plan", {"version": plan.version, "scheme": plan.scheme, "plan": plan})
+        self.obs.note_event("plan", version=plan.version, scheme=plan.scheme)
+        return plan
+
+    def version_for(self, js: JobState, t: Task) -> int:
+        """BSP: the first READY for a round freezes its version; adaptive schemes may re-plan just before.
+        A formed task gets a plan of its own, on its members, around what is unusable."""
+        if t.version is not None:
+            return t.version
+        if not t.barrier:
+            return self._plan_task(js, t)
+        # an agent that rejoined mid-job takes part from the round it was told to start at
+        alive = tuple(sorted(n for n in self.registry.agents if js.joins.get(n, 0) <= t.round))
+        avoid = self.view.unusable()
+        if alive != js.spec.participants or avoid != js.avoid:  # lost, back, or a link suspected dead
+            self._replan_members(js, alive, avoid)
+            t.version = js.plan.version
+            return t.version
+        if js.replanning is not None and js.replanning.done():
+            self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
+        if (js.replanning is None and js.planner is not None and js.planner.adaptive and t.round > 0
+                and replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s)
+                and self.view.changed_since(js.view_at_plan, self.update_rate)):
+            js.replans += 1
+            js.view_at_plan = self.view.snapshot()
+            js.last_plan_t = time.time()
+            if js.planner.offload:
+                self._replan_off_loop(js)
+            else:
+                start = time.perf_counter()
+                new = js.planner.plan(self.view, js.spec, js.memory)
+                js.replan_s = time.perf_counter() - start
+                js.policy_s += js.replan_s
+                if not new.same_policy(js.plan):
+                    js.plan = self.publish(new)
+        t.version = js.plan.version
+        return t.version
+
+    def _replan_off_loop(self, js: JobState) -> None:
+        """A planner whose solve takes long (tree packing's LP) runs on a copy of the view in a worker
+        thread; rounds go on with the current plan, and the first round asked for after the solve
+        ends takes the new one (_adopt_replan)."""
+        assert js.planner is not None
+        planner, view, spec, memory = js.planner, self.view.copy(), js.spec, js.memory
+
+        def solve() -> tuple[Plan, float]:
+            start = time.perf_counter()
+            return planner.plan(view, spec, memory), time.perf_counter() - start
+        js.replanning = asyncio.get_running_loop().run_in_executor(None, solve)
+
+    def _adopt_replan(self, js: JobState) -> None:
+        fut, js.replanning = js.replanning, None
+        assert fut is not None
+        try:
+            new, seconds = fut.result()
+        except Exception as exc:  # a view the LP cannot plan on (disconnected, numerics): keep the plan
+            log.warning("job %d: re-plan off the loop failed, keeping version %d: %s", js.job, js.plan.version, exc)
+            return
+        js.policy_s += seconds
+        js.replan_s = seconds
+        if new.participants == js.plan.participants and not new.same_policy(js.plan):
+            js.plan = self.publish(new)
+
+    def _plan_task(self, js: JobState, t: Task) -> int:
+        """A formed task's plan: its live members (those lost are dropped), its receivers, aggregators
+        (options) that are alive; planned by the job's scheme on the view, around what is unusable."""
+        assert js.planner is not None
+        agents = self.registry.agents
+        members = tuple(n for n in t.members if n in agents)
+        receivers = None if t.receivers is None else tuple(n for n in t.receivers if n in agents)
+        if not members or receivers == ():
+            raise Unplannable(f"task {t.id}: no live member or receiver left")
+        options = {k: v for k, v in t.options.items() if k not in TASK_OPTIONS}
+        if receivers is not None:
+            options["receivers"] = list(receivers)  # planners that build to the receivers (multicast) see them
+        options = planners.for_living(options, agents, members)
+        spec = dataclasses.replace(js.spec, participants=members, options=options)
+        start = time.perf_counter()
+        plan = js.planner.plan(self.view, spec, {})
+        js.policy_s += time.perf_counter() - start
+        weights = t.options.get("weights")
+        if weights is not None or receivers is not None:
+            plan = dataclasses.replace(plan, receivers=receivers, weights={
+                n: float((weights or {}).get(n, plan.weights[n])) for n in plan.participants})
+        if t.options.get("sharing"):
+            plan = with_sharing(plan, **t.options["sharing"])
+        t.version = self.publish(plan).version
+        return t.version
+
+    def _replan_members(self, js: JobState, alive: tuple[int, ...], avoid: list[list[int]]) -> None:
+        """Plan for the living on what is usable; all or nothing (a planner may find no plan)."""
+        old = js.spec.participants
+        spec = dataclasses.replace(js.spec, participants=alive, options=planners.for_living(js.spec.options, alive))
+        memory: dict[str, Any] = {}  # frozen roots may be gone: choose again among the living
+        assert js.planner is not None
+        start = time.perf_counter()
+        plan = js.planner.plan(self.view, spec, memory)
+        js.policy_s += time.perf_counter() - start
+        js.spec, js.avoid, js.memory = spec, avoid, memory
+        js.plan = self.publish(plan)
+        js.replanning = None  # an off-loop solve under way planned for the old members and links: dropped
+        js.replans += 1
+        js.view_at_plan = self.view.snapshot()
+        js.last_plan_t = time.time()
+        self.obs.note_event("membership", job=js.job, was=list(old), now=list(alive), version=js.plan.version,
+                            avoid=js.avoid)
+
+    # --- between versions ----------------------------------------------------------------------------
+    def push_aux(self, js: JobState, plan: Plan, nodes: Iterable[int] | None = None) -> None:
+        """Auxiliary tables for an already published version, pushed at once, no version change:
+        safe because auxiliary chunks carry their whole source route (NetStorm §VII-B). `nodes`
+        (tests) delivers to some agents only, as a slow network would."""
+        if plan.version not in self.plans:
+            raise RuntimeError(f"no running job with plan v{plan.version}")
+        plan.validate(self.view.links())
+        msg = AuxUpdate(job=js.job, version=plan.version, groups=[aux_to_wire(g.aux) for g in plan.groups]).wire()
+        if nodes is None:
+            self.plans[plan.version] = plan  # agents that get this version later get the new tables with it
+            if js.plan.version == plan.version:
+                js.plan = plan
+        self.policy_bytes += len(msgpack.packb(msg))
+        agents = self.registry.agents
+        for n in sorted(agents) if nodes is None else nodes:
+            agents[n].conn.send(msg)
+        self.obs.on_event("aux_update", {"version": plan.version, "nodes": None if nodes is None else list(nodes)})
+
+    def refresh_aux(self, js: JobState) -> None:
+        """Between versions, recompute auxiliary routes (Algorithm 3) every UPDATE_TIME if the view moved."""
+        refresh = js.planner.refresh_aux if js.planner is not None else None
+        if (refresh is None or js.mode != "rounds" or time.time() - js.last_aux_t < self.update_time
+                or not self.view.changed_since(js.view_at_aux or js.view_at_plan, self.update_rate)):
+            return
+        js.last_aux_t = time.time()
+        js.view_at_aux = self.view.snapshot()
+        t = time.perf_counter()
+        new = refresh(self.view, js.spec, js.plan)
+        js.policy_s += time.perf_counter() - t
+        if [g.aux for g in new.groups] != [g.aux for g in js.plan.groups]:
+            js.aux_updates += 1
+            self.push_aux(js, new)
