@@ -22,14 +22,13 @@ from overlay.messages import (
     Stats,
     TaskDone,
 )
-from overlay.messages import Task as TaskMsg
 
 from .control import ModelControl
 from .events import Observed
 from .failures import Failures
 from .records import Records
 from .registry import AgentInfo, Registry
-from .tasks import JobState, Task
+from .tasks import JobState
 from .versions import Versions
 from .view import NetworkView
 
@@ -42,7 +41,6 @@ class Host(Observed, Protocol):
     """The scheduler's state the handlers read and write."""
 
     current: JobState | None
-    consistency: bool  # False: no freeze per round, every agent gets the newest version (tests only)
     job_id: int  # never below what an agent saw from an earlier scheduler
     errors: list[str]
     link_bytes: dict[tuple[int, int], int]
@@ -121,15 +119,6 @@ class Handlers:
             # an aborted attempt: say so again (an agent that rejoined never got that ABORT)
             self.registry.send(a, Abort(job=js.job, task=rnd, attempt=t.attempt - 1))
             return
-        if not self.host.consistency:
-            v = js.plan.version
-            have = set(msg.have or ())
-            plan = self.versions.plans[v]
-            self.registry.send(a, TaskMsg(job=js.job, task=rnd, attempt=t.attempt, version=v, round=rnd,
-                                          members=list(plan.participants), receivers=list(plan.receiver_set),
-                                          plan=None if v in have else plan.to_wire()))
-            self.host.on_event("topo_request", {"node": a.node, "round": rnd, "version": v})
-            return
         self.control.barrier_ready(js, rnd, a.node, set(msg.have or ()))
 
     def on_report(self, a: AgentInfo, msg: Report) -> None:
@@ -152,12 +141,8 @@ class Handlers:
         js = self.host.current
         if js is None or msg.job != js.job:
             return
-        consistency = self.host.consistency
-        if not consistency and js.mode == "rounds" and js.progress.uses_barrier and msg.task < js.rounds:
-            t: Task | None = js.bsp_task(msg.task)
-        else:
-            t = js.tasks.get(msg.task)
-        if t is None or msg.attempt != t.attempt or (consistency and t.version is None):
+        t = js.tasks.get(msg.task)
+        if t is None or msg.attempt != t.attempt or t.version is None:
             return  # finished an attempt that was aborted meanwhile (or a task that never began)
         t.done[a.node] = msg
         if not msg.ok:

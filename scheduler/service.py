@@ -54,7 +54,7 @@ __all__ = ["BLOCKED_TASK_S", "REPLAN_CPU_SHARE", "AgentInfo", "JobState", "Round
 class Scheduler:
     def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1, update_time: float = 0.0,
                  on_event: Event | None = None, predict: Predict | None = None,
-                 consistency: bool = True, heartbeat_timeout: float = 1.5, secret: bytes | None = None,
+                 heartbeat_timeout: float = 1.5, secret: bytes | None = None,
                  tls: TlsFiles | None = None) -> None:
         """predict(plan, seconds since the job's t0) -> predicted round time: the simulator on the
         configured network, where the caller knows it (scheduler/ never sees the emulator itself).
@@ -67,7 +67,6 @@ class Scheduler:
         self.on_event = on_event or (lambda kind, data: None)
         # False reproduces what NetStorm's topology request protocol prevents (Fig. 8): every agent
         # gets the newest version when it asks, no freeze per round, no barrier. Tests only.
-        self.consistency = consistency
         self.job_id = 0
         self.current: JobState | None = None
         self.errors: list[str] = []

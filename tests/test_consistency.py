@@ -9,6 +9,7 @@ from test_cluster import start_cluster, stop_cluster
 
 from core.plan import ChunkGroup, Job, Plan
 from emulation.topology import uniform
+from overlay.messages import Task as TaskMsg
 from overlay.messages import chunk_key
 from overlay.peers import Overlay
 from scheduler.planners import ring
@@ -36,12 +37,29 @@ def restage_after_first_request(holder, rnd):
     return on_event
 
 
+def without_the_protocol(sched) -> None:
+    """Fig. 8's counterfactual, for these tests only: no barrier and no freeze per round. Every agent
+    that says READY for round r gets its TASK at once, with whatever version is newest then (the
+    first one asking only records the version the round's results are judged by)."""
+    def at_once(js, rnd, node, have):
+        t = js.bsp_task(rnd)
+        v = js.plan.version
+        if t.version is None:
+            t.version = v  # what its TASK_DONEs are judged by; never "started": no watchdog aborts it
+        plan = sched.versions.plans[v]
+        sched.registry.send_to(node, TaskMsg(job=js.job, task=rnd, attempt=t.attempt, version=v, round=rnd,
+                                             members=list(plan.participants), receivers=list(plan.receiver_set),
+                                             plan=None if v in have else plan.to_wire()))
+        sched.on_event("topo_request", {"node": node, "round": rnd, "version": v})
+    sched.control.barrier_ready = at_once  # the one place the protocol decides; production has no switch
+
+
 async def test_without_the_protocol_a_racing_replan_deadlocks_and_loses_frames():
     holder: dict = {}
     sched, agents, tasks = await start_cluster(uniform(4), cluster="fig8-off",
                                                on_event=restage_after_first_request(holder, 1))
     holder["sched"] = sched
-    sched.consistency = False
+    without_the_protocol(sched)
     try:
         job = asyncio.create_task(sched.run_job("ring", rounds=3, params=PARAMS, chunk_params=CHUNK))
         with pytest.raises(TimeoutError):
