@@ -25,23 +25,23 @@ from .service import Scheduler
 
 log = logging.getLogger("wansync.http")
 MAX_WS_CLIENTS = 32  # live pages at once: each costs a pusher task and a snapshot per connect
+# The dashboard's refusals (malformed requests, unknown methods, too many live pages): one line per
+# burst of each kind, like the scheduler's and the agents' (bounded: overlay.burstlog)
+REFUSALS = BurstLog(log)
 
 
 class _BadRequests(logging.Filter):
-    """A malformed request (oversized header, garbage) gets its 400 and one log line per burst, not
-    a traceback per request: it is the client's error, not ours."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.burst = BurstLog(log)
+    """A malformed request (oversized header, garbage, an unknown method) gets its 400 and one log
+    line per burst, not a traceback per request: it is the client's error, not ours."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
             text = (getattr(exc, "message", "") or str(exc)).strip()
             first = text.splitlines()[0] if text else type(exc).__name__
-            self.burst.log(logging.WARNING, ("bad request", type(exc).__name__),
-                           f"refused a malformed HTTP request ({type(exc).__name__}: {first[:200]})")
+            REFUSALS.log(logging.WARNING, "bad HTTP request",
+                         f"dashboard refused a malformed HTTP request with {exc.code or 400} "
+                         f"({type(exc).__name__}: {first[:200]})")
             return False
         return True
 
@@ -182,6 +182,9 @@ class DashboardServer:
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
         """A snapshot first, then every PUSH_EVERY_S what is new since this client's cursor."""
         if len(self._sockets) >= MAX_WS_CLIENTS:
+            REFUSALS.log(logging.WARNING, "too many live pages",
+                         f"dashboard refused a live page from {request.remote} with 503: already {MAX_WS_CLIENTS} "
+                         f"open", peer=request.remote)
             return _json({"error": f"too many live clients (at most {MAX_WS_CLIENTS}); try again later"}, 503)
         ws = web.WebSocketResponse(heartbeat=20)
         await ws.prepare(request)
