@@ -93,7 +93,7 @@ class TaskState:
     arrival: dict[tuple[int, str], float] = field(default_factory=dict)  # (tree, kind) -> its first chunk here (fcfs)
     own: np.ndarray | None = None  # a member's weighted contribution, sent as is (all-to-all groups)
     on_done: Callable[[TaskState], None] | None = None
-    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Future = field(default_factory=lambda: _outcome_future())
 
     @property
     def key(self) -> TaskKey:
@@ -575,6 +575,19 @@ class ChunkEngine:
             st.done.set_exception(exc)
         if self.on_error is not None:
             self.on_error(st.key, exc)
+
+
+def _outcome_future() -> asyncio.Future:
+    """A task's outcome. An ABORT may end it after whoever awaited it was cancelled (the agent is
+    stopping): the exception is then nobody's, and must not be reported as never retrieved."""
+    fut = asyncio.get_running_loop().create_future()
+    fut.add_done_callback(_retrieve)
+    return fut
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _sender(h: dict[str, Any]) -> int:

@@ -16,6 +16,8 @@ from emulation.faults import FaultError
 from emulation.topology import Topology, TopologyError, build
 from emulation.trace import TraceError
 
+from .stopping import Stopped, until_signal
+
 if TYPE_CHECKING:
     from overlay.auth import TlsFiles
 
@@ -220,6 +222,15 @@ def _netstorm_options(r: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the work began (imports, options): no traceback either
+        return 130
+    except Stopped as exc:  # SIGTERM or Ctrl-C during the work, which unwound (wansync/stopping.py)
+        return exc.code
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="wansync", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -335,10 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     except (TopologyError, TraceError, FaultError) as exc:
         print(f"wansync: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as exc:
         if args.cmd != "agent":  # a terminal's Ctrl-C reaches every agent too: only the launcher speaks
-            print("wansync: interrupted", file=sys.stderr)
-        return 130
+            print("wansync: interrupted" if isinstance(exc, KeyboardInterrupt) else f"wansync: {exc}",
+                  file=sys.stderr)
+        return exc.code if isinstance(exc, Stopped) else 130
     return 2
 
 
@@ -406,7 +418,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = run_config(args, backend=args.backend, secret=secret)
     set_loop(args.loop)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    jobs = asyncio.run(run(cfg))
+    jobs = asyncio.run(until_signal(run(cfg)))
     return _exit_code(jobs)
 
 
@@ -446,7 +458,7 @@ def _scheduler(args: argparse.Namespace) -> int:
                       register_timeout_s=args.register_timeout, on_listening=listening,
                       on_dashboard=(lambda url: control_line(dashboard=url)) if args.control_lines else None)
     try:
-        jobs = asyncio.run(conduct(cfg, session, console))
+        jobs = asyncio.run(until_signal(conduct(cfg, session, console)))
     except OSError as exc:  # the control port: in use, or an address this host does not have
         print(f"wansync: scheduler cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -551,7 +563,7 @@ def _agent(args: argparse.Namespace) -> int:
                   advertise=advertise)
     gcpolicy.apply(args.gc)  # the agent is built: what exists now lives as long as the process
     try:
-        asyncio.run(agent.run())
+        asyncio.run(until_signal(agent.run()))
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why
         print(f"wansync: {exc}", file=sys.stderr)
         return 1
