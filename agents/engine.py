@@ -93,7 +93,7 @@ class TaskState:
     arrival: dict[tuple[int, str], float] = field(default_factory=dict)  # (tree, kind) -> its first chunk here (fcfs)
     own: np.ndarray | None = None  # a member's weighted contribution, sent as is (all-to-all groups)
     on_done: Callable[[TaskState], None] | None = None
-    done: asyncio.Future = field(default_factory=lambda: _outcome_future())
+    done: asyncio.Future = field(default_factory=lambda: outcome_future())
 
     @property
     def key(self) -> TaskKey:
@@ -577,7 +577,7 @@ class ChunkEngine:
             self.on_error(st.key, exc)
 
 
-def _outcome_future() -> asyncio.Future:
+def outcome_future() -> asyncio.Future:
     """A task's outcome. An ABORT may end it after whoever awaited it was cancelled (the agent is
     stopping): the exception is then nobody's, and must not be reported as never retrieved."""
     fut = asyncio.get_running_loop().create_future()

@@ -27,7 +27,7 @@ from overlay.messages import Record, Task, TaskDone
 from overlay.peers import Overlay
 from scheduler.plan import Plan
 
-from .engine import ChunkEngine, TaskAborted
+from .engine import ChunkEngine, TaskAborted, outcome_future
 from .workload import contribution, expected
 
 log = logging.getLogger("wansync.agent")
@@ -133,8 +133,9 @@ class TaskRunner:
 
     # --- what the BSP loop asks -----------------------------------------------------------------------
     def outcome(self, job: int, rnd: int) -> asyncio.Future:
-        """The future result of the task for `rnd` (TaskAborted, Skipped or an Outcome)."""
-        fut = asyncio.get_running_loop().create_future()
+        """The future result of the task for `rnd` (TaskAborted, Skipped or an Outcome); an abort that
+        lands after its awaiter was cancelled (the agent stopping) is nobody's, not "never retrieved"."""
+        fut = outcome_future()
         self._waiting[(job, rnd)] = fut
         return fut
 
