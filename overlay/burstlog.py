@@ -28,6 +28,7 @@ MAX_KEYS = 256  # (kind, peer) pairs tracked at once; beyond, new peers share th
 @dataclass
 class _Burst:
     start: float  # when its current window began
+    last_at: float  # when its latest event came
     first: str  # the reason that opened the burst (logged at once)
     last: str = ""  # the latest reason held back in this window
     held: int = 0  # events in this window not logged on their own
@@ -58,18 +59,23 @@ class BurstLog:
         self._expire(now)
         key = (kind, peer)
         b = self._bursts.get(key)
+        if b is not None and now - b.last_at >= self.every_s:  # quiet that long: a new burst
+            del self._bursts[key]
+            self._end(key, b)
+            b = None
         if b is None and len(self._bursts) >= self.max_keys:
             key = (kind, None)  # many peers at once: they share one line per kind
             b = self._bursts.get(key)
             if b is None and len(self._bursts) >= self.max_keys + 64:  # kinds are few; this never grows
                 self._end(*self._bursts.popitem(last=False))
         if b is None:
-            self._bursts[key] = _Burst(start=now, first=msg[:REASON_CHARS], level=level)
+            self._bursts[key] = _Burst(start=now, last_at=now, first=msg[:REASON_CHARS], level=level)
             self._write(level, "%s", msg)
             self._arm(now)
             return
         b.held += 1
         b.total += 1
+        b.last_at = now
         b.last = msg[:REASON_CHARS]
         b.level = max(b.level, level)
         self._arm(now)
@@ -83,11 +89,11 @@ class BurstLog:
             key, b = next(iter(self._bursts.items()))
             if now - b.start < self.every_s:
                 return
-            if b.held:  # the burst goes on: its summary, then a new window (at the back of the line)
-                self._summary(key, b)
+            self._end(key, b)
+            if now - b.last_at < self.every_s:  # the burst goes on: a new window, at the back of the line
                 b.start, b.held, b.last = now, 0, ""
                 self._bursts.move_to_end(key)
-            else:  # a quiet window: the burst is over, and the next event of its kind is logged again
+            else:  # quiet a whole window: the burst is over, and the next event of its kind is logged again
                 del self._bursts[key]
 
     def _end(self, key: Hashable, b: _Burst) -> None:

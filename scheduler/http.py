@@ -39,14 +39,19 @@ class _BadRequests(logging.Filter):
         if isinstance(exc, HttpProcessingError):
             text = (getattr(exc, "message", "") or str(exc)).strip()
             first = text.splitlines()[0] if text else type(exc).__name__
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
             REFUSALS.log(logging.WARNING, "bad HTTP request",
-                         f"dashboard refused a malformed HTTP request with {exc.code or 400} "
-                         f"({type(exc).__name__}: {first[:200]})")
+                         f"dashboard refused a malformed HTTP request from {remote} with {exc.code or 400} "
+                         f"({type(exc).__name__}: {first[:200]})", peer=remote if isinstance(remote, str) else None)
             return False
-        return True
+        return log.isEnabledFor(record.levelno)  # the rest as if this logger had the level of the others
 
 
+# aiohttp reports an unknown method at DEBUG ("common on the internet"): it is a refusal like the others,
+# so this logger lets DEBUG records reach the filter, which logs refusals per burst and passes on the rest
+# only at the level "wansync.http" logs at
 _server_log = logging.getLogger("wansync.http.server")
+_server_log.setLevel(logging.DEBUG)
 _server_log.addFilter(_BadRequests())
 
 STATIC = Path(__file__).parent / "dashboard"
