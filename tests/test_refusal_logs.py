@@ -20,12 +20,14 @@ from test_auth import Raw, authenticated
 from test_cluster import SECRET
 from waiting import until
 
+from agents.engine import ChunkEngine
+from emulation.topology import uniform
 from overlay.auth import AuthError, Handshake, NonceMemory
 from overlay.budget import MemoryBudget
-from overlay.burstlog import BurstLog
+from overlay.burstlog import REASON_CHARS, BurstLog
 from overlay.codec import encode
 from overlay.messages import bitmap
-from overlay.peers import Overlay
+from overlay.peers import HoldRefused, Overlay
 from scheduler import http, service
 from wansync.stopping import Stopped, until_signal
 
@@ -176,6 +178,39 @@ def test_a_burst_log_is_bounded_in_size_and_age_whatever_the_keys():
     clock.t += 10.0
     burst.flush()
     assert len(burst) == 0
+
+
+def test_an_engine_remembers_whom_to_ask_for_a_resend_not_every_job_and_task_a_peer_named(caplog):
+    caplog.set_level(logging.WARNING, logger="wansync")
+    eng = ChunkEngine(0, uniform(3).routes())
+    eng._burst = BurstLog(logging.getLogger("wansync.engine"), clock=FakeClock())
+    for i in range(500):  # frames of jobs that do not run here, a new job number each time
+        with pytest.raises(HoldRefused):
+            eng.admit_relay({"job": 10_000 + i, "task": i}, peer=1)
+    assert sum(len(v) for v in eng._refused_from.values()) <= 1 and list(eng._refused_from) == [1]
+    assert len(_lines(caplog, "refused frames from node 1")) == 1
+
+
+def test_a_burst_quiet_for_a_whole_window_is_over_even_in_the_middle_of_a_window():
+    clock = FakeClock()
+    burst = BurstLog(logging.getLogger("wansync.test"), every_s=10.0, clock=clock)
+    burst.log(logging.WARNING, "refused", "one", peer="10.0.0.1")
+    clock.t += 9.9
+    burst.log(logging.WARNING, "refused", "two", peer="10.0.0.1")  # held
+    clock.t += 0.1
+    burst.flush()  # the window's summary; the burst may go on in the next window
+    assert burst.lines == 2
+    clock.t += 9.95  # 10.05 s after its last event, though only 9.95 s into the new window
+    burst.log(logging.WARNING, "refused", "three", peer="10.0.0.1")
+    assert burst.lines == 3  # a new burst: logged at once
+
+
+def test_a_burst_remembers_a_bounded_share_of_a_long_reason():
+    burst = BurstLog(logging.getLogger("wansync.test"), clock=FakeClock())
+    for _ in range(3):
+        burst.log(logging.WARNING, "refused", "x" * 100_000, peer="10.0.0.1")
+    (b,) = burst._bursts.values()
+    assert len(b.first) <= REASON_CHARS and len(b.last) <= REASON_CHARS
 
 
 def test_the_nonce_memory_is_bounded_in_size_and_age():
