@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+EVERY_S = 10.0  # a burst's window: one summary line per window, and this long quiet ends a burst
 REASON_CHARS = 300  # what a burst remembers of a reason (its first and last): the peer may send long text
 MAX_KEYS = 256  # (kind, peer) pairs tracked at once; beyond, new peers share the key (kind, None)
 
@@ -37,7 +38,7 @@ class _Burst:
 
 
 class BurstLog:
-    def __init__(self, logger: logging.Logger, every_s: float = 10.0, *, max_keys: int = MAX_KEYS,
+    def __init__(self, logger: logging.Logger, every_s: float = EVERY_S, *, max_keys: int = MAX_KEYS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """clock: seconds, monotonic (tests pass a fake one and advance it instead of sleeping)."""
         self.logger = logger
