@@ -11,8 +11,10 @@ small `wansync run`s with signals (`stop_runs`), counting the tracebacks every p
                   and node id: the second burst of the same kind on both targets
  same_reason      to a second agent, twice (with the phases above): 50 connections refused for
                   the same reason each time, a second burst after a quiet period
- distinct         40,000 connections to a third agent, each refused for a reason of its own
-                  (another cluster name); its RSS is compared before and after
+ distinct         40,000 connections to a third agent (from the start, alongside everything else,
+                  which spares it), each refused for a reason of its own (another cluster name):
+                  its RSS 1-2.5 s after the attack less its RSS before, less the same difference
+                  of a fourth agent nobody attacks (the drift rounds and time cause by themselves)
 """
 
 from __future__ import annotations
@@ -124,13 +126,14 @@ class LogAttacks:
                                 "targets": ["scheduler", f"agent {a}", f"agent {b}"]})
             await asyncio.sleep(max(t0 + QUIET_S, t1 + QUIET_S - 1.0) - time.time())  # quiet: the next burst is new
 
-    async def distinct(self, addr: tuple[str, int], victim: int, n: int = DISTINCT) -> None:
-        """n connections to one agent, each refused for a reason of its own (another cluster name)."""
+    async def distinct(self, addr: tuple[str, int], victim: int, control: int, n: int = DISTINCT) -> None:
+        """n connections to one agent, each refused for a reason of its own (another cluster name);
+        `control`: an agent nobody attacks, whose memory is read over the same time."""
         t0 = time.time()
         refused = await self.spray(*addr, varied_names(n, prefix="distinct"))
         t1 = time.time()
         self.tell("phase", {"name": "distinct", "t0": t0, "t1": t1, "refused": [refused], "n": [n],
-                            "targets": [f"agent {victim}"], "failed": dict(self.failed)})
+                            "targets": [f"agent {victim}"], "control": f"agent {control}", "failed": dict(self.failed)})
 
 
 # --- the benchmark's side ---------------------------------------------------------------------------------
@@ -166,20 +169,23 @@ def summarize_phases(phases: list[dict[str, Any]], records: dict[str, list[tuple
     if second is not None:  # its first events, at once: each target was refusing the same kind before
         lines = lines_by_process(records, second["t0"], second["t1"] + 1.0)
         seen = {k: lines.get(k, 0) for k in second["targets"]}
-    growth = None
+    growth: dict[str, float | None] = {}
     d = by.get("distinct")
-    if d is not None:
-        victim = d["targets"][0]
-        before = [row[victim] for t, row in rss if d["t0"] - 2.0 <= t <= d["t0"] and victim in row]
-        after = [row[victim] for t, row in rss if d["t1"] + 1.0 <= t <= d["t1"] + 2.5 and victim in row]
-        if before and after:
-            growth = round(max(0.0, min(after) - max(before)), 1)
+    for who in ("victim", "control"):
+        name = (d["targets"][0] if who == "victim" else d.get("control")) if d is not None else None
+        before = [row[name] for t, row in rss if d["t0"] - 2.0 <= t <= d["t0"] and name in row] if d else []
+        after = [row[name] for t, row in rss if d["t1"] + 1.0 <= t <= d["t1"] + 2.5 and name in row] if d else []
+        growth[who] = round(max(0.0, min(after) - max(before)), 1) if before and after else None
     return {
         "log_lines_varied_burst": max((v for ph in varied.values() for v in ph.values()), default=None),
         "log_lines_varied_by_burst": varied,
         "second_burst_logged": bool(seen) and all(v >= 1 for v in seen.values()),
         "second_burst_lines": seen,
-        "refusal_state_growth_mib": growth,
+        # the victim's growth, measured after the attack (the last 2 s before it to 1-2.5 s after), less
+        # the control's over the same time: what rounds and time alone add (both are in the JSON line too)
+        "refusal_state_growth_mib": (None if growth["victim"] is None else
+                                     round(max(0.0, growth["victim"] - (growth["control"] or 0.0)), 1)),
+        "refusal_state_victim_growth_mib": growth["victim"], "refusal_state_control_growth_mib": growth["control"],
         "distinct_connections": d["n"][0] if d else 0, "distinct_refused": d["refused"][0] if d else 0,
         "distinct_per_s": round(d["n"][0] / (d["t1"] - d["t0"]), 0) if d and d["t1"] > d["t0"] else None,
     }
