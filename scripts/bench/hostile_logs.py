@@ -20,6 +20,7 @@ small `wansync run`s with signals (`stop_runs`), counting the tracebacks every p
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import secrets
@@ -37,7 +38,8 @@ from typing import Any
 
 import msgpack
 
-from overlay.burstlog import EVERY_S
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script too (the distinct flood)
+from overlay.burstlog import EVERY_S  # noqa: E402
 
 LEN = struct.Struct("!I")
 VARIED = 300  # connections per varied burst
@@ -128,12 +130,29 @@ class LogAttacks:
 
     async def distinct(self, addr: tuple[str, int], victim: int, control: int, n: int = DISTINCT) -> None:
         """n connections to one agent, each refused for a reason of its own (another cluster name);
-        `control`: an agent nobody attacks, whose memory is read over the same time."""
+        `control`: an agent nobody attacks, whose memory is read over the same time. From a process of
+        its own: 32 connections at a time must not slow this attacker's probes of the others."""
         t0 = time.time()
-        refused = await self.spray(*addr, varied_names(n, prefix="distinct"))
-        t1 = time.time()
-        self.tell("phase", {"name": "distinct", "t0": t0, "t1": t1, "refused": [refused], "n": [n],
-                            "targets": [f"agent {victim}"], "control": f"agent {control}", "failed": dict(self.failed)})
+        proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "distinct", addr[0], str(addr[1]),
+                                                    str(n), stdout=asyncio.subprocess.PIPE)
+        try:
+            out, _ = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        got = json.loads(out.decode().strip().splitlines()[-1])
+        self.attempts += n
+        self.tell("phase", {"name": "distinct", "t0": got["t0"], "t1": got["t1"], "refused": [got["refused"]],
+                            "n": [n], "targets": [f"agent {victim}"], "control": f"agent {control}",
+                            "failed": got["failed"], "spawned_s": round(got["t0"] - t0, 2)})
+
+
+async def _distinct_main(host: str, port: int, n: int) -> None:
+    flood = LogAttacks(lambda kind, data: None)
+    t0 = time.time()
+    refused = await flood.spray(host, port, varied_names(n, prefix="distinct"))
+    print(json.dumps({"t0": t0, "t1": time.time(), "refused": refused, "failed": dict(flood.failed)}), flush=True)
 
 
 # --- the benchmark's side ---------------------------------------------------------------------------------
@@ -231,3 +250,8 @@ def stop_runs(timeout_s: float = 120.0) -> dict[str, Any]:
     total = sum(r["tracebacks"] for r in res.values())
     stopped = all(r.get("rounds_before_stop", 0) >= 3 for r in res.values())
     return {"shutdown_tracebacks": total if stopped else None, "shutdown_runs": res}
+
+
+if __name__ == "__main__":  # the distinct-reasons flood, in a process of its own (LogAttacks.distinct)
+    if len(sys.argv) == 5 and sys.argv[1] == "distinct":
+        asyncio.run(_distinct_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
