@@ -59,16 +59,15 @@ class BurstLog:
         now = self.clock()
         self._expire(now)
         key = (kind, peer)
+        if key not in self._bursts and len(self._bursts) >= self.max_keys:
+            key = (kind, None)  # many peers at once: they share one line per kind
         b = self._bursts.get(key)
         if b is not None and now - b.last_at >= self.every_s:  # quiet that long: a new burst
             del self._bursts[key]
             self._end(key, b)
             b = None
-        if b is None and len(self._bursts) >= self.max_keys:
-            key = (kind, None)  # many peers at once: they share one line per kind
-            b = self._bursts.get(key)
-            if b is None and len(self._bursts) >= self.max_keys + 64:  # kinds are few; this never grows
-                self._end(*self._bursts.popitem(last=False))
+        if b is None and len(self._bursts) >= self.max_keys + 64:  # kinds are few: this never grows
+            self._end(*self._bursts.popitem(last=False))
         if b is None:
             self._bursts[key] = _Burst(start=now, last_at=now, first=msg[:REASON_CHARS], level=level)
             self._write(level, "%s", msg)
