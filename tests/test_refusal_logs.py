@@ -191,6 +191,13 @@ def test_an_engine_remembers_whom_to_ask_for_a_resend_not_every_job_and_task_a_p
     assert len(_lines(caplog, "refused frames from node 1")) == 1
 
 
+def test_a_burst_log_stays_bounded_even_if_a_caller_made_many_kinds():
+    burst = BurstLog(logging.getLogger("wansync.test"), max_keys=4, clock=FakeClock())
+    for i in range(1000):  # kinds are the code's constants; a bug that made them up must not grow the table
+        burst.log(logging.WARNING, f"kind {i}", "x", peer=i)
+    assert len(burst) <= 4 + 64
+
+
 def test_a_burst_quiet_for_a_whole_window_is_over_even_in_the_middle_of_a_window():
     clock = FakeClock()
     burst = BurstLog(logging.getLogger("wansync.test"), every_s=10.0, clock=clock)
