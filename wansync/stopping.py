@@ -18,7 +18,7 @@ class Stopped(Exception):
     """The run was stopped by a signal; `code` is the exit status to leave with (128 + its number)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        super().__init__("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
         self.code = 128 + signum
 
 
