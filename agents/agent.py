@@ -177,6 +177,7 @@ class Agent:
             await self.overlay.close()
             if ctl is not None:
                 ctl.close()
+            await asyncio.gather(reporter, return_exceptions=True)  # cancelled: awaited, never left pending
 
     # --- the control connection ----------------------------------------------------------------------
     async def _connect(self, port: int, wait_s: float | None = None) -> ControlConn | None:

@@ -252,9 +252,11 @@ class ChunkEngine:
         """Not stored, so never acknowledged: the sender keeps the chunk and resends it after the
         connection drops, which this node asks for when a task begins (`_ask_resend`)."""
         self.refused_frames += 1
-        self._refused_from.setdefault(peer, set()).add((h["job"], h["task"]))
-        self._burst.log(logging.WARNING, (peer, why.split(" ", 1)[0]),
-                        f"node {self.node}: refused frames from node {peer} (job {h['job']} task {h['task']}): {why}")
+        # the peer is to resend; the (job, task) it named is not kept: it may name a new one every frame
+        self._refused_from.setdefault(peer, set())
+        self._burst.log(logging.WARNING, "refused frames",
+                        f"node {self.node}: refused frames from node {peer} (job {h['job']} task {h['task']}): {why}",
+                        peer=peer)
         raise HoldRefused(why)
 
     # --- held frames: bounded memory, nothing lost ---------------------------------------------------
@@ -289,12 +291,13 @@ class ChunkEngine:
         jt = (h["job"], h["task"])
         self.hold_refused += 1
         seen = self._refused_from.setdefault(peer, set())
-        if jt not in seen:
+        if jt not in seen:  # tasks within the window only (_outside): a few per peer
             seen.add(jt)
-            log.warning("node %d: hold budget full (%d of %d bytes held, %d for node %d): refusing job %d task %d "
-                        "frames from node %d unacknowledged; they are resent when it begins", self.node,
-                        self.budget.used, self.budget.limit, self.budget.by_peer.get(peer, 0), peer, jt[0], jt[1],
-                        peer)
+            self._burst.log(logging.WARNING, "hold budget full",
+                            f"node {self.node}: hold budget full ({self.budget.used} of {self.budget.limit} bytes "
+                            f"held, {self.budget.by_peer.get(peer, 0)} for node {peer}): refusing job {jt[0]} task "
+                            f"{jt[1]} frames from node {peer} unacknowledged; they are resent when it begins",
+                            peer=peer)
         raise HoldRefused(f"hold budget of {self.hold_budget} bytes full")
 
     def _unstash(self, key: tuple[int, int, int, int]) -> list[tuple[dict[str, Any], bytes]]:

@@ -138,7 +138,7 @@ class TaskPart:
         self.beside: dict[int, list[int]] = {}  # task -> [bytes at our first byte, at our end]
         self._first: dict[int, int] | None = None  # the others' bytes when this task's first byte came
         self.arrival: dict[tuple[int, str], float] = {}  # (tree, kind) -> its first chunk here (fcfs)
-        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future = outcome_future()
 
     @property
     def key(self) -> TaskKey:
@@ -317,3 +317,16 @@ class TaskPart:
             first = self._first or {}
             self.beside = {t: [first.get(t, 0), n] for t, n in self.host.others(self).items()}
         self.done.set_result(self.result if self.receiver else None)
+
+
+def outcome_future() -> asyncio.Future:
+    """A task's outcome. An ABORT may end it after whoever awaited it was cancelled (the agent is
+    stopping): the exception is then nobody's, and must not be reported as never retrieved."""
+    fut = asyncio.get_running_loop().create_future()
+    fut.add_done_callback(_retrieve)
+    return fut
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

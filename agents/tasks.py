@@ -28,7 +28,7 @@ from overlay.messages import Record, Task, TaskDone
 from overlay.peers import Overlay
 
 from .engine import ChunkEngine
-from .taskpart import TaskAborted
+from .taskpart import TaskAborted, outcome_future
 from .workload import contribution, expected
 
 log = logging.getLogger("wansync.agent")
@@ -134,8 +134,9 @@ class TaskRunner:
 
     # --- what the BSP loop asks -----------------------------------------------------------------------
     def outcome(self, job: int, rnd: int) -> asyncio.Future:
-        """The future result of the task for `rnd` (TaskAborted, Skipped or an Outcome)."""
-        fut = asyncio.get_running_loop().create_future()
+        """The future result of the task for `rnd` (TaskAborted, Skipped or an Outcome); an abort that
+        lands after its awaiter was cancelled (the agent stopping) is nobody's, not "never retrieved"."""
+        fut = outcome_future()
         self._waiting[(job, rnd)] = fut
         return fut
 

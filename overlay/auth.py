@@ -29,6 +29,8 @@ import os
 import secrets
 import ssl
 import stat
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +96,33 @@ def mac(secret: bytes, *, cluster: str, prover: str, dialer: int, acceptor: int,
 
 
 PeerCheck = Callable[[int, str], "str | None"]  # (node, role) -> reason to refuse, or None
+NONCES_KEPT = 4096  # challenges one process remembers (about 0.5 MiB at most)
+NONCES_KEPT_S = 600.0  # and for how long: a replay older than this fails as a MAC that does not verify
+
+
+class NonceMemory:
+    """The peers' challenges seen lately, bounded in number and age: a HELLO whose challenge was
+    already used is a recorded handshake played back, and is refused as one (not as a MAC that
+    "does not verify", which reads like a wrong secret)."""
+
+    def __init__(self, size: int = NONCES_KEPT, age_s: float = NONCES_KEPT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.size, self.age_s, self.clock = size, age_s, clock
+        self._seen: OrderedDict[bytes, float] = OrderedDict()  # digest -> when, oldest first
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first_use(self, nonce: bytes) -> bool:
+        """True the first time `nonce` is seen (and remember it); False for a replay."""
+        now = self.clock()
+        while self._seen and (len(self._seen) >= self.size or now - next(iter(self._seen.values())) > self.age_s):
+            self._seen.popitem(last=False)
+        key = hashlib.blake2b(nonce, digest_size=16).digest()
+        if key in self._seen:
+            return False
+        self._seen[key] = now
+        return True
 
 
 @dataclass
@@ -112,6 +141,7 @@ class Handshake:
     peer_role: str | None = None  # the role the peer must have
     check_peer: PeerCheck | None = None  # acceptor: may this node connect at all?
     hello_extra: dict[str, Any] = field(default_factory=dict)  # more HELLO fields (epochs)
+    nonces: NonceMemory | None = None  # this process's memory of challenges seen (replays), if any
     peer: int | None = None
     peer_hello: dict[str, Any] | None = None
     done: bool = False
@@ -164,7 +194,7 @@ class Handshake:
         want = self._mac(dialer_proves=not self.dialer)
         if not hmac.compare_digest(want, h["mac"]):
             raise AuthError(f"node {self.peer} failed authentication: its MAC does not verify "
-                            f"(a different cluster secret?)", peer=self.peer)
+                            f"(a different cluster secret, or a forged or replayed handshake?)", peer=self.peer)
         self.done = True
         return [] if self.dialer else [{"t": "AUTH", "mac": self._mac(dialer_proves=False)}]
 
@@ -174,7 +204,7 @@ class Handshake:
         if cluster != self.cluster:
             raise AuthError(f"node {node} is in cluster {cluster!r}, not {self.cluster!r}", peer=node)
         if self.peer_role is not None and role != self.peer_role:
-            raise AuthError(f"node {node} is a {role!r}, expected a {self.peer_role!r}", peer=node)
+            raise AuthError(f"node {node} has the role {role!r}, expected {self.peer_role!r}", peer=node)
         if self.expect is not None and node != self.expect:
             raise AuthError(f"dialled node {self.expect} but node {node} answered", peer=node)
         if self.check_peer is not None:
@@ -192,6 +222,9 @@ class Handshake:
                 raise AuthError(f"node {node} sent a {len(nonce)}-byte nonce", peer=node)
             if nonce == self._nonce:
                 raise AuthError(f"node {node} reflected our own challenge", peer=node)
+            if self.nonces is not None and not self.nonces.first_use(nonce):
+                raise AuthError(f"node {node} replayed a handshake: its challenge was used before (a recorded "
+                                f"handshake played back, not a different secret)", peer=node)
             self._peer_nonce = nonce
 
     def _mac(self, *, dialer_proves: bool) -> bytes:

@@ -120,11 +120,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self.bytes_in = 0
+        self.address: tuple[str, int] | None = None  # the peer's (host, port), as the socket says
 
     # --- connection lifecycle -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport subclass
         transport.set_write_buffer_limits(high=512 << 10, low=128 << 10)
+        addr = transport.get_extra_info("peername")
+        self.address = (str(addr[0]), int(addr[1])) if isinstance(addr, tuple) and len(addr) >= 2 else None
         sock = transport.get_extra_info("socket")
         if sock is not None:
             # a multi-MiB write should fit the kernel in one send(): Python 3.11's transport copies

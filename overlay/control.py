@@ -104,7 +104,7 @@ class ControlConn:
         if not self.authenticated:  # a stranger gets no second chance (the caller logs why)
             self.proto.close()
             return
-        self.burst.log(logging.WARNING, (self.proto.peer, error.msg_type, error.field), str(error))
+        self.burst.log(logging.WARNING, error.kind, str(error), peer=self.proto.peer)
 
     def on_closed(self, error: Exception | None) -> None:
         if isinstance(error, ProtocolError):  # a truncated frame, or the invalid-message limit

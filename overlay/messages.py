@@ -42,9 +42,21 @@ class ProtocolError(Exception):
         self.field = field
         self.peer = peer
         self.msg_type = msg_type
-        where = f" field {field!r}" if field else ""
-        of = f" in {msg_type}" if msg_type else ""
-        super().__init__(f"protocol error from peer {peer!r}{of}:{where} {reason}")
+        super().__init__(reason)
+
+    @property
+    def kind(self) -> str:
+        """The kind of refusal, in our own words for a log's burst key: the message type and field
+        when they are ours (the schema's), never a type name the peer made up."""
+        if self.msg_type in _KNOWN_TYPES:
+            return f"invalid {self.msg_type}" + (f".{self.field}" if self.field else "")
+        return "invalid message"
+
+    def __str__(self) -> str:
+        """Built when shown, not when raised: the peer is often named only by whoever catches it."""
+        where = f" field {self.field!r}" if self.field else ""
+        of = f" in {self.msg_type}" if self.msg_type else ""
+        return f"protocol error from peer {self.peer!r}{of}:{where} {self.reason}"
 
 
 class FramingError(ProtocolError):
@@ -83,6 +95,9 @@ class Msg(enum.StrEnum):
     EMU = "EMU"
     CHUNK = "CHUNK"
     ACK = "ACK"
+
+
+_KNOWN_TYPES = frozenset(m.value for m in Msg)
 
 
 def f(*checks: fc.Check, lo: float | None = None, hi: float | None = None, optional: bool = False) -> Any:

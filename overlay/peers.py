@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from core.classes import TrafficClass
 
-from .auth import HANDSHAKE_TIMEOUT_S, AuthError, Handshake, TlsFiles
+from .auth import HANDSHAKE_TIMEOUT_S, AuthError, Handshake, NonceMemory, TlsFiles
 from .budget import MemoryBudget
 from .burstlog import BurstLog
 from .codec import DISCARD, MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol, _Discard
@@ -100,12 +100,12 @@ class Overlay:
         self.secret = secret
         self.tls = tls
         self.limits = {"max_payload": max_payload, "max_header": max_header, "max_invalid": max_invalid}
-        self._refusals: set[tuple[object, str]] = set()  # handshake failures already logged once
         self.sink = sink
         self.budget = budget or getattr(sink, "budget", None) or MemoryBudget(RELAY_BUDGET)
         self._relay_refused: set[int] = set()  # peers whose relayed bytes found no room (resent later)
         self._half_open = 0  # accepted connections still in their handshake
-        self.burst = BurstLog(log)
+        self.burst = BurstLog(log)  # refusals: one line per burst per kind and peer, every burst
+        self.nonces = NonceMemory()  # challenges seen lately: a replayed handshake is named as one
         self.neighbors = set(neighbors)
         self.host = host
         self.downlink = downlink
@@ -400,17 +400,18 @@ class Overlay:
 
     def _refuse_relay(self, peer: int, total: int) -> None:
         """Not acknowledged, so the sender keeps the chunk; it is asked for again once there is room."""
-        if total > self.budget.peer_limit:
-            self.burst.log(logging.ERROR, ("relay too big", peer),
+        if total > self.budget.peer_limit:  # no room will ever come: no resend asked for, and no
+            # mark that would hide this peer's next "budget full" (each has its own line, per burst)
+            self.burst.log(logging.ERROR, "relay too big",
                            f"node {self.node}: a {total}-byte chunk from node {peer} can never be relayed here: a "
                            f"peer may hold at most {self.budget.peer_limit} bytes of this node's budget (raise "
-                           f"--hold-budget-mb, or use smaller chunks)")
-        elif peer not in self._relay_refused:
-            self.burst.log(logging.WARNING, ("relay budget", peer),
-                           f"node {self.node}: memory budget full ({self.budget.used} of {self.budget.limit} bytes, "
-                           f"{self.budget.by_peer.get(peer, 0)} for node {peer}): refusing chunks it relays "
-                           f"through us until there is room")
-        self._relay_refused.add(peer)
+                           f"--hold-budget-mb, or use smaller chunks)", peer=peer)
+            return
+        self.burst.log(logging.WARNING, "relay budget full",
+                       f"node {self.node}: memory budget full ({self.budget.used} of {self.budget.limit} bytes, "
+                       f"{self.budget.by_peer.get(peer, 0)} for node {peer}): refusing chunks it relays "
+                       f"through us until there is room", peer=peer)
+        self._relay_refused.add(peer)  # neighbours only: asked to resend once there is room
 
     def _relay_released(self, rx: _Rx) -> None:
         """The next hop has the whole chunk (or it was cancelled): its bytes leave the budget, and
@@ -501,7 +502,7 @@ class _Handshake:
         self.expect = expect
         self.auth = Handshake(overlay.cluster, overlay.node, "agent", dialer=expect is not None,
                               secret=overlay.secret, expect=expect, peer_role="agent", check_peer=self._check,
-                              hello_extra={"epoch": overlay.epoch})
+                              hello_extra={"epoch": overlay.epoch}, nonces=overlay.nonces)
         loop = asyncio.get_running_loop()
         self.done: asyncio.Future = loop.create_future()
         self.done.add_done_callback(_retrieved)  # an acceptor's outcome is only logged, never awaited
@@ -542,7 +543,6 @@ class _Handshake:
             if epoch < ov.min_epoch.get(node, 0):
                 self._refuse(f"node {node} runs incarnation {epoch}, which was fenced when it was lost (a zombie)")
                 return
-            ov._refusals = {r for r in ov._refusals if r[0] != node}  # log the next failure again
             ov._attach(node, self.proto, epoch)
             self._settle(None, node)
 
@@ -559,17 +559,21 @@ class _Handshake:
             else:
                 self.done.set_exception(exc)
 
-    def _log_once(self, why: str) -> None:
-        """One clear line per peer and reason: a dialer retrying every 2 s must not flood the log."""
-        key = (self.auth.peer if self.auth.peer is not None else self.expect, why)
-        level = logging.DEBUG if key in self.overlay._refusals else logging.WARNING
-        self.overlay._refusals.add(key)
-        log.log(level, "node %d refused a connection: %s", self.overlay.node, why)
+    def _log_refusal(self, why: str) -> None:
+        """One line per burst, keyed by whom we dialled or the address that dialled us: never by the
+        node id, cluster or reason a stranger claims (a new one per connection would be a new line)."""
+        addr = self.proto.address
+        peer = self.expect if self.expect is not None else (addr[0] if addr else None)
+        where = f" to node {self.expect}" if self.expect is not None else (
+            f" from {addr[0]}:{addr[1]}" if addr else "")
+        kind = "dial refused" if self.expect is not None else "handshake refused"
+        self.overlay.burst.log(logging.WARNING, kind, f"node {self.overlay.node} refused a connection{where}: {why}",
+                               peer=peer)
 
     def _refuse(self, why: str) -> None:
         if self.done.done():
             return
-        self._log_once(why)
+        self._log_refusal(why)
         self.overlay.note_error(AuthError(why, peer=self.proto.peer))
         self._settle(AuthError(why, peer=self.proto.peer))
         self.proto.close()
@@ -588,7 +592,7 @@ class _Handshake:
                 why = error.reason
                 self.overlay.note_error(error)
             if self.expect is not None or isinstance(error, ProtocolError):
-                self._log_once(why)  # dialled: the other end refused us (it logged why)
+                self._log_refusal(why)  # dialled: the other end refused us (it logged why)
             self._settle(ConnectionError(why))
 
 
@@ -623,8 +627,7 @@ class _PeerConn:
             raise ProtocolError(f"{t} is not a data-plane message", field="t", peer=self.peer, msg_type=t)
 
     def on_invalid(self, error: ProtocolError) -> None:
-        self.overlay.burst.log(logging.WARNING, (self.peer, error.msg_type, error.field),
-                               f"node {self.overlay.node}: {error}")
+        self.overlay.burst.log(logging.WARNING, error.kind, f"node {self.overlay.node}: {error}", peer=self.peer)
         self.overlay.note_error(error)
         self.overlay._invalid.setdefault(self.peer, {})[self.epoch] = self.proto.invalid
 

@@ -25,28 +25,33 @@ from .service import Scheduler
 
 log = logging.getLogger("wansync.http")
 MAX_WS_CLIENTS = 32  # live pages at once: each costs a pusher task and a snapshot per connect
+# The dashboard's refusals (malformed requests, unknown methods, too many live pages): one line per
+# burst of each kind, like the scheduler's and the agents' (bounded: overlay.burstlog)
+REFUSALS = BurstLog(log)
 
 
 class _BadRequests(logging.Filter):
-    """A malformed request (oversized header, garbage) gets its 400 and one log line per burst, not
-    a traceback per request: it is the client's error, not ours."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.burst = BurstLog(log)
+    """A malformed request (oversized header, garbage, an unknown method) gets its 400 and one log
+    line per burst, not a traceback per request: it is the client's error, not ours."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
             text = (exc.message or str(exc)).strip()  # declared on HttpProcessingError (a class default)
             first = text.splitlines()[0] if text else type(exc).__name__
-            self.burst.log(logging.WARNING, ("bad request", type(exc).__name__),
-                           f"refused a malformed HTTP request ({type(exc).__name__}: {first[:200]})")
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            REFUSALS.log(logging.WARNING, "bad HTTP request",
+                         f"dashboard refused a malformed HTTP request from {remote} with {exc.code or 400} "
+                         f"({type(exc).__name__}: {first[:200]})", peer=remote if isinstance(remote, str) else None)
             return False
-        return True
+        return log.isEnabledFor(record.levelno)  # the rest as if this logger had the level of the others
 
 
+# aiohttp reports an unknown method at DEBUG ("common on the internet"): it is a refusal like the others,
+# so this logger lets DEBUG records reach the filter, which logs refusals per burst and passes on the rest
+# only at the level "wansync.http" logs at
 _server_log = logging.getLogger("wansync.http.server")
+_server_log.setLevel(logging.DEBUG)
 _server_log.addFilter(_BadRequests())
 
 STATIC = Path(__file__).parent / "dashboard"
@@ -182,6 +187,9 @@ class DashboardServer:
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
         """A snapshot first, then every PUSH_EVERY_S what is new since this client's cursor."""
         if len(self._sockets) >= MAX_WS_CLIENTS:
+            REFUSALS.log(logging.WARNING, "too many live pages",
+                         f"dashboard refused a live page from {request.remote} with 503: already {MAX_WS_CLIENTS} "
+                         f"open", peer=request.remote)
             return _json({"error": f"too many live clients (at most {MAX_WS_CLIENTS}); try again later"}, 503)
         ws = web.WebSocketResponse(heartbeat=20)
         await ws.prepare(request)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ssl import SSLContext
 from typing import Any
 
-from overlay.auth import AuthError, Handshake
+from overlay.auth import AuthError, Handshake, NonceMemory
 from overlay.burstlog import BurstLog
 from overlay.control import ControlConn, Refuse, control_protocol
 from overlay.messages import Clock, ProtocolError, Record, decode
@@ -27,6 +27,10 @@ log = logging.getLogger("wansync.scheduler")
 MAX_HALF_OPEN = 64  # control connections accepted but not yet authenticated; more are refused at once
 
 Handler = Callable[[AgentInfo, Any], None]
+
+
+def _hostport(addr: tuple[str, int] | None) -> str:
+    return "an unknown address" if addr is None else f"{addr[0]}:{addr[1]}"
 
 
 class ControlServer:
@@ -41,6 +45,7 @@ class ControlServer:
         self.ssl = ssl
         self.half_open = 0  # accepted connections still in their handshake
         self.burst = BurstLog(log)  # one line per burst of refusals or invalid messages, not one per event
+        self.nonces = NonceMemory()  # challenges seen lately: a replayed handshake is named as one
         self.server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -74,16 +79,17 @@ class ControlServer:
         try:
             # HELLO both ways, then HMAC proofs both ways (overlay/auth.py); nothing registers before
             hs = Handshake(self.cluster, -1, "scheduler", dialer=False, secret=self.secret, peer_role="agent",
-                           check_peer=self.may_connect)
+                           check_peer=self.may_connect, nonces=self.nonces)
             try:
                 node = await conn.handshake(hs)
             except (AuthError, TimeoutError, ConnectionError) as exc:
                 if hs.peer_hello is not None or conn.errors or isinstance(exc, TimeoutError):
-                    addr = conn.proto.transport.get_extra_info("peername") if conn.proto.transport else None
+                    addr = conn.proto.address
                     why = exc.reason if isinstance(exc, AuthError) else f"no handshake ({type(exc).__name__})"
-                    kind = "timeout" if isinstance(exc, TimeoutError) else why
-                    self.burst.log(logging.WARNING, ("refused", kind),
-                                   f"scheduler refused a control connection from {addr}: {why}")
+                    # keyed by what we know, never by what the stranger said (it may say something new each time)
+                    kind = "handshake timeout" if isinstance(exc, TimeoutError) else "handshake refused"
+                    self.burst.log(logging.WARNING, kind, f"scheduler refused a control connection from "
+                                   f"{_hostport(addr)}: {why}", peer=addr[0] if addr else None)
                 return
             finally:
                 self.half_open -= 1

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .options import AGENT, DEPLOY, RUN, SCHEDULER, SIMULATE, Options, OptionsError, add_arguments, options_from
+from .stopping import Stopped, until_signal
 
 DEPLOY_OUT_HELP = "results directory: results.jsonl and logs/ (default ./wansync-deploy-DATE-TIME)"
 
@@ -89,6 +90,15 @@ def _verbose(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the work began (imports, options): no traceback either
+        return 130
+    except Stopped as exc:  # SIGTERM or Ctrl-C during the work, which unwound (wansync/stopping.py)
+        return exc.code
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # Ctrl-C must reach us (and so reap the agents) even if a shell started us with SIGINT ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -102,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wansync{'' if args.cmd in ('run', 'agent', 'scheduler') else ' ' + args.cmd}: {exc}",
               file=sys.stderr)
         return getattr(exc, "status", 2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as exc:
         if args.cmd != "agent":  # a terminal's Ctrl-C reaches every agent too: only the launcher speaks
-            print("wansync: interrupted", file=sys.stderr)
-        return 130
+            print("wansync: interrupted" if isinstance(exc, KeyboardInterrupt) else f"wansync: {exc}",
+                  file=sys.stderr)
+        return exc.code if isinstance(exc, Stopped) else 130
 
 
 def _secret(options: Options, *, from_env: bool) -> bytes | None:
@@ -141,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = resolve(options, secret=_secret(options, from_env=False))
     set_loop(options.agents["loop"])
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    jobs = asyncio.run(run(cfg))
+    jobs = asyncio.run(until_signal(run(cfg)))
     return _exit_code(jobs)
 
 
@@ -185,7 +196,7 @@ def _scheduler(args: argparse.Namespace) -> int:
                       register_timeout_s=options.cluster["register_timeout_s"], on_listening=listening,
                       on_dashboard=(lambda url: control_line(dashboard=url)) if args.control_lines else None)
     try:
-        jobs = asyncio.run(conduct(cfg, session, console))
+        jobs = asyncio.run(until_signal(conduct(cfg, session, console)))
     except OSError as exc:  # the control port: in use, or an address this host does not have
         raise CliError(f"scheduler cannot listen on {args.listen}: {exc.strerror or exc}", 1) from None
     except TimeoutError as exc:
@@ -297,7 +308,7 @@ def _agent(args: argparse.Namespace) -> int:
                   advertise=advertise)
     gcpolicy.apply(a["gc"])  # the agent is built: what exists now lives as long as the process
     try:
-        asyncio.run(agent.run())
+        asyncio.run(until_signal(agent.run()))
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why
         raise CliError(str(exc), 1) from None
     except OSError as exc:  # the data port: in use, or an address this host does not have

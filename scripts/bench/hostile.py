@@ -78,6 +78,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -93,6 +94,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import commit, die_with_parent, exit_on_sigterm, mem_available_mib, rss_mib  # noqa: E402
+from hostile_logs import LogAttacks, agent_log_records, stop_runs, summarize_phases  # noqa: E402
 
 from agents.workload import chunk_params, expected, model_params  # noqa: E402
 from emulation.topology import internet2  # noqa: E402
@@ -109,7 +111,7 @@ from wansync.runspec import resolve  # noqa: E402
 
 CTX = mp.get_context("fork")  # forked before the parent starts any loop or thread
 LEN = struct.Struct("!I")
-CLASSES = ("preauth", "relay_hold", "malformed_control", "poison_view")
+CLASSES = ("preauth", "relay_hold", "malformed_control", "poison_view", "log_flood")
 HUGE_HEADER = 8 << 20  # announced by a pre-auth length prefix (issue 12, item 1)
 HUGE_TOTAL = 256 << 20  # announced chunk size of the relay frames (item 2)
 FAR_AHEAD = 100_000  # rounds ahead of the running one (item 2)
@@ -119,6 +121,7 @@ HELD_OPEN_MAX = 50  # dead control connections the attacker keeps open at once
 STEP_S = 0.05  # after each hostile data frame: time for the victim to close before the next one goes
 PREAUTH_GRACE_S = 3.0  # beyond the handshake timeout, for a pre-auth connection to be closed
 HOLD_BUDGET_MB = 32
+LOG_ATTACKS_S = 150.0  # at most, for the log attacks (two bursts and their quiet periods, 40,000 connections)
 # the leak of item 2 is real on unfixed code (256 MiB per fresh chunk key, never freed): stop
 # provoking fresh allocations once a victim grew this much, the agents together that much, or the
 # machine runs short; later relay frames then reuse a chunk key the victim already holds
@@ -192,6 +195,7 @@ class Attacker:
         self._fresh_chunk: dict[int, int] = {}  # victim -> fresh relay chunks sent to it
         self._relay_as: dict[int, tuple[int, int]] = {}  # victim -> (neighbour we claim, next hop)
         self._epochs = itertools.count(time.time_ns())
+        self.spared: set[int] = set()  # agents the other attacks leave alone (the distinct-reasons victim)
 
     # --- plumbing -----------------------------------------------------------------------------
     def on_pipe(self) -> None:
@@ -217,7 +221,9 @@ class Attacker:
         self.outcomes[cls]["dead"] += 1
 
     def agents(self) -> dict[int, tuple[str, int, list[int]]]:
-        return {int(n): (a[0], int(a[1]), [int(x) for x in a[2]]) for n, a in self.state["agents"].items()}
+        """The agents to attack (all but those spared for a measurement of their own)."""
+        return {int(n): (a[0], int(a[1]), [int(x) for x in a[2]]) for n, a in self.state["agents"].items()
+                if int(n) not in self.spared}
 
     def epoch(self) -> int:
         return next(self._epochs) + 1_000_000  # fresher than any incarnation that exists
@@ -577,9 +583,21 @@ class Attacker:
         loop.add_reader(self.ctrl.fileno(), self.on_pipe)
         c = self.cfg
         t_start = time.time()
+        flood = LogAttacks(self.tell)
+        # issue 38: 40,000 connections with distinct reasons to one agent (from a process of its own),
+        # alongside the idle and varied bursts, before the other attacks; those spare it, and a control
+        # agent (its memory drifts the same way with the rounds, unattacked)
+        addrs = {n: (h, p) for n, (h, p, _) in self.agents().items()}
+        a, b, victim, control = sorted(addrs)[:4]
+        self.spared.update((victim, control))
+        distinct = asyncio.ensure_future(flood.distinct(addrs[victim], victim, control))
         try:
             await self.idle_burst(c["burst"])
             await asyncio.sleep(1.0)  # the burst's log lines are counted up to 0.5 s after its last close
+            # varied bursts and a second burst after a quiet period, at the scheduler and two agents
+            await flood.bursts(tuple(c["sched"]), addrs, a, b)
+            await distinct  # alone at the end: together with the rest, the machine (2 cores) cannot keep up
+            await asyncio.sleep(2.5)  # the victim's memory is read after the attack
             seconds = c["seconds"]
             per = c["per_class"]
             await asyncio.gather(
@@ -589,6 +607,9 @@ class Attacker:
                 self.ctl_campaign("poison_view", self.poison_items(per), seconds, 0),
             )
         finally:
+            distinct.cancel()
+            await asyncio.gather(distinct, return_exceptions=True)
+            self.attempts["log_flood"] += flood.attempts
             for w in self.held_open:
                 close(w)
             loop.remove_reader(self.ctrl.fileno())
@@ -668,11 +689,13 @@ class Hostile:
         self.attack_started: float | None = None
         self.result: dict[str, Any] | None = None
         self.bursts: list[dict[str, Any]] = []
+        self.phases: list[dict[str, Any]] = []  # the log attacks' bursts (hostile_logs.py)
         self.crashed: str | None = None
         self.job_errors: list[str] = []
         self.exited: dict[int, int] = {}
         self.stop_jobs = asyncio.Event()
         self.result_in = asyncio.Event()
+        self.quiet_before: Callable[[], bool] | None = None  # the attacks wait for it (the stopped runs' end)
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "job" and self.sched.current is not None:
@@ -771,6 +794,8 @@ class Hostile:
                 return
             if kind == "burst":
                 self.bursts.append(data)
+            elif kind == "phase":
+                self.phases.append(data)
             elif kind == "result":
                 self.result = data
                 self.result_in.set()
@@ -793,8 +818,9 @@ class Hostile:
             jobs = asyncio.ensure_future(self.job_loop())
             # attack-free phase: a few rounds, and the memory level the growth is measured from
             t0 = time.time()
-            while time.time() - t0 < a.baseline_s or sum(len(js.records) for js in self.jobs) < 3:
-                if time.time() - t0 > 60:
+            while (time.time() - t0 < a.baseline_s or sum(len(js.records) for js in self.jobs) < 3
+                   or (self.quiet_before is not None and not self.quiet_before() and time.time() - t0 < 90)):
+                if time.time() - t0 > 60 and sum(len(js.records) for js in self.jobs) < 3:
                     raise RuntimeError("no rounds completed within 60 s before the attacks")
                 if jobs.done():
                     jobs.result()
@@ -812,7 +838,7 @@ class Hostile:
                 "waves": max(1, math.ceil(per / (a.sched_per_wave + 2 * a.agent_victims))),
                 "sched_per_wave": a.sched_per_wave, "agent_victims": a.agent_victims,
                 "future_bytes": a.future_kib * 1024, "heartbeats": a.heartbeats}))
-            budget = a.burst_s_max + a.seconds * 1.5 + HANDSHAKE_TIMEOUT_S + PREAUTH_GRACE_S + 20
+            budget = a.burst_s_max + a.seconds * 1.5 + HANDSHAKE_TIMEOUT_S + PREAUTH_GRACE_S + 20 + LOG_ATTACKS_S
             try:
                 await asyncio.wait_for(self.result_in.wait(), budget)
             except TimeoutError:
@@ -959,6 +985,7 @@ class Hostile:
             "relay_reused_keys": res.get("relay_reused_keys"),
             "agents_lost_during_attacks": lost, "agent_exits": len(self.exited),
             "agent_log_lines": agent_lines, "agent_refusal_lines": refusals,
+            **self.log_figures(),
             "task_exceptions_logged": never_retrieved, "sched_loop_lag_max_s": round(self.lag_max, 3),
             "jobs": len(self.jobs), "job_errors": len(self.job_errors), "jobs_abandoned": abandoned,
             "attacker_error": self.crashed, "attack_s": round(window_s, 1),
@@ -966,6 +993,15 @@ class Hostile:
         }
         self.print_tables(out, res, deaths, guard_notes)
         return out
+
+    def log_figures(self) -> dict[str, Any]:
+        """Issue 38's figures from the log attacks: every process's log records, the agents' memory."""
+        records = {"scheduler": [(t, lvl) for t, _, lvl, _ in self.tap.records]}
+        for n in self.procs:
+            f = self.logdir / f"agent{n}.log"
+            if f.exists():
+                records[f"agent {n}"] = agent_log_records(f)
+        return summarize_phases(self.phases, records, self.rss)
 
     def guard(self) -> tuple[bool, list[str]]:
         """The fidelity guard on every job that finished (wansync.guard.job_guard)."""
@@ -1060,7 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
     args.future_kib = 512
     args.heartbeats = 2000 if q else 5000
     args.drain_s = 20.0 if q else 60.0
-    args.deadline_s = 175.0 if q else 3600.0
+    args.deadline_s = 230.0 if q else 3600.0
     # fork the attacker before any loop or thread exists here
     secret = generate_secret()
     parent, child = CTX.Pipe()
@@ -1076,8 +1112,15 @@ def main(argv: list[str] | None = None) -> int:
         h = logging.StreamHandler()
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         root.addHandler(h)
+    # issue 38: small runs stopped by signals, during start-up and the attack-free phase (they must be
+    # over before the attacks: 2 cores); in a thread, after the attacker was forked
+    stopped: dict[str, Any] = {}
+    stopper = threading.Thread(target=lambda: stopped.update(stop_runs()), name="stop-runs", daemon=True)
+    stopper.start()
     try:
-        res = asyncio.run(Hostile(args, parent, secret, tap).run())
+        bench = Hostile(args, parent, secret, tap)
+        bench.quiet_before = lambda: not stopper.is_alive()
+        res = asyncio.run(bench.run())
     except Exception as exc:  # still one JSON line: the check then names the error, not a missing line
         import traceback
         traceback.print_exc()
@@ -1087,8 +1130,32 @@ def main(argv: list[str] | None = None) -> int:
         if proc.is_alive():
             proc.kill()
             proc.join()
+    stopper.join(150)
+    if "error" not in res:  # issue 38: a run stopped by a signal ends every process without a traceback
+        res.update(stopped or {"shutdown_tracebacks": None})
+        print_new(res)
     print(json.dumps(res))
     return 0 if "error" not in res else 1
+
+
+def print_new(res: dict[str, Any]) -> None:
+    """The second pass's figures, readable (they are in the JSON line too)."""
+    con = Console(width=140)
+    t = Table(title="logs an attacker can neither flood nor silence; a stopped run (issue 38)")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k in ("log_lines_varied_burst", "second_burst_logged", "refusal_state_growth_mib",
+              "refusal_state_victim_growth_mib", "refusal_state_control_growth_mib", "distinct_connections",
+              "distinct_refused", "distinct_per_s", "shutdown_tracebacks"):
+        t.add_row(k, str(res.get(k)))
+    for name, per in (res.get("log_lines_varied_by_burst") or {}).items():
+        t.add_row(f"  lines, {name}", ", ".join(f"{p}: {n}" for p, n in per.items()))
+    seen = res.get("second_burst_lines", {})
+    t.add_row("  lines at once, second burst", ", ".join(f"{p}: {n}" for p, n in seen.items()))
+    for name, r in (res.get("shutdown_runs") or {}).items():
+        t.add_row(f"  stopped by {name}", f"exit {r.get('rc')}, {r.get('tracebacks')} tracebacks after "
+                                          f"{r.get('rounds_before_stop')} rounds")
+    con.print(t)
 
 
 if __name__ == "__main__":
