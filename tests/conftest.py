@@ -3,6 +3,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers.fixtures import cluster_of, recording_wire, secret  # noqa: E402, F401  (fixtures for every test)
+
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
     """Say how many kernel (tc backend) and stand-in host (sshd) tests ran, or why they were skipped:

@@ -6,83 +6,25 @@ attacker, `wansync agent` processes where the command line is what is tested).""
 import asyncio
 import logging
 import os
-import shutil
-import struct
-import subprocess
 import sys
 
-import msgpack
 import pytest
-from harness import assert_job_exact
-from test_cluster import SECRET, start_cluster, stop_cluster
-from waiting import until
+from helpers.cluster import start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
+from helpers.secret import OTHER_SECRET as OTHER
+from helpers.secret import SECRET
+from helpers.tls import self_signed as _self_signed
+from helpers.waiting import until
+from helpers.wire import Raw
 
 from agents.agent import Agent
 from emulation.topology import uniform
 from overlay import auth
-from overlay.auth import AuthError, Handshake, SecretError, TlsFiles, load_secret
-from overlay.codec import encode
+from overlay.auth import AuthError, Handshake, SecretError, load_secret
 from overlay.peers import Overlay
 from scheduler.service import Scheduler
 
-OTHER = b"another-secret-entirely-0123456789"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# --- raw peers: what an attacker (or a test) speaks on the wire ------------------------------------------------
-class Raw:
-    """One TCP connection speaking frames by hand: no FrameProtocol, no Handshake in the way."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def connect(cls, port: int) -> "Raw":
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
-
-    def send(self, header: dict) -> None:
-        self.writer.write(encode(header))
-
-    def send_raw(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def recv(self, timeout: float = 30.0) -> dict | None:
-        """The next frame's header (payload skipped), or None once the other end closed."""
-        try:
-            async with asyncio.timeout(timeout):
-                (n,) = struct.unpack("!I", await self.reader.readexactly(4))
-                h = msgpack.unpackb(await self.reader.readexactly(n), raw=False, strict_map_key=False)
-                if h.get("nbytes"):
-                    await self.reader.readexactly(h["nbytes"])
-                return h
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return None
-
-    async def closed_by_peer(self, timeout: float = 30.0) -> bool:
-        """True once the other end hung up (everything it still sends is read and dropped); False if
-        it had not within `timeout` (to show it stays open, prove it still answers instead)."""
-        try:
-            async with asyncio.timeout(timeout):
-                while await self.reader.read(65536):
-                    pass
-            return True
-        except ConnectionError:
-            return True
-        except TimeoutError:
-            return False
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def authenticated(port: int, node: int, cluster: str, secret: bytes, *, expect: int,
-                        role: str = "agent", peer_role: str = "agent", epoch: int = 0) -> Raw:
-    """A raw connection that passed the real handshake as `node` (so the peer treats it as trusted)."""
-    raw = await Raw.connect(port)
-    hs = Handshake(cluster, node, role, dialer=True, secret=secret, expect=expect, peer_role=peer_role,
-                   hello_extra={"epoch": epoch})
-    await auth.run_handshake(hs, raw.send, raw.recv)
-    return raw
 
 
 def pair(secret_d: bytes | None, secret_a: bytes | None, **kw) -> tuple[Handshake, Handshake]:
@@ -407,46 +349,6 @@ async def test_run_hands_its_agents_the_secret_by_environment_not_argv(tmp_path)
 
 
 # --- TLS ---------------------------------------------------------------------------------------------------
-def _self_signed(tmp_path) -> TlsFiles:
-    try:
-        from cryptography import x509  # noqa: F401
-    except ImportError:
-        if shutil.which("openssl") is None:
-            pytest.skip("neither the cryptography package nor the openssl command is available")
-        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=wansync-test",
-                        "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE"],
-                       check=True, capture_output=True)
-        return TlsFiles(str(cert), str(key), str(cert))
-    return _self_signed_cryptography(tmp_path)
-
-
-def _self_signed_cryptography(tmp_path) -> TlsFiles:
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wansync-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    c, k = tmp_path / "cert.pem", tmp_path / "key.pem"
-    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
-    return TlsFiles(str(c), str(k), str(c))
-
-
 async def test_tls_cluster_is_exact_and_refuses_plaintext(tmp_path):
     tls = _self_signed(tmp_path)
     sched, agents, tasks = await start_cluster(uniform(3), cluster="tls", tls=tls)

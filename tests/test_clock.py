@@ -7,7 +7,7 @@ import asyncio
 import time
 
 import pytest
-from harness import assert_job_exact
+from helpers.exact import assert_job_exact
 
 from agents.agent import Agent
 from emulation.topology import uniform

@@ -3,8 +3,8 @@
 import asyncio
 
 import pytest
-from harness import assert_job_exact
-from test_cluster import start_cluster, stop_cluster
+from helpers.cluster import start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
 
 from core.plan import ChunkGroup, Job, Plan
 from emulation.topology import uniform

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import assert_results_exact
+from helpers.exact import assert_results_exact
+from helpers.waiting import until
 from rich.console import Console
-from waiting import until
 
 from emulation.faults import AppLinkControl, Fault, FaultError, FaultInjector, check, load_scenario, parse
 from emulation.topology import build

@@ -22,7 +22,8 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from harness import SECRET, LocalNet
+from helpers.cluster import LocalNet
+from helpers.secret import SECRET
 
 from agents.engine import TaskAborted, TaskError, TaskState
 from agents.workload import contribution

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cluster import start_cluster, stop_cluster
 
-from agents.agent import Agent
 from agents.workload import expected
 from emulation.link import MBIT, RESUME_GAP_S, Downlink, LinkShaper, LinkSpec, Uplink
 from emulation.topology import Topology, internet2
@@ -31,7 +31,6 @@ from wansync.guard import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = b"guard-test-cluster-secret-0123456789"
 
 
 # --- verdicts on synthetic STATS ----------------------------------------------------------------------------
@@ -318,13 +317,9 @@ CAPS = Topology("caps3", 3, {(a, b): LinkSpec(400.0, 0.002) for a in range(3) fo
 
 
 async def test_agents_report_cap_books_and_loop_figures_in_their_stats():
-    sched = Scheduler("caps", CAPS.nodes, secret=SECRET)
-    port = await sched.start()
-    agents = [Agent(n, "caps", ("127.0.0.1", port), CAPS, shaped=True, secret=SECRET) for n in range(CAPS.nodes)]
-    tasks = [asyncio.create_task(a.run()) for a in agents]
+    sched, agents, tasks = await start_cluster(CAPS, cluster="caps", shaped=True)
     params = 300_000
     try:
-        await sched.wait_agents(20)
         js = await asyncio.wait_for(sched.run_job("ring", rounds=2, params=params, chunk_params=25_000), 90)
         for r in js.records:
             assert r.ok and r.digests_agree and r.versions_agree
@@ -350,8 +345,7 @@ async def test_agents_report_cap_books_and_loop_figures_in_their_stats():
         assert sum(lk["uplink_held_s"] for st in js.stats.values() for lk in st["links"].values()) > 0
         assert guard_verdict(js.stats, js.plan.participants).verdict in ("valid", "invalid", "unjudged")
     finally:
-        await sched.shutdown()
-        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        await stop_cluster(sched, tasks)
 
 
 # --- the CLI -------------------------------------------------------------------------------------------------

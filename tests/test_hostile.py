@@ -12,12 +12,12 @@ import struct
 
 import numpy as np
 import pytest
-from harness import SECRET as NET_SECRET
-from harness import LocalNet
-from test_auth import Raw, authenticated
-from test_cluster import SECRET, start_cluster, stop_cluster
-from test_codec import FakeTransport, Recorder, chunk, feed
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.frames import FakeTransport, Recorder, chunk, feed
+from helpers.secret import SECRET
+from helpers.secret import SECRET as NET_SECRET
+from helpers.waiting import until
+from helpers.wire import Raw, authenticated
 
 from emulation.topology import Topology, uniform
 from overlay import codec

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import assert_results_exact
-from waiting import until_sync
+from helpers.exact import assert_results_exact
+from helpers.waiting import until_sync
 
 from emulation import standin
 from emulation.nicshape import NicShaper, ShapeError, check_replaceable, class_bytes
@@ -196,7 +196,7 @@ class Watch:
 def test_deploy_whole_flow_over_real_ssh(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """Install, secret, scheduler on h0, agents, tc shaping, a remote SIGKILL of node 2's agent in
     round 1 of ring, results + logs collected, exact rounds, nothing left behind."""
-    from test_auth import _self_signed_cryptography
+    from helpers.tls import self_signed_cryptography as _self_signed_cryptography
 
     secret = "s3cret-" + secrets.token_hex(16)
     sf = tmp_path / "secret"

@@ -11,30 +11,25 @@ import urllib.request
 
 import aiohttp
 import pytest
-from harness import assert_job_exact, assert_results_exact, assert_round_exact, digest_of, exact_sum
+from helpers.cluster import Cluster
+from helpers.exact import assert_job_exact, assert_results_exact, assert_round_exact, digest_of, exact_sum
+from helpers.waiting import until, until_sync
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import until, until_sync
 
-from agents.agent import Agent
 from emulation.topology import uniform
 from scheduler.http import DashboardServer, parse_hostport
 from scheduler.live import ROUND_BUCKETS, LiveState
-from scheduler.service import Scheduler
 
 PARAMS, CHUNK = 100_000, 10_000
-SECRET = b"http-test-cluster-secret-0123456"  # authenticated, as `wansync run` is
 
 
 async def start(topo, cluster, step_s=0.5):
-    sched = Scheduler(cluster, topo.nodes, secret=SECRET)
-    live = LiveState(sched, step_s=step_s)
-    server = DashboardServer(sched, live, push_every_s=0.2)
+    c = Cluster(cluster, topo, shaped=True)
+    live = LiveState(c.sched, step_s=step_s)
+    server = DashboardServer(c.sched, live, push_every_s=0.2)
     url = await server.start()
-    port = await sched.start()
-    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=True, secret=SECRET) for n in range(topo.nodes)]
-    tasks = [asyncio.create_task(a.run()) for a in agents]
-    await sched.wait_agents(20)
-    return sched, live, server, url, tasks, agents
+    await c.start(20)
+    return c.sched, live, server, url, c.tasks, c.agents
 
 
 async def stop(sched, server, tasks):

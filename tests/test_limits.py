@@ -12,11 +12,12 @@ import struct
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_job_exact
-from test_auth import Raw, authenticated
-from test_cluster import SECRET, start_cluster, stop_cluster
-from test_codec import FakeTransport, Recorder, chunk, feed
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
+from helpers.frames import FakeTransport, Recorder, chunk, feed
+from helpers.secret import SECRET
+from helpers.waiting import until
+from helpers.wire import Raw, authenticated
 
 from agents.engine import ChunkEngine
 from agents.workload import contribution

@@ -13,10 +13,10 @@ import random
 import networkx as nx
 import numpy as np
 import pytest
-from harness import LocalNet, assert_job_exact
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
+from helpers.topologies import line
 from scipy.optimize import linprog
-from test_cluster import start_cluster, stop_cluster
-from test_overlay import line
 
 from core.plan import Job, PlanError
 from emulation.gpumesh import gpumesh, gpunic

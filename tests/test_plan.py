@@ -5,7 +5,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from harness import LocalNet
+from helpers.cluster import LocalNet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

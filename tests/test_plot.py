@@ -7,13 +7,12 @@ import sys
 
 import numpy as np
 import pytest
-from harness import digest_of, exact_sum
+from helpers.cluster import Cluster
+from helpers.exact import digest_of, exact_sum
 from matplotlib import image
 
-from agents.agent import Agent
 from emulation.topology import uniform
 from scheduler.live import LiveState
-from scheduler.service import Scheduler
 from wansync.plot import PlotError, overlap_max, plot, task_outcome
 from wansync.results import Recorder, Results
 
@@ -101,7 +100,6 @@ def test_plot_command_reports_a_missing_file(tmp_path):
     assert res.returncode == 2 and "cannot read" in res.stderr and not list(tmp_path.glob("*.png"))
 
 
-SECRET = b"plot-test-cluster-secret-01234567"
 TASK_PARAMS = 60_000
 
 
@@ -113,14 +111,12 @@ def mixed(tmp_path_factory):
 
     async def run():
         topo = uniform(4, 50).scaled(0.01)
-        sched = Scheduler("p1", topo.nodes, secret=SECRET)
+        c = Cluster("p1", topo, shaped=True)
+        sched = c.sched
         results = Results(out)
         Recorder(results, sched, LiveState(sched))
-        port = await sched.start()
-        agents = [Agent(n, "p1", ("127.0.0.1", port), topo, shaped=True, secret=SECRET) for n in range(4)]
-        runs = [asyncio.create_task(a.run()) for a in agents]
         try:
-            await sched.wait_agents(20)
+            await c.start(20)
             await asyncio.wait_for(sched.run_job("star", rounds=2, params=TASK_PARAMS, chunk_params=6_000), 60)
             js = sched.open_tasks("star", params=TASK_PARAMS, chunk_params=6_000)
             recs = []
@@ -133,8 +129,7 @@ def mixed(tmp_path_factory):
                 want = digest_of(exact_sum(r.round, r.members, TASK_PARAMS))
                 assert not r.aborted and set(r.digests.values()) == {want}, r
         finally:
-            await sched.shutdown()
-            await asyncio.wait_for(asyncio.gather(*runs), 10)
+            await c.close()
             results.close()
 
     asyncio.run(run())

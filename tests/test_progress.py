@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_round_exact, exact_sum
-from test_cluster import start_cluster, stop_cluster
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_round_exact, exact_sum
+from helpers.waiting import until
 
 from core.compute import ComputeError, ComputeModel
 from core.plan import Job

@@ -6,9 +6,9 @@ a receiver SSP's shrink-only rule drops applies nothing; node caps reach the vie
 import asyncio
 
 import pytest
-from harness import assert_job_exact, assert_round_exact
-from test_cluster import start_cluster, stop_cluster
-from waiting import until
+from helpers.cluster import start_cluster, stop_cluster
+from helpers.exact import assert_job_exact, assert_round_exact
+from helpers.waiting import until
 
 from emulation.link import LinkSpec
 from emulation.topology import Topology, build

@@ -5,14 +5,15 @@ import asyncio
 import dataclasses
 
 import pytest
-from harness import LocalNet, assert_round_exact
-from test_cluster import start_cluster, stop_cluster
-from test_overlay import header, line
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_round_exact
+from helpers.frames import header
+from helpers.shares import shares_at
+from helpers.topologies import big_switch, line, shaped_line
+from helpers.waiting import until
 
 from core.classes import NO_DEADLINE
 from core.plan import Job, Plan, PlanError, with_sharing
-from emulation.topology import uniform
 from overlay.messages import ProtocolError, validate
 from scheduler.planners import PLANNERS
 from scheduler.view import NetworkView
@@ -189,17 +190,6 @@ async def test_a_classed_plan_sums_exactly_and_its_chunks_carry_their_class():
         assert all(c[3] == NO_DEADLINE for c in seen if c[0] == 0) and all(c[3] > 0 for c in seen if c[0] == 1)
 
 
-def shaped_line(n: int, rates: dict[tuple[int, int], float]):
-    topo = line(n, rate=1000.0)
-    links = dict(topo.links)
-    for (a, b), mbps in rates.items():
-        links[(a, b)] = dataclasses.replace(links[(a, b)], rate_mbps=mbps)
-    return dataclasses.replace(topo, links=links)
-
-
-
-
-
 @pytest.mark.parametrize("beside", [{1: 5}, {1: [5]}, {1: [-1, 5]}, {-2: [0, 5]}, {1: [0, 1.5]}])
 def test_a_task_done_with_malformed_shares_is_refused(beside):
     h = {"t": "TASK_DONE", "node": 1, "job": 1, "task": 0, "attempt": 0, "version": 1, "ok": True,
@@ -211,17 +201,6 @@ def test_a_task_done_with_malformed_shares_is_refused(beside):
 
 
 # --- where senders meet: a receiver's downlink, shared by the scheduler's per-flow rates -------------------------
-def big_switch(downlink_mbps: float = 40.0):
-    """Three nodes, links too fast to matter, node 2's downlink the one bottleneck."""
-    return dataclasses.replace(uniform(3, rate_mbps=1000.0, delay_s=0.0), downlink_mbps={2: downlink_mbps})
-
-
-def shares_at(rec_first, other_task: int, node: int) -> tuple[int, int]:
-    """(bytes of the first-done task, bytes of the other) delivered at `node` while both were received."""
-    at_first, at_end = rec_first.beside[node][other_task]
-    return rec_first.bytes, at_end - at_first
-
-
 async def test_weights_3_to_1_hold_at_a_receivers_downlink_shared_by_two_senders():
     """Two senders, one receiver: no sender sees the other, the scheduler's rates share the cap."""
     sched, agents, tasks = await start_cluster(big_switch(), shaped=True)

@@ -10,10 +10,9 @@ import signal
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_round_exact, exact_sum
-from test_cluster import start_cluster, stop_cluster
-from test_failures import Cluster
-from waiting import until
+from helpers.cluster import Cluster, LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_round_exact, exact_sum
+from helpers.waiting import until
 
 from agents.engine import TaskError
 from core.plan import ChunkGroup, Job, Plan, PlanError
@@ -199,7 +198,7 @@ SIX = RunConfig(topology="uniform:20", topo=uniform(6, rate_mbps=20.0).scaled(0.
 
 
 async def test_an_agent_killed_while_it_aggregates_for_two_tasks_affects_only_those():
-    async with Cluster("kill-agg", agents=SIX) as c:
+    async with Cluster("kill-agg", processes=SIX) as c:
         sched = c.sched
         js = sched.open_tasks("star", params=600_000, chunk_params=50_000, in_flight=8)
         a = asyncio.create_task(sched.run_task(js, (0, 1), options={"hub": 5}))
@@ -220,7 +219,7 @@ async def test_an_agent_killed_while_it_aggregates_for_two_tasks_affects_only_th
 
 
 async def test_a_task_whose_members_are_all_lost_is_recorded_as_aborted_and_nothing_applied():
-    async with Cluster("kill-all", agents=SIX) as c:
+    async with Cluster("kill-all", processes=SIX) as c:
         sched = c.sched
         js = sched.open_tasks("star", params=600_000, chunk_params=50_000, in_flight=8)
         doomed = asyncio.create_task(sched.run_task(js, (4,), receivers=(4,), options={"hub": 5}))

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from harness import assert_results_exact
-from waiting import until_sync
+from helpers.exact import assert_results_exact
+from helpers.waiting import until_sync
 
 from emulation import tc
 from emulation.link import LinkSpec
@@ -323,9 +323,9 @@ async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: s
     each while both ran are 3:1 within 10 % on the kernel's shaping as on the application's."""
     import asyncio
 
-    from harness import assert_round_exact
+    from helpers.exact import assert_round_exact
+    from helpers.shares import shares_at
     from rich.console import Console
-    from test_sharing import shares_at
 
     from scheduler.service import Scheduler
     from wansync.backend import AppBackend, TcBackend

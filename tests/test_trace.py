@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from harness import LocalNet
-from waiting import until
+from helpers.cluster import LocalNet
+from helpers.waiting import until
 
 from agents.agent import Agent
 from emulation.link import LinkShaper, LinkSpec

@@ -8,9 +8,9 @@ import statistics
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_round_exact
-from test_cluster import start_cluster, stop_cluster
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_round_exact
+from helpers.waiting import until
 
 from agents.training import U32, Trainer, TrainingSpec, WorkloadError, check_result, digits_split, init_model, shard
 from core.plan import Job
