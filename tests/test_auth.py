@@ -48,12 +48,14 @@ def exchange(d: Handshake, a: Handshake) -> None:
 
 
 # --- the state machine and the MAC -------------------------------------------------------------------------
+@pytest.mark.unit
 def test_same_secret_authenticates_both_ways():
     d, a = pair(SECRET, SECRET)
     exchange(d, a)
     assert d.done and a.done and d.peer == 1 and a.peer == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("secrets", [(SECRET, OTHER), (OTHER, SECRET)])
 def test_wrong_secret_is_refused_by_the_acceptor_before_it_proves_anything(secrets):
     d, a = pair(*secrets)
@@ -62,6 +64,7 @@ def test_wrong_secret_is_refused_by_the_acceptor_before_it_proves_anything(secre
     assert not a.done and not d.done
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("sd", "sa", "why"), [
     (None, SECRET, "has no cluster secret"),  # a node without a secret meets one with
     (SECRET, None, "requires authentication"),  # and the other way round
@@ -72,12 +75,14 @@ def test_a_missing_secret_is_refused_with_a_clear_reason(sd, sa, why):
         exchange(d, a)
 
 
+@pytest.mark.unit
 def test_insecure_on_both_ends_is_a_plain_hello_exchange():
     d, a = pair(None, None)
     exchange(d, a)
     assert d.done and a.done and "nonce" not in (d.peer_hello or {})
 
 
+@pytest.mark.unit
 def test_mac_binds_cluster_roles_ids_and_both_nonces():
     base = dict(cluster="c", prover="agent/dialer", dialer=0, acceptor=1, dialer_nonce=b"n" * 32,
                 acceptor_nonce=b"m" * 32)
@@ -90,6 +95,7 @@ def test_mac_binds_cluster_roles_ids_and_both_nonces():
     assert auth.mac(SECRET, **swapped) != ref
 
 
+@pytest.mark.unit
 def test_a_dialers_proof_reflected_as_the_acceptors_fails():
     """The fake acceptor has no secret: it answers with a fresh nonce and echoes the dialer's AUTH."""
     d = Handshake("c", 0, "agent", dialer=True, secret=SECRET, expect=1, peer_role="agent")
@@ -100,6 +106,7 @@ def test_a_dialers_proof_reflected_as_the_acceptors_fails():
     assert not d.done
 
 
+@pytest.mark.unit
 def test_an_echoed_nonce_is_refused():
     d = Handshake("c", 0, "agent", dialer=True, secret=SECRET, expect=1)
     hello = d.start()
@@ -107,6 +114,7 @@ def test_an_echoed_nonce_is_refused():
         d.receive({"t": "HELLO", "node": 1, "cluster": "c", "role": "agent", "nonce": hello["nonce"]})
 
 
+@pytest.mark.unit
 def test_secret_from_file_or_environment(tmp_path):
     f = tmp_path / "s"
     f.write_bytes(b"  file-secret-0123456789abcdef\n")
@@ -124,6 +132,7 @@ def test_secret_from_file_or_environment(tmp_path):
 
 
 # --- agent <-> scheduler on real TCP -----------------------------------------------------------------------
+@pytest.mark.loopback
 @pytest.mark.parametrize(("agent_secret", "sched_secret", "sched_says"), [
     (OTHER, SECRET, "MAC does not verify"),
     (None, SECRET, "has no cluster secret"),
@@ -149,6 +158,7 @@ async def test_agent_with_wrong_or_missing_secret_is_not_registered(caplog, agen
         await sched.shutdown()
 
 
+@pytest.mark.loopback
 async def test_fake_scheduler_reflecting_the_agents_challenge_is_refused():
     """A raw socket plays scheduler without the secret: it echoes the agent's own AUTH back."""
     got: list[dict] = []
@@ -176,6 +186,7 @@ async def test_fake_scheduler_reflecting_the_agents_challenge_is_refused():
         server.close()
 
 
+@pytest.mark.loopback
 async def test_a_stranger_gets_no_mac_from_the_scheduler_and_no_second_chance():
     sched = Scheduler("c", 2, secret=SECRET)
     port = await sched.start()
@@ -192,6 +203,7 @@ async def test_a_stranger_gets_no_mac_from_the_scheduler_and_no_second_chance():
 
 
 # --- agent <-> agent ---------------------------------------------------------------------------------------
+@pytest.mark.loopback
 async def test_neighbours_with_different_secrets_never_attach_and_say_so_once(caplog):
     caplog.set_level(logging.DEBUG, logger="wansync.overlay")
     sink = _NullSink()
@@ -217,6 +229,7 @@ async def test_neighbours_with_different_secrets_never_attach_and_say_so_once(ca
         await b.close()
 
 
+@pytest.mark.loopback
 async def test_fake_neighbour_reflecting_the_dialers_proof_is_not_attached():
     sink = _NullSink()
     ov = Overlay(0, "c", sink, neighbors=[1], secret=SECRET)
@@ -246,6 +259,7 @@ async def test_fake_neighbour_reflecting_the_dialers_proof_is_not_attached():
         server.close()
 
 
+@pytest.mark.loopback
 async def test_intruders_leave_a_running_cluster_exact():
     """Wrong-secret neighbour, stranger and reflected proof against a live cluster; the next job is exact."""
     sched, agents, tasks = await start_cluster(uniform(3), cluster="intr")
@@ -298,11 +312,13 @@ async def _run_proc(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, err.decode()
 
 
+@pytest.mark.loopback
 async def test_agent_process_refuses_to_start_without_a_secret():
     rc, err = await _run_proc(_agent_cmd(1), _env())
     assert rc != 0 and "no cluster secret" in err and "--insecure" in err
 
 
+@pytest.mark.loopback
 async def test_agent_process_with_the_wrong_secret_is_refused_with_one_line(caplog):
     caplog.set_level(logging.WARNING)
     sched = Scheduler("cli", 2, secret=SECRET)
@@ -319,6 +335,7 @@ async def test_agent_process_with_the_wrong_secret_is_refused_with_one_line(capl
         await sched.shutdown()
 
 
+@pytest.mark.loopback
 async def test_run_hands_its_agents_the_secret_by_environment_not_argv(tmp_path):
     import json as _json
 
@@ -349,6 +366,7 @@ async def test_run_hands_its_agents_the_secret_by_environment_not_argv(tmp_path)
 
 
 # --- TLS ---------------------------------------------------------------------------------------------------
+@pytest.mark.loopback
 async def test_tls_cluster_is_exact_and_refuses_plaintext(tmp_path):
     tls = _self_signed(tmp_path)
     sched, agents, tasks = await start_cluster(uniform(3), cluster="tls", tls=tls)

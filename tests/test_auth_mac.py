@@ -14,6 +14,8 @@ from helpers.secret import SECRET
 
 from overlay.auth import AuthError, Handshake
 
+pytestmark = pytest.mark.unit
+
 
 # --- the handshake's MAC comparison --------------------------------------------------------------------
 def tamper(mac: bytes, how: str) -> bytes:

@@ -19,6 +19,8 @@ from sim import TaskRun, simulate_tasks
 from sim.mcastjob import blocked_for, bsp_round, simulate_ssp
 from sim.switch import Switch
 
+pytestmark = pytest.mark.unit
+
 MB = 1e6 / 8
 
 

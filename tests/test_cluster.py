@@ -18,6 +18,8 @@ from agents.agent import Agent
 from emulation.topology import internet2, uniform
 from scheduler.service import Scheduler
 
+pytestmark = pytest.mark.loopback
+
 
 @pytest.mark.parametrize("scheme", ["star", "ring", "mst", "ktree"])
 async def test_every_scheme_is_exact_on_a_sparse_topology(scheme):

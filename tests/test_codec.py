@@ -11,6 +11,8 @@ from helpers.frames import FakeTransport, Recorder, chunk, feed
 from overlay.codec import MAX_HEADER, FrameProtocol, encode
 from overlay.messages import FramingError, ProtocolError, validate
 
+pytestmark = pytest.mark.unit
+
 
 def make(rec) -> FrameProtocol:
     p = FrameProtocol(rec, peer="peer-x")

@@ -10,6 +10,8 @@ from core.plan import ChunkGroup, Job, Plan
 from emulation.topology import uniform
 from scheduler.planners import ring
 
+pytestmark = pytest.mark.loopback
+
 PARAMS, CHUNK = 40_000, 4_000
 SHUFFLE = {0: 2, 1: 0, 2: 3, 3: 1}  # the new policy: the same ring shape over other neighbours
 

@@ -6,12 +6,15 @@ exact sum computed here (tests/helpers/exact.py)."""
 import asyncio
 import signal
 
+import pytest
 from helpers.cluster import Cluster, start_cluster, stop_cluster
 from helpers.exact import assert_round_exact
 from helpers.waiting import until
 
 from emulation.topology import build, uniform
 from wansync.cluster import RunConfig
+
+pytestmark = pytest.mark.loopback
 
 
 # --- live: the schemes exact over TCP ------------------------------------------------------------------------

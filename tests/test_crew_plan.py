@@ -25,6 +25,8 @@ from sim import TaskRun, make_network
 from sim.stepped import NotOneHop, Stepped
 from wansync.predict import oracle_view
 
+pytestmark = pytest.mark.unit
+
 
 # --- LP (2) ----------------------------------------------------------------------------------------------
 def lp2_highs(a: np.ndarray, c: np.ndarray) -> float:

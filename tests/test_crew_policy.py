@@ -4,6 +4,8 @@ repeated READY never puts its contribution in a second task."""
 
 import time
 
+import pytest
+
 from core.plan import Job, Plan
 from emulation.topology import uniform
 from scheduler import planners
@@ -11,6 +13,8 @@ from scheduler.planners import crew
 from scheduler.progress.crew import CrewQueue
 from scheduler.service import Scheduler
 from scheduler.tasks import JobState, Task
+
+pytestmark = pytest.mark.unit
 
 
 # --- failures (§2.9) ---------------------------------------------------------------------------------------

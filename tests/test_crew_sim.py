@@ -16,6 +16,8 @@ from sim import TaskRun, make_network, simulate, simulate_tasks
 from sim.stepped import NotOneHop, Stepped
 from wansync.predict import oracle_view
 
+pytestmark = pytest.mark.unit
+
 
 # --- the simulator --------------------------------------------------------------------------------------------
 def test_the_simulator_replays_all_to_all_as_the_model_over_the_slowest_link():

@@ -23,6 +23,8 @@ from core.plan import Plan, make_layout, tree_group
 from emulation.topology import uniform
 from overlay.messages import bitmap, validate
 
+pytestmark = pytest.mark.unit
+
 JOB, RND = 1, 0
 PARAMS = 3_000
 

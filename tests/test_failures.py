@@ -17,6 +17,8 @@ from overlay.routing import Routes, adjacency
 from scheduler.service import JobState, Scheduler
 from wansync.cluster import RunConfig
 
+pytestmark = pytest.mark.loopback
+
 PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
 NODES = 4
 # a job that outlasts whatever a test waits for (a restarted agent booting, a zombie waking): the test

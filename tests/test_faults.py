@@ -24,6 +24,7 @@ from wansync.cluster import RunConfig, run
 
 
 # --- grammar ---------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_grammar_reads_every_kind():
     assert parse("kill:node=3@t=20") == Fault("kill", node=3, at_s=20.0, spec="kill:node=3@t=20")
     f = parse("blackhole:link=2-5@round=3,for=10")
@@ -37,6 +38,7 @@ def test_grammar_reads_every_kind():
     assert parse("down:link=0-1@t=0").at_s == 0.0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec, match", [
     ("kill:node=3", "missing '@WHEN'"),
     ("node=3@t=1", "must start with KIND:"),
@@ -69,6 +71,7 @@ def test_grammar_errors_name_the_field(spec, match):
     assert spec in str(e.value)  # which fault, too
 
 
+@pytest.mark.unit
 def test_faults_are_checked_against_the_topology():
     topo = build("internet2")
     check([parse("kill:node=8@t=1"), parse("down:link=0-1@t=1")], topo.nodes, topo.links)
@@ -78,6 +81,7 @@ def test_faults_are_checked_against_the_topology():
         check([parse("blackhole:link=0-8@t=1")], topo.nodes, topo.links)
 
 
+@pytest.mark.unit
 def test_scenario_file(tmp_path):
     p = tmp_path / "s.toml"
     p.write_text('name = "two"\n[[faults]]\nkind = "blackhole"\nlink = "2-5"\nround = 3\nfor = 10\n'
@@ -87,6 +91,7 @@ def test_scenario_file(tmp_path):
     assert (b.link, b.factor, b.at_s, b.scheme) == ((0, 1), 4.0, 2.5, "mst")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, match", [
     ("[[faults]\n", "not valid TOML"),
     ("title = 'x'\n", "title: unknown key"),
@@ -107,6 +112,7 @@ def test_scenario_errors_name_the_entry_and_field(tmp_path, text, match):
     assert "bad.toml" in str(e.value)
 
 
+@pytest.mark.loopback
 def test_cli_refuses_a_bad_fault_before_starting_anything(tmp_path, capsys):
     (tmp_path / "s.toml").write_text('[[faults]]\nkind = "down"\nlink = "0-8"\nt = 1\n')
     for extra, match in ((["--fault", "down:link=0-1@t=1,for=x"], "for: must be a number"),
@@ -115,6 +121,7 @@ def test_cli_refuses_a_bad_fault_before_starting_anything(tmp_path, capsys):
         assert match in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_emu_messages_are_validated():
     ok = {"t": "EMU", "op": "rate", "src": 1, "dst": 2, "mbps": 0}
     assert validate(dict(ok)) == ok
@@ -153,6 +160,7 @@ class Links:
 EARLY = 0.005  # a timer may fire this much before its time (clock resolution, two clocks)
 
 
+@pytest.mark.unit
 async def test_injector_fires_at_times_and_rounds_and_heals():
     """Each fault fires at its time or round and heals after its `for`: never sooner (a loaded
     machine only makes them later, so only lower bounds are asserted)."""
@@ -190,6 +198,7 @@ async def test_injector_fires_at_times_and_rounds_and_heals():
     assert all(r["type"] == "fault" and "spec" in r for r in reports)
 
 
+@pytest.mark.loopback
 async def test_injector_signals_processes():
     """Freeze is SIGSTOP then SIGCONT after `for`; kill is SIGKILL; both reported."""
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
@@ -223,6 +232,7 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.unit
 def test_app_link_control_messages_go_to_the_owners():
     sent = []
     c = AppLinkControl(lambda n, m: sent.append((n, m)))
@@ -245,6 +255,7 @@ def _records(tmp_path):
     return [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("fault", ["down:link=0-1@round=2,for=1", "blackhole:link=0-1@round=2,for=1",
                                    "collapse:link=0-1,factor=7@round=2,for=1"])
 def test_link_fault_heals_and_every_round_stays_exact(tmp_path, fault):
@@ -268,6 +279,7 @@ def test_link_fault_heals_and_every_round_stays_exact(tmp_path, fault):
     assert faulted.round_s > (0.9 if not fault.startswith("collapse") else 0.5), faulted
 
 
+@pytest.mark.loopback
 def test_a_killed_agent_is_survived_by_the_run(tmp_path):
     jobs = asyncio.run(run(_cfg(tmp_path, "kill:node=2@round=1", rounds=8), Console(file=io.StringIO()),
                            show_table=False))

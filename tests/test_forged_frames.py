@@ -35,6 +35,8 @@ from overlay.codec import encode
 from overlay.messages import bitmap, chunk_key, validate
 from overlay.peers import Overlay
 
+pytestmark = pytest.mark.loopback
+
 JOB = 1
 PARAMS, CHUNK = 20_000, 5_000  # four chunks of 20 KB: one frame each
 DEADLINE = 30.0

@@ -15,6 +15,7 @@ import struct
 from datetime import timedelta
 
 import numpy as np
+import pytest
 from helpers.secret import SECRET
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,8 @@ from overlay.messages import CHUNK_KINDS, SCHEMAS, ProtocolError, bitmap
 from overlay.peers import Overlay, _Handshake, _PeerConn
 from scheduler.planners import star
 from scheduler.view import NetworkView
+
+pytestmark = pytest.mark.unit
 
 CLUSTER = "fz"
 CHUNK_PARAMS = 64  # 256-byte chunks: segments land, complete and get forwarded within one example

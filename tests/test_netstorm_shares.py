@@ -17,6 +17,8 @@ from core.plan import Job, make_layout
 from scheduler.planners import netstorm
 from scheduler.view import NetworkView
 
+pytestmark = pytest.mark.unit
+
 # --- NetStorm: shares proportional to quality ---------------------------------------------------------
 # A hub (0) with fast links to every leaf, and one slow leaf-leaf link. By hand: T_0 has delay 1/100
 # (q = 100); a leaf's tree waits for the other leaves' two hops through the hub, 2/100 (q = 50; the

@@ -16,6 +16,8 @@ from overlay.messages import chunk_key
 from scheduler.planners import PLANNERS
 from scheduler.view import NetworkView
 
+pytestmark = pytest.mark.loopback
+
 
 async def test_relay_delivers_once_and_every_hop_acks():
     async with LocalNet(line(3)) as net:

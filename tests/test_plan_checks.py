@@ -12,6 +12,8 @@ import pytest
 from core.plan import ChunkGroup, Plan, PlanError, make_layout, tree_group
 from emulation.topology import uniform
 
+pytestmark = pytest.mark.unit
+
 
 # --- Plan.validate() ----------------------------------------------------------------------------------
 def base_plan(aux: dict[tuple[int, int], tuple[tuple[int, ...], ...]] | None = None,

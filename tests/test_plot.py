@@ -44,6 +44,7 @@ def assert_real_png(path):
     assert float(np.std(pixels[..., :3])) > 0.01  # something was drawn, not a blank canvas
 
 
+@pytest.mark.loopback
 def test_plot_command_writes_every_figure(recorded, tmp_path):
     src = write(tmp_path / "r.jsonl", recorded)
     res = subprocess.run([sys.executable, "-m", "wansync.cli", "plot", str(src), "--out-dir", str(tmp_path / "fig")],
@@ -57,6 +58,7 @@ def test_plot_command_writes_every_figure(recorded, tmp_path):
         assert_real_png(tmp_path / "fig" / name)
 
 
+@pytest.mark.loopback
 def test_speedup_is_skipped_without_a_star_baseline(recorded, tmp_path):
     src = write(tmp_path / "mst.jsonl", [r for r in recorded if r.get("scheme") != "star"])
     written, skipped = plot(src)
@@ -66,6 +68,7 @@ def test_speedup_is_skipped_without_a_star_baseline(recorded, tmp_path):
         assert_real_png(p)
 
 
+@pytest.mark.loopback
 def test_schema_1_files_plot_throughput_from_passive_samples(recorded, tmp_path):
     old = [{**r, "schema": 1} for r in recorded if r["type"] not in ("throughput", "event")]
     assert any(r["type"] == "link_sample" for r in old)
@@ -74,6 +77,7 @@ def test_schema_1_files_plot_throughput_from_passive_samples(recorded, tmp_path)
     assert_real_png(tmp_path / "old_link_throughput.png")
 
 
+@pytest.mark.loopback
 def test_a_torn_last_line_still_plots(recorded, tmp_path):
     src = tmp_path / "torn.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recorded) + '{"schema": 2, "type": "rou')
@@ -81,6 +85,7 @@ def test_a_torn_last_line_still_plots(recorded, tmp_path):
     assert len(written) == 3
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("content, message", [
     ("", "no records"),
     ('{"schema": 99, "type": "run"}\n', "schema 99"),
@@ -94,6 +99,7 @@ def test_unplottable_files_fail_with_the_reason(tmp_path, content, message):
         plot(src)
 
 
+@pytest.mark.loopback
 def test_plot_command_reports_a_missing_file(tmp_path):
     res = subprocess.run([sys.executable, "-m", "wansync.cli", "plot", str(tmp_path / "missing.jsonl")],
                          capture_output=True, text=True, timeout=60)
@@ -141,6 +147,7 @@ def tasks_job_of(recs):
                 and r["data"]["mode"] == "tasks")
 
 
+@pytest.mark.loopback
 def test_task_timelines_are_drawn_for_tasks_jobs_only(mixed, tmp_path):
     assert {r["schema"] for r in mixed} == {3}
     job = tasks_job_of(mixed)
@@ -159,11 +166,13 @@ def test_task_timelines_are_drawn_for_tasks_jobs_only(mixed, tmp_path):
     assert_real_png(tmp_path / "only_task_timelines.png")
 
 
+@pytest.mark.loopback
 def test_no_task_timelines_without_a_tasks_job(recorded, tmp_path):
     written, skipped = plot(write(tmp_path / "bsp.jsonl", recorded))
     assert len(written) == 3 and not any("task_timelines" in s for s in [p.name for p in written] + skipped)
 
 
+@pytest.mark.loopback
 def test_schema_2_round_records_still_plot(recorded, tmp_path):
     old_fields = ("job", "scheme", "round", "version", "round_s", "compute_s", "ok", "digests_agree",
                   "versions_agree", "t_start", "t_end", "warmup", "errors", "prediction_s")
@@ -174,6 +183,7 @@ def test_schema_2_round_records_still_plot(recorded, tmp_path):
     assert sorted(p.name for p in written) == ["v2_link_throughput.png", "v2_round_times.png", "v2_speedup.png"]
 
 
+@pytest.mark.unit
 def test_task_outcomes_and_overlap():
     assert task_outcome({"ok": True, "digests_agree": True}) == "exact"
     assert task_outcome({"ok": True, "digests_agree": False}) == "failed"
@@ -182,6 +192,7 @@ def test_task_outcomes_and_overlap():
     assert overlap_max([(0, 1), (1, 2)]) == 1  # one ends as the next starts: never together
 
 
+@pytest.mark.unit
 def test_accuracy_vs_time_is_drawn_from_a_training_runs_accuracy_records(tmp_path):
     from wansync.accuracy_plot import mean_curve
 

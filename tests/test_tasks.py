@@ -32,12 +32,14 @@ def star_via(hub: int, members: tuple[int, ...], n: int, receivers: tuple[int, .
 
 
 # --- the plan: which roles a node may have -------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_node_outside_the_members_may_aggregate_and_replicate():
     plan = star_via(4, (0, 1, 2), 5).validate(uniform(5).links)
     assert plan.members == (0, 1, 2) and 4 in plan.nodes and plan.receiver_set == (0, 1, 2)
     assert plan.groups[0].root == 4
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("breakage, message", [
     # a non-member leaf of the aggregation tree would only send an empty sum
     (lambda p: dataclasses.replace(p, groups=(dataclasses.replace(
@@ -60,6 +62,7 @@ def test_roles_a_plan_may_not_give_are_refused_with_the_reason(breakage, message
         breakage(plan).validate()
 
 
+@pytest.mark.unit
 def test_mst_keeps_only_the_aggregators_its_tree_needs():
     # a line 0-1-2-3 plus 4 hanging off 3: members 0 and 2 need 1 between them, not 3 or 4
     topo_links = [(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2), (3, 4), (4, 3)]
@@ -69,6 +72,7 @@ def test_mst_keeps_only_the_aggregators_its_tree_needs():
 
 
 # --- the engine: a partial reduce through an aggregator that contributes nothing ---------------------------------
+@pytest.mark.loopback
 async def test_a_partial_reduce_through_a_non_member_aggregator_is_exact():
     plan = star_via(3, (0, 1, 2), 4, receivers=(0, 1, 2))
     async with LocalNet(uniform(4)) as net:
@@ -77,6 +81,7 @@ async def test_a_partial_reduce_through_a_non_member_aggregator_is_exact():
     assert not np.array_equal(out[0], exact_sum(5, (0, 1, 2, 3), PARAMS))  # node 3 added nothing of its own
 
 
+@pytest.mark.loopback
 async def test_receivers_need_not_be_members_and_weights_are_exact_when_integer():
     """Members 1, 2, 3 (weights 3, 1, 2) sum at node 0, which contributes nothing; receivers are
     node 1 (a member) and node 4 (not a member, in no aggregation tree)."""
@@ -90,6 +95,7 @@ async def test_receivers_need_not_be_members_and_weights_are_exact_when_integer(
     assert sorted(out) == [1, 4] and all(np.array_equal(r, want) for r in out.values())
 
 
+@pytest.mark.loopback
 async def test_a_forged_contribution_from_the_aggregators_side_is_refused():
     """An aggregator is held to the members' bitmap: a sum claiming a non-member is never taken."""
     plan = star_via(3, (0, 1, 2), 4)
@@ -108,6 +114,7 @@ async def test_a_forged_contribution_from_the_aggregators_side_is_refused():
 
 
 # --- the scheduler: tasks formed on subsets, several at once -------------------------------------------------------
+@pytest.mark.loopback
 async def test_three_concurrent_tasks_on_overlapping_subsets_are_each_exact():
     sched, agents, tasks = await start_cluster(uniform(6).scaled(0.2), cluster="t3", shaped=True)
     try:
@@ -130,6 +137,7 @@ async def test_three_concurrent_tasks_on_overlapping_subsets_are_each_exact():
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_a_relay_keeps_passing_on_an_older_task_while_it_runs_newer_ones_of_its_own():
     """Node 1 only relays for tasks 0 and 1 (0 and 2 talk through it) while it runs task 2 itself: a
     relay's window must follow what is still running anywhere, not the tasks it runs."""
@@ -151,6 +159,7 @@ async def test_a_relay_keeps_passing_on_an_older_task_while_it_runs_newer_ones_o
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("scheme", ["star", "ring", "mst", "ktree", "netstorm"])
 async def test_every_planner_runs_a_partial_reduce_exactly(scheme):
     sched, agents, tasks = await start_cluster(uniform(5), cluster=f"p-{scheme}")
@@ -164,6 +173,7 @@ async def test_every_planner_runs_a_partial_reduce_exactly(scheme):
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("members, kwargs, message", [
     ((0, 9), {}, "members: [9] are not nodes of this cluster"),
     ((0, 1), {"receivers": (0, 7)}, "receivers: [7] are not nodes"),
@@ -197,6 +207,7 @@ SIX = RunConfig(topology="uniform:20", topo=uniform(6, rate_mbps=20.0).scaled(0.
                 scale=0.2, rounds=1)  # 20 Mbit/s links: a 2.4 MB partial reduce takes about a second
 
 
+@pytest.mark.loopback
 async def test_an_agent_killed_while_it_aggregates_for_two_tasks_affects_only_those():
     async with Cluster("kill-agg", processes=SIX) as c:
         sched = c.sched
@@ -218,6 +229,7 @@ async def test_an_agent_killed_while_it_aggregates_for_two_tasks_affects_only_th
         assert 5 in sched.lost
 
 
+@pytest.mark.loopback
 async def test_a_task_whose_members_are_all_lost_is_recorded_as_aborted_and_nothing_applied():
     async with Cluster("kill-all", processes=SIX) as c:
         sched = c.sched
