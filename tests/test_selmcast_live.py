@@ -1,6 +1,6 @@
 """SelMcast live: multicast progress models with receiver selection on a big switch, over real TCP with
 in-process agents (application shaping, node caps). Every delivery is judged against the source's
-exact tensor computed here (tests/harness.py); SSP's bound is checked from the scheduler's timeline;
+exact tensor computed here (tests/helpers/exact.py); SSP's bound is checked from the scheduler's timeline;
 a receiver SSP's shrink-only rule drops applies nothing; node caps reach the view, declared and measured."""
 
 import asyncio

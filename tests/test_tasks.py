@@ -1,6 +1,6 @@
 """Tasks: partial reduces, aggregators outside the members, several tasks at once, failures scoped to
 a task. Real TCP (in-process agents, or agent processes where one is killed); every receiver's result
-is compared with the exact sum this test computes itself (tests/harness.py's own closed form)."""
+is compared with the exact sum this test computes itself (tests/helpers/exact.py's own closed form)."""
 
 import asyncio
 import dataclasses
