@@ -3,6 +3,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import pytest  # noqa: E402
+from helpers.fixtures import cluster_of, recording_wire, secret  # noqa: E402, F401  (fixtures for every test)
+from helpers.markers import COLLECTED  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
+    """Keep every collected test's markers before -m deselects any (tests/test_markers.py checks them)."""
+    config.stash[COLLECTED] = {item.nodeid: {m.name for m in item.iter_markers()} for item in items}
+
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
     """Say how many kernel (tc backend) and stand-in host (sshd) tests ran, or why they were skipped:

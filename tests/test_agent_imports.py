@@ -10,12 +10,16 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from overlay.auth import SECRET_ENV, generate_secret
 from scheduler.service import Scheduler
 from wansync.backend import agent_command
 from wansync.cluster import agent_options_file
 from wansync.options import Options
 from wansync.runspec import resolve
+
+pytestmark = pytest.mark.loopback
 
 FORBIDDEN = ("scheduler", "sim")
 

@@ -6,83 +6,25 @@ attacker, `wansync agent` processes where the command line is what is tested).""
 import asyncio
 import logging
 import os
-import shutil
-import struct
-import subprocess
 import sys
 
-import msgpack
 import pytest
-from harness import assert_job_exact
-from test_cluster import SECRET, start_cluster, stop_cluster
-from waiting import until
+from helpers.cluster import start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
+from helpers.secret import OTHER_SECRET as OTHER
+from helpers.secret import SECRET
+from helpers.tls import self_signed as _self_signed
+from helpers.waiting import until
+from helpers.wire import Raw
 
 from agents.agent import Agent
 from emulation.topology import uniform
 from overlay import auth
-from overlay.auth import AuthError, Handshake, SecretError, TlsFiles, load_secret
-from overlay.codec import encode
+from overlay.auth import AuthError, Handshake, SecretError, load_secret
 from overlay.peers import Overlay
 from scheduler.service import Scheduler
 
-OTHER = b"another-secret-entirely-0123456789"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# --- raw peers: what an attacker (or a test) speaks on the wire ------------------------------------------------
-class Raw:
-    """One TCP connection speaking frames by hand: no FrameProtocol, no Handshake in the way."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def connect(cls, port: int) -> "Raw":
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
-
-    def send(self, header: dict) -> None:
-        self.writer.write(encode(header))
-
-    def send_raw(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def recv(self, timeout: float = 30.0) -> dict | None:
-        """The next frame's header (payload skipped), or None once the other end closed."""
-        try:
-            async with asyncio.timeout(timeout):
-                (n,) = struct.unpack("!I", await self.reader.readexactly(4))
-                h = msgpack.unpackb(await self.reader.readexactly(n), raw=False, strict_map_key=False)
-                if h.get("nbytes"):
-                    await self.reader.readexactly(h["nbytes"])
-                return h
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return None
-
-    async def closed_by_peer(self, timeout: float = 30.0) -> bool:
-        """True once the other end hung up (everything it still sends is read and dropped); False if
-        it had not within `timeout` (to show it stays open, prove it still answers instead)."""
-        try:
-            async with asyncio.timeout(timeout):
-                while await self.reader.read(65536):
-                    pass
-            return True
-        except ConnectionError:
-            return True
-        except TimeoutError:
-            return False
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def authenticated(port: int, node: int, cluster: str, secret: bytes, *, expect: int,
-                        role: str = "agent", peer_role: str = "agent", epoch: int = 0) -> Raw:
-    """A raw connection that passed the real handshake as `node` (so the peer treats it as trusted)."""
-    raw = await Raw.connect(port)
-    hs = Handshake(cluster, node, role, dialer=True, secret=secret, expect=expect, peer_role=peer_role,
-                   hello_extra={"epoch": epoch})
-    await auth.run_handshake(hs, raw.send, raw.recv)
-    return raw
 
 
 def pair(secret_d: bytes | None, secret_a: bytes | None, **kw) -> tuple[Handshake, Handshake]:
@@ -106,12 +48,14 @@ def exchange(d: Handshake, a: Handshake) -> None:
 
 
 # --- the state machine and the MAC -------------------------------------------------------------------------
+@pytest.mark.unit
 def test_same_secret_authenticates_both_ways():
     d, a = pair(SECRET, SECRET)
     exchange(d, a)
     assert d.done and a.done and d.peer == 1 and a.peer == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("secrets", [(SECRET, OTHER), (OTHER, SECRET)])
 def test_wrong_secret_is_refused_by_the_acceptor_before_it_proves_anything(secrets):
     d, a = pair(*secrets)
@@ -120,6 +64,7 @@ def test_wrong_secret_is_refused_by_the_acceptor_before_it_proves_anything(secre
     assert not a.done and not d.done
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("sd", "sa", "why"), [
     (None, SECRET, "has no cluster secret"),  # a node without a secret meets one with
     (SECRET, None, "requires authentication"),  # and the other way round
@@ -130,12 +75,14 @@ def test_a_missing_secret_is_refused_with_a_clear_reason(sd, sa, why):
         exchange(d, a)
 
 
+@pytest.mark.unit
 def test_insecure_on_both_ends_is_a_plain_hello_exchange():
     d, a = pair(None, None)
     exchange(d, a)
     assert d.done and a.done and "nonce" not in (d.peer_hello or {})
 
 
+@pytest.mark.unit
 def test_mac_binds_cluster_roles_ids_and_both_nonces():
     base = dict(cluster="c", prover="agent/dialer", dialer=0, acceptor=1, dialer_nonce=b"n" * 32,
                 acceptor_nonce=b"m" * 32)
@@ -148,6 +95,7 @@ def test_mac_binds_cluster_roles_ids_and_both_nonces():
     assert auth.mac(SECRET, **swapped) != ref
 
 
+@pytest.mark.unit
 def test_a_dialers_proof_reflected_as_the_acceptors_fails():
     """The fake acceptor has no secret: it answers with a fresh nonce and echoes the dialer's AUTH."""
     d = Handshake("c", 0, "agent", dialer=True, secret=SECRET, expect=1, peer_role="agent")
@@ -158,6 +106,7 @@ def test_a_dialers_proof_reflected_as_the_acceptors_fails():
     assert not d.done
 
 
+@pytest.mark.unit
 def test_an_echoed_nonce_is_refused():
     d = Handshake("c", 0, "agent", dialer=True, secret=SECRET, expect=1)
     hello = d.start()
@@ -165,6 +114,7 @@ def test_an_echoed_nonce_is_refused():
         d.receive({"t": "HELLO", "node": 1, "cluster": "c", "role": "agent", "nonce": hello["nonce"]})
 
 
+@pytest.mark.unit
 def test_secret_from_file_or_environment(tmp_path):
     f = tmp_path / "s"
     f.write_bytes(b"  file-secret-0123456789abcdef\n")
@@ -182,6 +132,7 @@ def test_secret_from_file_or_environment(tmp_path):
 
 
 # --- agent <-> scheduler on real TCP -----------------------------------------------------------------------
+@pytest.mark.loopback
 @pytest.mark.parametrize(("agent_secret", "sched_secret", "sched_says"), [
     (OTHER, SECRET, "MAC does not verify"),
     (None, SECRET, "has no cluster secret"),
@@ -207,6 +158,7 @@ async def test_agent_with_wrong_or_missing_secret_is_not_registered(caplog, agen
         await sched.shutdown()
 
 
+@pytest.mark.loopback
 async def test_fake_scheduler_reflecting_the_agents_challenge_is_refused():
     """A raw socket plays scheduler without the secret: it echoes the agent's own AUTH back."""
     got: list[dict] = []
@@ -234,6 +186,7 @@ async def test_fake_scheduler_reflecting_the_agents_challenge_is_refused():
         server.close()
 
 
+@pytest.mark.loopback
 async def test_a_stranger_gets_no_mac_from_the_scheduler_and_no_second_chance():
     sched = Scheduler("c", 2, secret=SECRET)
     port = await sched.start()
@@ -250,6 +203,7 @@ async def test_a_stranger_gets_no_mac_from_the_scheduler_and_no_second_chance():
 
 
 # --- agent <-> agent ---------------------------------------------------------------------------------------
+@pytest.mark.loopback
 async def test_neighbours_with_different_secrets_never_attach_and_say_so_once(caplog):
     caplog.set_level(logging.DEBUG, logger="wansync.overlay")
     sink = _NullSink()
@@ -275,6 +229,7 @@ async def test_neighbours_with_different_secrets_never_attach_and_say_so_once(ca
         await b.close()
 
 
+@pytest.mark.loopback
 async def test_fake_neighbour_reflecting_the_dialers_proof_is_not_attached():
     sink = _NullSink()
     ov = Overlay(0, "c", sink, neighbors=[1], secret=SECRET)
@@ -304,6 +259,7 @@ async def test_fake_neighbour_reflecting_the_dialers_proof_is_not_attached():
         server.close()
 
 
+@pytest.mark.loopback
 async def test_intruders_leave_a_running_cluster_exact():
     """Wrong-secret neighbour, stranger and reflected proof against a live cluster; the next job is exact."""
     sched, agents, tasks = await start_cluster(uniform(3), cluster="intr")
@@ -356,11 +312,13 @@ async def _run_proc(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, err.decode()
 
 
+@pytest.mark.loopback
 async def test_agent_process_refuses_to_start_without_a_secret():
     rc, err = await _run_proc(_agent_cmd(1), _env())
     assert rc != 0 and "no cluster secret" in err and "--insecure" in err
 
 
+@pytest.mark.loopback
 async def test_agent_process_with_the_wrong_secret_is_refused_with_one_line(caplog):
     caplog.set_level(logging.WARNING)
     sched = Scheduler("cli", 2, secret=SECRET)
@@ -377,6 +335,7 @@ async def test_agent_process_with_the_wrong_secret_is_refused_with_one_line(capl
         await sched.shutdown()
 
 
+@pytest.mark.loopback
 async def test_run_hands_its_agents_the_secret_by_environment_not_argv(tmp_path):
     import json as _json
 
@@ -412,46 +371,7 @@ async def test_run_hands_its_agents_the_secret_by_environment_not_argv(tmp_path)
 
 
 # --- TLS ---------------------------------------------------------------------------------------------------
-def _self_signed(tmp_path) -> TlsFiles:
-    try:
-        from cryptography import x509  # noqa: F401
-    except ImportError:
-        if shutil.which("openssl") is None:
-            pytest.skip("neither the cryptography package nor the openssl command is available")
-        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=wansync-test",
-                        "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE"],
-                       check=True, capture_output=True)
-        return TlsFiles(str(cert), str(key), str(cert))
-    return _self_signed_cryptography(tmp_path)
-
-
-def _self_signed_cryptography(tmp_path) -> TlsFiles:
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wansync-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    c, k = tmp_path / "cert.pem", tmp_path / "key.pem"
-    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
-    return TlsFiles(str(c), str(k), str(c))
-
-
+@pytest.mark.loopback
 async def test_tls_cluster_is_exact_and_refuses_plaintext(tmp_path):
     tls = _self_signed(tmp_path)
     sched, agents, tasks = await start_cluster(uniform(3), cluster="tls", tls=tls)

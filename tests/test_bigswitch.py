@@ -20,6 +20,8 @@ from sim import TaskRun, simulate_tasks
 from sim.mcastjob import bsp_round, simulate_ssp
 from sim.switch import Switch
 
+pytestmark = pytest.mark.unit
+
 MB = 1e6 / 8
 
 

@@ -24,7 +24,10 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-extensions", "--window-size=1400,1400"]
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (run scripts/install-system-deps.sh)")
+pytestmark = [
+    pytest.mark.loopback,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (run scripts/install-system-deps.sh)"),
+]
 
 
 class Page:

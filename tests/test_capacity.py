@@ -21,6 +21,8 @@ from scheduler.view import KNOWN_S, NetworkView
 from sim import MEASURED, NONE, WanCosts, simulate
 from wansync.guard import GUARD_MIN_RATIO, cpu_forecast, cpu_warning
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self, now: float = 100.0) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 import pytest
-from harness import assert_job_exact
+from helpers.exact import assert_job_exact
 
 from agents.agent import Agent
 from emulation.topology import uniform
@@ -44,6 +44,7 @@ async def run_with_skews(sync: bool):
     return sched, agents, js, {r: (asked[r], recorded[r]) for r in recorded}
 
 
+@pytest.mark.unit
 def test_cristian_offset_from_the_shortest_round_trip():
     c = SyncedClock(skew=5.0)
     # (local send, scheduler time, local receive): the second exchange has the shortest round trip
@@ -52,6 +53,7 @@ def test_cristian_offset_from_the_shortest_round_trip():
     assert c.error_bound == pytest.approx(0.02)
 
 
+@pytest.mark.loopback
 async def test_synced_agents_measure_links_and_rounds_correctly():
     sched, agents, js, window = await run_with_skews(sync=True)
     for a in agents:  # Cristian: the true offset lies within the error bound, however slow the exchange was
@@ -68,6 +70,7 @@ async def test_synced_agents_measure_links_and_rounds_correctly():
     assert all(r.ok for r in js.records)
 
 
+@pytest.mark.loopback
 async def test_without_the_exchange_wrong_clocks_corrupt_samples_and_round_times():
     sched, agents, js, _ = await run_with_skews(sync=False)
     rates = [d["rate"] for *_, d in sched.view.g.edges(data=True) if d["measured"]]

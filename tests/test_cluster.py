@@ -2,39 +2,23 @@
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
-from harness import assert_job_exact, assert_results_exact
-from waiting import until_sync
+from helpers.cluster import start_cluster, stop_cluster
+from helpers.exact import assert_job_exact, assert_results_exact
+from helpers.processes import agents_of, tagged
+from helpers.waiting import until_sync
 
 from agents.agent import Agent
 from emulation.topology import internet2, uniform
 from scheduler.service import Scheduler
 
-SECRET = b"test-cluster-secret-0123456789ab"
-
-
-async def start_cluster(topo, cluster="c1", on_event=None, shaped=False, secret=SECRET, tls=None, **agent_kw):
-    """An authenticated scheduler and agents in this process (secret=None: --insecure; tls: TlsFiles)."""
-    sched = Scheduler(cluster, topo.nodes, on_event=on_event, secret=secret, tls=tls)
-    port = await sched.start()
-    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=shaped, secret=secret, tls=tls, **agent_kw)
-              for n in range(topo.nodes)]
-    tasks = [asyncio.create_task(a.run()) for a in agents]
-    await sched.wait_agents(20)
-    return sched, agents, tasks
-
-
-async def stop_cluster(sched, tasks):
-    await sched.shutdown()
-    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+pytestmark = pytest.mark.loopback
 
 
 @pytest.mark.parametrize("scheme", ["star", "ring", "mst", "ktree"])
@@ -130,31 +114,6 @@ def test_ctrl_c_reaps_every_agent(tmp_path):
             proc.kill()
             proc.wait()
     assert agents_of(tag) == []  # reaped before the launcher exited: none left over, not even for a moment
-
-
-TAG = "WANSYNC_TEST_TAG"
-
-
-def tagged(tag: str) -> dict[str, str]:
-    """An environment that marks this test's launcher and, through inheritance, its agents."""
-    return {**os.environ, TAG: tag}
-
-
-def agents_of(tag: str) -> list[int]:
-    """Pids of live `wansync agent` processes carrying this test's tag: other tests' clusters, which
-    may run at the same time on this machine, are not counted."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if b"wansync.cli" in cmd and b"agent" in cmd and f"{TAG}={tag}".encode() in env:
-            pids.append(int(proc.name))
-    return pids
 
 
 def test_nodes_disagreeing_with_a_fixed_topology_is_an_error():

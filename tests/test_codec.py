@@ -6,55 +6,12 @@ import struct
 import msgpack
 import numpy as np
 import pytest
+from helpers.frames import FakeTransport, Recorder, chunk, feed
 
 from overlay.codec import MAX_HEADER, FrameProtocol, encode
-from overlay.messages import FramingError, ProtocolError, bitmap, validate
+from overlay.messages import FramingError, ProtocolError, validate
 
-
-class Recorder:
-    def __init__(self, dest: np.ndarray | None = None):
-        self.frames, self.invalid, self.closed, self.dest = [], [], [], dest
-
-    def on_header(self, header):
-        return None if self.dest is None else memoryview(self.dest).cast("B")[: header["nbytes"]]
-
-    def on_frame(self, header, payload):
-        self.frames.append((header, None if payload is None else bytes(payload)))
-
-    def on_invalid(self, error):
-        self.invalid.append(error)
-
-    def on_closed(self, error):
-        self.closed.append(error)
-
-
-class FakeTransport:
-    def __init__(self):
-        self.aborted = False
-
-    def abort(self):
-        self.aborted = True
-
-    def is_closing(self):
-        return self.aborted
-
-
-def feed(proto: FrameProtocol, data: bytes, rng: random.Random) -> None:
-    i = 0
-    while i < len(data) and not proto.transport.aborted:
-        buf = proto.get_buffer(-1)
-        n = min(len(buf), len(data) - i, rng.randint(1, 9000))
-        buf[:n] = data[i:i + n]
-        proto.buffer_updated(n)
-        i += n
-
-
-def chunk(nbytes: int, **kw) -> dict:
-    h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 3, "kind": "agg",
-         "origin": 0, "contributors": bitmap([0]), "t_send": 1.5, "path": [0, 1], "hop": 0, "off": 0,
-         "total": nbytes, "nbytes": nbytes}
-    h.update(kw)
-    return h
+pytestmark = pytest.mark.unit
 
 
 def make(rec) -> FrameProtocol:

@@ -4,8 +4,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from harness import assert_job_exact
-from test_cluster import start_cluster, stop_cluster
+from helpers.cluster import start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
 
 from core.plan import ChunkGroup, Job, Plan
 from emulation.topology import uniform
@@ -13,6 +13,8 @@ from overlay.messages import Task as TaskMsg
 from overlay.messages import chunk_key
 from overlay.peers import Overlay
 from scheduler.planners import ring
+
+pytestmark = pytest.mark.loopback
 
 PARAMS, CHUNK = 40_000, 4_000
 SHUFFLE = {0: 2, 1: 0, 2: 3, 3: 1}  # the new policy: the same ring shape over other neighbours

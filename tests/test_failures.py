@@ -2,26 +2,21 @@
 complete and exact or aborted and retried, and the following rounds are exact again."""
 
 import asyncio
-import contextlib
 import os
 import signal
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
-from harness import assert_job_exact
-from waiting import until
+from helpers.cluster import Cluster
+from helpers.exact import assert_job_exact
+from helpers.waiting import until
 
 from emulation.topology import uniform
-from overlay.auth import SECRET_ENV, generate_secret
 from overlay.routing import Routes, adjacency
 from scheduler.service import JobState, Scheduler
-from wansync.backend import agent_command
-from wansync.cluster import agent_options_file
 from wansync.options import Options
-from wansync.procs import reap
 from wansync.runspec import RunConfig, resolve
+
+pytestmark = pytest.mark.loopback
 
 PARAMS, CHUNK = 400_000, 20_000  # 1.6 MB: a star round takes ~0.3 s at 100 Mbit/s
 NODES = 4
@@ -31,101 +26,6 @@ UNTIL_STOPPED = 10_000
 
 
 AGENTS = resolve(Options.make(topology="uniform", nodes=NODES, scale=0.2, rounds=1))  # only for the agents' options
-
-
-class Cluster:
-    """An in-process scheduler and one `wansync agent` process per node."""
-
-    def __init__(self, cluster: str, heartbeat_timeout: float = 1.5, agents: RunConfig = AGENTS) -> None:
-        self.cluster = cluster
-        self.agents = agents
-        self.nodes = agents.topo.nodes
-        self.secret = generate_secret()
-        self.events: list[tuple[float, str, dict]] = []
-        self.sched = Scheduler(cluster, self.nodes, heartbeat_timeout=heartbeat_timeout, secret=self.secret.encode(),
-                               on_event=lambda kind, data: self.events.append((time.time(), kind, data)))
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.logs: dict[int, str] = {}  # every incarnation's stderr so far, drained without blocking
-        self._drainer: asyncio.Task | None = None
-        self.port = 0
-        self.options_file: Path | None = None
-
-    async def __aenter__(self) -> "Cluster":
-        self.port = await self.sched.start()
-        for n in range(self.nodes):
-            self.spawn(n)
-        self._drainer = asyncio.create_task(self._drain_forever())
-        await self.sched.wait_agents(30)
-        return self
-
-    async def _drain_forever(self) -> None:
-        """Keep reading the agents' stderr: a full pipe would freeze a chatty agent mid-test."""
-        while True:
-            for n in list(self.procs):
-                self.drain(n)
-            await asyncio.sleep(0.2)
-
-    def spawn(self, node: int) -> None:
-        env = dict(os.environ, **{SECRET_ENV: self.secret})
-        self.drain(node)
-        if self.options_file is None:
-            self.options_file = agent_options_file(self.agents, self.cluster)
-        cmd = agent_command(self.options_file, node, f"127.0.0.1:{self.port}")
-        self.procs[node] = subprocess.Popen(cmd, env=env,
-                                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        assert self.procs[node].stderr is not None
-        os.set_blocking(self.procs[node].stderr.fileno(), False)
-
-    def drain(self, node: int) -> str:
-        """Node's stderr so far (all its incarnations). Read without blocking; also keeps the pipe
-        from filling up, which would freeze a chatty agent."""
-        p = self.procs.get(node)
-        while p is not None and p.stderr is not None:
-            try:
-                data = os.read(p.stderr.fileno(), 65536)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            self.logs[node] = self.logs.get(node, "") + data.decode(errors="replace")
-        return self.logs.get(node, "")
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._drainer is not None:
-            self._drainer.cancel()
-        await self.sched.shutdown()
-        reap(list(self.procs.values()))
-
-    async def when_round_starts(self, rnd: int) -> None:
-        """Round `rnd`'s attempt has started: every member has its reply, no member has finished it."""
-        await until(lambda: self.sched.current is not None and rnd in self.sched.current.started,
-                    f"round {rnd} to start")
-
-    async def when_retried_without(self, node: int) -> None:
-        """The survivors finished a retried attempt without `node`: recorded, exact or not (judged later)."""
-        await until(lambda: any(r.attempt > 0 and r.participants == NODES - 1 and node not in r.digests
-                                for r in self.sched.current.records),
-                    f"the survivors' retry without node {node} to be recorded")
-
-    async def when_back_in_a_round(self, node: int) -> None:
-        """Node `node` registered again and a round it took part in was recorded."""
-        def back() -> bool:
-            rejoined = [e for e in self.sched.timeline if e["kind"] == "agent_rejoined" and e["node"] == node]
-            return bool(rejoined) and any(r.round >= rejoined[-1]["round"] and node in r.digests
-                                          for r in self.sched.current.records)
-        await until(back, f"node {node} to rejoin and take part in a recorded round")
-
-    async def stop(self, job: asyncio.Task) -> JobState:
-        """End a job that runs UNTIL_STOPPED rounds: what the test waited for has happened."""
-        js = self.sched.current
-        assert js is not None and not job.done(), "the job ended before the test saw what it waits for"
-        job.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await job
-        return js
-
-    def kinds(self, kind: str) -> list[dict]:
-        return [d for _, k, d in self.events if k == kind]
 
 
 def assert_exact(sched: Scheduler, js: JobState, complete: bool = True) -> None:
@@ -140,7 +40,7 @@ def assert_exact(sched: Scheduler, js: JobState, complete: bool = True) -> None:
 
 @pytest.mark.parametrize("victim", [2, "hub"])
 async def test_sigkill_mid_round_survivors_retry_exact_and_the_restarted_agent_rejoins(victim):
-    async with Cluster(f"kill-{victim}") as c:
+    async with Cluster(f"kill-{victim}", processes=AGENTS) as c:
         job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
                                                   compute_s=0.3))
         await c.when_round_starts(2)
@@ -176,7 +76,7 @@ async def test_a_lost_relay_is_routed_around_at_once(tmp_path):
     retry routes around the dead node straight away, no stall deadline needed to find its links."""
     cfg = sparse(tmp_path, [(0, 1), (1, 2), (2, 3), (3, 0)])
     relay = Routes(adjacency(cfg.topo.links)).route(2, 0)[1]
-    async with Cluster("relay", agents=cfg) as c:
+    async with Cluster("relay", processes=cfg) as c:
         job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
                                                   compute_s=0.3, options={"hub": 0}))
         await c.when_round_starts(2)
@@ -199,7 +99,7 @@ async def test_a_lost_cut_vertex_blocks_the_round_until_it_returns(tmp_path):
     """On a line 0-1-2-3 nothing joins 0 to 2 and 3 without node 1. Kill it: the retry has no plan,
     so the round waits (a `blocked` event, nobody else declared lost) and runs, exact, once the
     restarted node is back."""
-    async with Cluster("line", agents=sparse(tmp_path, [(0, 1), (1, 2), (2, 3)])) as c:
+    async with Cluster("line", processes=sparse(tmp_path, [(0, 1), (1, 2), (2, 3)])) as c:
         job = asyncio.create_task(c.sched.run_job("star", rounds=6, params=PARAMS, chunk_params=CHUNK,
                                                   options={"hub": 0}))
         await c.when_round_starts(2)
@@ -216,7 +116,7 @@ async def test_a_lost_cut_vertex_blocks_the_round_until_it_returns(tmp_path):
 
 
 async def test_sigstop_is_detected_by_heartbeat_and_the_zombie_comes_back_as_a_new_incarnation():
-    async with Cluster("freeze", heartbeat_timeout=1.0) as c:
+    async with Cluster("freeze", processes=AGENTS, heartbeat_timeout=1.0) as c:
         job = asyncio.create_task(c.sched.run_job("ring", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
                                                   compute_s=0.3))
         await c.when_round_starts(2)
@@ -240,7 +140,7 @@ async def test_sigstop_is_detected_by_heartbeat_and_the_zombie_comes_back_as_a_n
 
 async def test_a_stalled_round_is_aborted_by_its_deadline_and_retried():
     """A blackholed link keeps its TCP connection up: only the stall deadline can notice."""
-    async with Cluster("stall") as c:
+    async with Cluster("stall", processes=AGENTS) as c:
         c.sched.heartbeat_timeout = 30.0  # only the round deadline may act here
         job = asyncio.create_task(c.sched.run_job("ring", rounds=6, params=PARAMS, chunk_params=CHUNK))
         await c.when_round_starts(2)
@@ -253,7 +153,7 @@ async def test_a_stalled_round_is_aborted_by_its_deadline_and_retried():
 
 
 async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_job_ids_or_versions():
-    async with Cluster("restart") as c:
+    async with Cluster("restart", processes=AGENTS) as c:
         old = c.sched
         js1 = await asyncio.wait_for(old.run_job("mst", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
         assert_exact(old, js1)
@@ -270,7 +170,7 @@ async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_j
         # every agent noticed and waits for a scheduler (its redials are refused meanwhile)
         await until(lambda: all("lost the scheduler" in c.drain(n) for n in range(NODES)),
                     "every agent to notice that its scheduler is gone")
-        c.sched = Scheduler(c.cluster, NODES, secret=c.secret.encode())
+        c.sched = Scheduler(c.cluster, NODES, secret=c.secret)
         await c.sched.start(port=c.port)
         await c.sched.wait_agents(30)  # the agents waited and registered again
         js2 = await asyncio.wait_for(c.sched.run_job("ring", rounds=3, params=PARAMS, chunk_params=CHUNK), 30)
@@ -281,7 +181,7 @@ async def test_a_restarted_scheduler_finds_its_agents_waiting_and_never_reuses_j
 
 
 async def test_a_7x_rate_drop_on_one_link_slows_rounds_without_aborting_them():
-    from test_cluster import start_cluster, stop_cluster
+    from helpers.cluster import start_cluster, stop_cluster
 
     topo = uniform(NODES, rate_mbps=40.0).scaled(0.2)
     sched, agents, tasks = await start_cluster(topo, cluster="drop7", shaped=True)
@@ -307,7 +207,7 @@ async def test_a_blackholed_link_is_found_by_the_stall_deadline_and_routed_aroun
     only the deadline notices, and the retry routes around the link."""
     from emulation.faults import AppLinkControl
 
-    async with Cluster("blackhole") as c:
+    async with Cluster("blackhole", processes=AGENTS) as c:
         links = AppLinkControl(lambda n, msg: c.sched.agents[n].conn.send(msg))
         job = asyncio.create_task(c.sched.run_job("ring", rounds=8, params=PARAMS, chunk_params=CHUNK))
         await c.when_round_starts(2)
@@ -322,8 +222,10 @@ async def test_a_blackholed_link_is_found_by_the_stall_deadline_and_routed_aroun
 
 async def test_a_fenced_epoch_is_refused_by_neighbours_and_a_newer_one_accepted():
     """What a zombie meets when it wakes: its old incarnation cannot reconnect; a restart can."""
-    from harness import SECRET, LocalNet
-    from test_overlay import Sink, line
+    from helpers.cluster import LocalNet
+    from helpers.frames import Sink
+    from helpers.secret import SECRET
+    from helpers.topologies import line
 
     from overlay.peers import Overlay
 
@@ -345,7 +247,7 @@ async def test_a_fenced_epoch_is_refused_by_neighbours_and_a_newer_one_accepted(
 
 async def test_an_agent_alive_but_not_asking_for_a_round_is_fenced_and_rejoins():
     """Heartbeats flow, but its request for round 2 is lost: the barrier deadline finds it."""
-    from test_cluster import start_cluster, stop_cluster
+    from helpers.cluster import start_cluster, stop_cluster
 
     sched, agents, tasks = await start_cluster(uniform(NODES).scaled(0.2), cluster="stuck")
     try:
@@ -369,7 +271,7 @@ async def test_a_slow_wans_first_round_is_not_aborted_on_a_prediction_from_guess
     """The view starts at the nominal 100 Mbit/s; the links run at 5. Its prediction of the first round
     (a few times too short, with the floor lowered to let it bite) is no basis for an overrun abort:
     until the view knows the links or a round with the plan ended, only the stall test guards it."""
-    from test_cluster import start_cluster, stop_cluster
+    from helpers.cluster import start_cluster, stop_cluster
 
     from scheduler import deadline
 

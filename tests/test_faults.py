@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import assert_results_exact
+from helpers.exact import assert_results_exact
+from helpers.waiting import until
 from rich.console import Console
-from waiting import until
 
 from emulation.faults import AppLinkControl, Fault, FaultError, FaultInjector, check, load_scenario, parse
 from emulation.topology import build
@@ -26,6 +26,7 @@ from wansync.runspec import resolve
 
 
 # --- grammar ---------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_grammar_reads_every_kind():
     assert parse("kill:node=3@t=20") == Fault("kill", node=3, at_s=20.0, spec="kill:node=3@t=20")
     f = parse("blackhole:link=2-5@round=3,for=10")
@@ -39,6 +40,7 @@ def test_grammar_reads_every_kind():
     assert parse("down:link=0-1@t=0").at_s == 0.0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec, match", [
     ("kill:node=3", "missing '@WHEN'"),
     ("node=3@t=1", "must start with KIND:"),
@@ -71,6 +73,7 @@ def test_grammar_errors_name_the_field(spec, match):
     assert spec in str(e.value)  # which fault, too
 
 
+@pytest.mark.unit
 def test_faults_are_checked_against_the_topology():
     topo = build("internet2")
     check([parse("kill:node=8@t=1"), parse("down:link=0-1@t=1")], topo.nodes, topo.links)
@@ -80,6 +83,7 @@ def test_faults_are_checked_against_the_topology():
         check([parse("blackhole:link=0-8@t=1")], topo.nodes, topo.links)
 
 
+@pytest.mark.unit
 def test_scenario_file(tmp_path):
     p = tmp_path / "s.toml"
     p.write_text('name = "two"\n[[faults]]\nkind = "blackhole"\nlink = "2-5"\nround = 3\nfor = 10\n'
@@ -89,6 +93,7 @@ def test_scenario_file(tmp_path):
     assert (b.link, b.factor, b.at_s, b.scheme) == ((0, 1), 4.0, 2.5, "mst")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, match", [
     ("[[faults]\n", "not valid TOML"),
     ("title = 'x'\n", "title: unknown key"),
@@ -109,6 +114,7 @@ def test_scenario_errors_name_the_entry_and_field(tmp_path, text, match):
     assert "bad.toml" in str(e.value)
 
 
+@pytest.mark.loopback
 def test_cli_refuses_a_bad_fault_before_starting_anything(tmp_path, capsys):
     (tmp_path / "s.toml").write_text('[[faults]]\nkind = "down"\nlink = "0-8"\nt = 1\n')
     for extra, match in ((["--fault", "down:link=0-1@t=1,for=x"], "for: must be a number"),
@@ -117,6 +123,7 @@ def test_cli_refuses_a_bad_fault_before_starting_anything(tmp_path, capsys):
         assert match in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_emu_messages_are_validated():
     ok = {"t": "EMU", "op": "rate", "src": 1, "dst": 2, "mbps": 0}
     assert validate(dict(ok)) == ok
@@ -155,6 +162,7 @@ class Links:
 EARLY = 0.005  # a timer may fire this much before its time (clock resolution, two clocks)
 
 
+@pytest.mark.unit
 async def test_injector_fires_at_times_and_rounds_and_heals():
     """Each fault fires at its time or round and heals after its `for`: never sooner (a loaded
     machine only makes them later, so only lower bounds are asserted)."""
@@ -192,6 +200,7 @@ async def test_injector_fires_at_times_and_rounds_and_heals():
     assert all(r["type"] == "fault" and "spec" in r for r in reports)
 
 
+@pytest.mark.loopback
 async def test_injector_signals_processes():
     """Freeze is SIGSTOP then SIGCONT after `for`; kill is SIGKILL; both reported."""
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
@@ -225,6 +234,7 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.unit
 def test_app_link_control_messages_go_to_the_owners():
     sent = []
     c = AppLinkControl(lambda n, m: sent.append((n, m)))
@@ -247,6 +257,7 @@ def _records(tmp_path):
     return [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("fault", ["down:link=0-1@round=2,for=1", "blackhole:link=0-1@round=2,for=1",
                                    "collapse:link=0-1,factor=7@round=2,for=1"])
 def test_link_fault_heals_and_every_round_stays_exact(tmp_path, fault):
@@ -270,6 +281,7 @@ def test_link_fault_heals_and_every_round_stays_exact(tmp_path, fault):
     assert faulted.round_s > (0.9 if not fault.startswith("collapse") else 0.5), faulted
 
 
+@pytest.mark.loopback
 def test_a_killed_agent_is_survived_by_the_run(tmp_path):
     jobs = asyncio.run(run(_cfg(tmp_path, "kill:node=2@round=1", rounds=8), Console(file=io.StringIO()),
                            show_table=False))

@@ -22,7 +22,8 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from harness import SECRET, LocalNet
+from helpers.cluster import LocalNet
+from helpers.secret import SECRET
 
 from agents.taskpart import TaskAborted, TaskError, TaskPart
 from agents.workload import contribution
@@ -33,6 +34,8 @@ from overlay.auth import Handshake
 from overlay.codec import encode
 from overlay.messages import bitmap, chunk_key, validate
 from overlay.peers import Overlay
+
+pytestmark = pytest.mark.loopback
 
 JOB = 1
 PARAMS, CHUNK = 20_000, 5_000  # four chunks of 20 KB: one frame each

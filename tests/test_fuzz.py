@@ -15,6 +15,8 @@ import struct
 from datetime import timedelta
 
 import numpy as np
+import pytest
+from helpers.secret import SECRET
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +31,8 @@ from overlay.peers import Overlay, _Handshake, _PeerConn
 from scheduler.planners import star
 from scheduler.view import NetworkView
 
-SECRET = b"fuzz-cluster-secret-0123456789ab"
+pytestmark = pytest.mark.unit
+
 CLUSTER = "fz"
 CHUNK_PARAMS = 64  # 256-byte chunks: segments land, complete and get forwarded within one example
 PARAMS = 3 * CHUNK_PARAMS

@@ -23,6 +23,7 @@ def restore_gc():
     gc.set_threshold(*thresholds)
 
 
+@pytest.mark.unit
 def test_tuned_freezes_what_exists_and_raises_the_young_threshold(restore_gc):
     gc.unfreeze()
     kept = [object() for _ in range(10)]  # noqa: F841 - alive across the freeze
@@ -31,6 +32,7 @@ def test_tuned_freezes_what_exists_and_raises_the_young_threshold(restore_gc):
     assert gc.get_threshold() == gcpolicy.THRESHOLDS and gcpolicy.THRESHOLDS[0] > 700
 
 
+@pytest.mark.unit
 def test_default_leaves_python_alone(restore_gc):
     gc.unfreeze()
     before = gc.get_threshold()
@@ -38,6 +40,7 @@ def test_default_leaves_python_alone(restore_gc):
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
 
 
+@pytest.mark.unit
 def test_an_unknown_policy_is_refused(restore_gc):
     before = gc.get_threshold()
     with pytest.raises(ValueError, match="tuned, default"):
@@ -45,6 +48,7 @@ def test_an_unknown_policy_is_refused(restore_gc):
     assert gc.get_threshold() == before
 
 
+@pytest.mark.loopback
 def test_the_agent_command_line_refuses_an_unknown_policy():
     out = subprocess.run([sys.executable, "-m", "wansync.cli", "agent", "--node", "0", "--scheduler", "127.0.0.1:1",
                           "--cluster", "c", "--agent-gc", "aggressive"], capture_output=True, text=True, timeout=60,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cluster import start_cluster, stop_cluster
 
-from agents.agent import Agent
 from agents.workload import expected
 from emulation.link import MBIT, RESUME_GAP_S, Downlink, LinkShaper, LinkSpec, Uplink
 from emulation.topology import Topology
@@ -34,7 +34,6 @@ from wansync.options import Options
 from wansync.runspec import parse_chunk, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = b"guard-test-cluster-secret-0123456789"
 
 
 # --- verdicts on synthetic STATS ----------------------------------------------------------------------------
@@ -50,12 +49,14 @@ def node(links=None, caps=None, lag=0.002, ticks=200, cpu=0.10, runq=0.05, per_r
             "cpu_s": cpu * wall, "wall_s": wall, "app_rate_shaping": True}
 
 
+@pytest.mark.unit
 def test_valid_needs_something_judged_and_everything_fine():
     g = guard_verdict({0: node(), 1: node(links={"0": link(0.99)})}, participants=[0, 1])
     assert g.verdict == "valid" and g.valid is True and g.reasons == []
     assert g.judged == 2 and g.worst_ratio == pytest.approx(0.99)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("ratio, verdict", [(GUARD_MIN_RATIO, "valid"), (GUARD_MIN_RATIO - 0.001, "invalid"),
                                             (0.90, "invalid")])
 def test_a_backlogged_link_below_97_percent_is_invalid(ratio, verdict):
@@ -65,12 +66,14 @@ def test_a_backlogged_link_below_97_percent_is_invalid(ratio, verdict):
         assert g.valid is False and g.bad == [f"0->1 {ratio:.1%}"] and "0->1" in g.reasons[0]
 
 
+@pytest.mark.unit
 def test_a_link_backlogged_too_briefly_is_not_judged():
     short = link(0.50, backlog=GUARD_MIN_BACKLOG_S - 0.01)
     g = guard_verdict({0: node(links={"1": short}), 1: node()})
     assert g.verdict == "valid" and g.judged == 1  # node 1's link only
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cap", ["uplink", "downlink"])
 def test_a_node_cap_below_97_percent_is_invalid_even_when_every_link_is_fine(cap):
     caps = {cap: {"configured_mbps": 40.0, "backlog_s": 2.0, "bytes": 9e6, "achieved_ratio": 0.90}}
@@ -78,6 +81,7 @@ def test_a_node_cap_below_97_percent_is_invalid_even_when_every_link_is_fine(cap
     assert g.verdict == "invalid" and g.bad == [f"{cap} of 0 90.0%"]
 
 
+@pytest.mark.unit
 def test_a_cap_only_topology_is_judged_by_its_caps():
     """Links whose time was all the uplink's (backlog 0) are not judged; the caps are."""
     caps = {"uplink": {"configured_mbps": 40.0, "backlog_s": 3.0, "bytes": 1.5e7, "achieved_ratio": 0.995},
@@ -87,22 +91,26 @@ def test_a_cap_only_topology_is_judged_by_its_caps():
     assert g.verdict == "valid" and g.judged == 6
 
 
+@pytest.mark.unit
 def test_event_loop_lag_while_busy_makes_a_run_invalid_even_with_perfect_books():
     g = guard_verdict({0: node(lag=GUARD_MAX_LAG_S * 1.5), 1: node()})
     assert g.verdict == "invalid" and g.bad == [] and "lag" in g.reasons[0] and "node 0" in g.reasons[0]
     assert guard_verdict({0: node(lag=GUARD_MAX_LAG_S * 0.9), 1: node()}).verdict == "valid"
 
 
+@pytest.mark.unit
 def test_lag_over_too_few_busy_ticks_is_not_judged():
     g = guard_verdict({0: node(lag=0.050, ticks=GUARD_MIN_LAG_TICKS - 1), 1: node()})
     assert g.verdict == "valid"
 
 
+@pytest.mark.unit
 def test_an_event_loop_thread_near_a_full_core_is_invalid():
     g = guard_verdict({0: node(cpu=0.97), 1: node()})
     assert g.verdict == "invalid" and "busy 97%" in g.reasons[0]
 
 
+@pytest.mark.unit
 def test_a_loop_starved_by_the_machines_run_queue_is_invalid():
     g = guard_verdict({0: node(cpu=0.10, runq=0.30, per_run=0.004), 1: node()})
     assert g.verdict == "invalid" and "waited for a CPU" in g.reasons[0]
@@ -110,6 +118,7 @@ def test_a_loop_starved_by_the_machines_run_queue_is_invalid():
     assert guard_verdict({0: node(cpu=0.10, runq=0.30, per_run=0.0005), 1: node()}).verdict == "valid"
 
 
+@pytest.mark.unit
 def test_a_run_too_short_to_judge_is_unjudged_never_valid():
     short = {"1": link(0.80, backlog=0.2)}  # even a poor ratio: too short to mean anything
     g = guard_verdict({0: node(links=short, ticks=10), 1: node(links=short, ticks=10)}, participants=[0, 1])
@@ -118,6 +127,7 @@ def test_a_run_too_short_to_judge_is_unjudged_never_valid():
     assert guard_verdict({}).verdict == "unjudged"
 
 
+@pytest.mark.unit
 def test_missing_stats_or_kernel_shaping_are_unjudged():
     g = guard_verdict({0: node()}, participants=[0, 1])
     assert g.verdict == "unjudged" and "node(s) 1" in g.reasons[0]
@@ -140,6 +150,7 @@ class _Job:
         self.plan.participants = tuple(participants)
 
 
+@pytest.mark.unit
 def test_benchmarks_live_guard_is_true_only_if_every_run_was_valid():
     ok = _Job("mst", {0: node(), 1: node()})
     short = _Job("ring", {0: node(links={"1": link(backlog=0.1)}), 1: node(links={"0": link(backlog=0.1)})})
@@ -153,6 +164,7 @@ def test_benchmarks_live_guard_is_true_only_if_every_run_was_valid():
     assert live_guard([ok], reason="kernel shaped")["live_guard_valid"] is False
 
 
+@pytest.mark.unit
 def test_table_cell_says_unjudged_and_invalid_distinctly():
     base = {"guard_worst_ratio": None, "guard_judged": 0}
     assert "UNJUDGED" in fidelity_cell({**base, "guard_verdict": "unjudged", "guard_reasons": ["too short"]})
@@ -161,6 +173,7 @@ def test_table_cell_says_unjudged_and_invalid_distinctly():
                           "guard_judged": 3}).startswith("ok")
 
 
+@pytest.mark.unit
 async def test_dashboard_and_metrics_report_unjudged_as_not_valid():
     from prometheus_client import generate_latest
 
@@ -211,6 +224,7 @@ def drive(shapers, pieces, clock, *, speed=None):
         sh.wire_busy(first[dst], last[dst][0], last[dst][1])
 
 
+@pytest.mark.unit
 def test_link_books_see_a_writer_that_falls_behind():
     clock = Clock()
     sh = LinkShaper(LinkSpec(50.0), clock=clock)
@@ -221,6 +235,7 @@ def test_link_books_see_a_writer_that_falls_behind():
     assert slow.guard()["achieved_ratio"] == pytest.approx(0.9, abs=0.01)
 
 
+@pytest.mark.unit
 def test_a_link_fed_slower_than_its_rate_is_not_blamed_for_waiting():
     """A relay forwarding what a 50 Mbit/s link brings onto a 54 Mbit/s one (ring on internet2: 2->0->1):
     every 40 KB segment is scheduled as it arrives, and with the pieces of the previous one still in
@@ -250,6 +265,7 @@ def test_a_link_fed_slower_than_its_rate_is_not_blamed_for_waiting():
     assert g["achieved_ratio"] >= GUARD_MIN_RATIO
 
 
+@pytest.mark.unit
 def test_uplink_books_judge_the_cap_and_links_are_not_blamed_for_it():
     """Two 400 Mbit/s links under a 40 Mbit/s uplink: the uplink binds. On time, its books show its
     rate and the links' books (their own time only) are fine; a writer at 90 % shows in the uplink's."""
@@ -271,6 +287,7 @@ def test_uplink_books_judge_the_cap_and_links_are_not_blamed_for_it():
     assert up2.guard()["achieved_ratio"] == pytest.approx(0.9, abs=0.02)
 
 
+@pytest.mark.unit
 def test_uplink_books_forget_pieces_never_written():
     """A dropped connection's pieces (released, never written) leave the books instead of pinning them."""
     clock = Clock()
@@ -291,6 +308,7 @@ def downlink_reads(dl, clock, nbytes, reads, late=0.0):
         clock.now += wait + late
 
 
+@pytest.mark.unit
 def test_downlink_books_see_late_resumes_and_ignore_a_cap_that_does_not_bind():
     clock = Clock()
     dl = Downlink(40 * MBIT, clock=clock)
@@ -320,14 +338,11 @@ CAPS = Topology("caps3", 3, {(a, b): LinkSpec(400.0, 0.002) for a in range(3) fo
                 uplink_mbps={n: 40.0 for n in range(3)}, downlink_mbps={n: 40.0 for n in range(3)})
 
 
+@pytest.mark.loopback
 async def test_agents_report_cap_books_and_loop_figures_in_their_stats():
-    sched = Scheduler("caps", CAPS.nodes, secret=SECRET)
-    port = await sched.start()
-    agents = [Agent(n, "caps", ("127.0.0.1", port), CAPS, shaped=True, secret=SECRET) for n in range(CAPS.nodes)]
-    tasks = [asyncio.create_task(a.run()) for a in agents]
+    sched, agents, tasks = await start_cluster(CAPS, cluster="caps", shaped=True)
     params = 300_000
     try:
-        await sched.wait_agents(20)
         js = await asyncio.wait_for(sched.run_job("ring", rounds=2, params=params, chunk_params=25_000), 90)
         for r in js.records:
             assert r.ok and r.digests_agree and r.versions_agree
@@ -353,17 +368,18 @@ async def test_agents_report_cap_books_and_loop_figures_in_their_stats():
         assert sum(lk["uplink_held_s"] for st in js.stats.values() for lk in st["links"].values()) > 0
         assert guard_verdict(js.stats, js.plan.participants).verdict in ("valid", "invalid", "unjudged")
     finally:
-        await sched.shutdown()
-        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        await stop_cluster(sched, tasks)
 
 
 # --- the CLI -------------------------------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("text, params", [("200KB", 50_000), ("4MiB", 1 << 20), ("200000B", 50_000),
                                           ("1.5MB", 375_000), ("250000", 250_000), (" 8 kib ", 2048)])
 def test_chunk_accepts_bytes_with_a_unit_or_a_parameter_count(text, params):
     assert parse_chunk(text) == params
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, says", [("3B", "multiple of 4"), ("0", "> 0"), ("-4KB", "positive"),
                                         ("10XB", "unknown unit"), ("1.5", "whole number"), ("KB", "not a number"),
                                         ("0.0001KB", "whole number")])
@@ -372,6 +388,7 @@ def test_chunk_rejects_what_is_not_a_whole_number_of_parameters(text, says):
         parse_chunk(text)
 
 
+@pytest.mark.unit
 def test_run_config_honours_the_chunk_override_and_agents_get_the_options(tmp_path):
     cfg = resolve(Options.make(topology="internet2", schemes=["mst"], scale=0.05, rounds=1))
     assert cfg.chunk == 50_000  # the scaled default
@@ -405,6 +422,7 @@ def wansync(*args, timeout=150):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.loopback
 def test_cli_errors_are_clear_before_anything_starts(tmp_path):
     res = wansync("run", "--chunk", "3B", "--no-http")
     assert res.returncode != 0 and "multiple of 4" in res.stderr
@@ -418,6 +436,7 @@ def test_cli_errors_are_clear_before_anything_starts(tmp_path):
     assert "star,ring,mst,ktree,netstorm" in res.stdout and "parameter count" in res.stdout
 
 
+@pytest.mark.loopback
 def test_simulate_honours_the_chunk():
     a = wansync("simulate", "--schemes", "mst", "--scale", "0.05", "--chunk", "200KB")
     b = wansync("simulate", "--schemes", "mst", "--scale", "0.05", "--chunk", "2MB")
@@ -425,6 +444,7 @@ def test_simulate_honours_the_chunk():
     assert a.stdout.split("mst", 1)[1].split()[1] != b.stdout.split("mst", 1)[1].split()[1]  # round s differs
 
 
+@pytest.mark.loopback
 def test_a_short_real_run_is_unjudged_not_valid(tmp_path):
     """A few milliseconds of traffic per link: nothing is backlogged long enough to judge, so the
     verdict must be unjudged (it was `valid` by construction before). Also --chunk, --secret-file and

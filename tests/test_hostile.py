@@ -12,12 +12,12 @@ import struct
 
 import numpy as np
 import pytest
-from harness import SECRET as NET_SECRET
-from harness import LocalNet
-from test_auth import Raw, authenticated
-from test_cluster import SECRET, start_cluster, stop_cluster
-from test_codec import FakeTransport, Recorder, chunk, feed
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.frames import FakeTransport, Recorder, chunk, feed
+from helpers.secret import SECRET
+from helpers.secret import SECRET as NET_SECRET
+from helpers.waiting import until
+from helpers.wire import Raw, authenticated
 
 from emulation.topology import Topology, uniform
 from overlay import codec
@@ -47,6 +47,7 @@ def _messages(caplog, text: str) -> list[str]:
 
 
 # --- before authentication: a stranger costs a few KiB and gets no second chance ----------------------------
+@pytest.mark.unit
 async def test_a_preauth_length_prefix_allocates_nothing_and_is_refused_for_what_it_is():
     rec = Recorder()
     proto = control_protocol("stranger")
@@ -59,6 +60,7 @@ async def test_a_preauth_length_prefix_allocates_nothing_and_is_refused_for_what
     assert len(proto._buf) == PREAUTH_SCRATCH  # nothing was sized from the announced 8 MiB
 
 
+@pytest.mark.unit
 async def test_an_authenticated_header_is_buffered_as_it_arrives_not_as_announced():
     rec = Recorder()
     proto = control_protocol("agent 1")
@@ -71,6 +73,7 @@ async def test_an_authenticated_header_is_buffered_as_it_arrives_not_as_announce
     assert len(proto._buf) <= max(SCRATCH, 2 * 100_004)
 
 
+@pytest.mark.unit
 async def test_a_payload_without_a_buffer_grows_as_its_bytes_arrive():
     rec = Recorder()  # dest None: the codec allocates the payload itself
     proto = FrameProtocol(peer="p", max_payload=8 << 20)
@@ -83,6 +86,7 @@ async def test_a_payload_without_a_buffer_grows_as_its_bytes_arrive():
     assert rec.frames and rec.frames[-1][1] == data  # every byte, once, in order
 
 
+@pytest.mark.loopback
 async def test_half_open_control_connections_are_capped_and_logged_once_per_burst(caplog):
     caplog.set_level(logging.WARNING, logger="wansync.scheduler")
     sched = service.Scheduler("c-half", 2, secret=SECRET)
@@ -100,6 +104,7 @@ async def test_half_open_control_connections_are_capped_and_logged_once_per_burs
         await sched.shutdown()
 
 
+@pytest.mark.loopback
 async def test_idle_strangers_cost_one_log_line_per_burst_and_agents_still_register(caplog):
     caplog.set_level(logging.WARNING, logger="wansync.scheduler")
     topo = uniform(3)
@@ -117,6 +122,7 @@ async def test_idle_strangers_cost_one_log_line_per_burst_and_agents_still_regis
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_half_open_data_connections_are_capped():
     ov = Overlay(0, "c-data", _NullSink(), neighbors=[1], secret=SECRET)
     port = await ov.listen()
@@ -142,6 +148,7 @@ class _NullSink:
 
 
 # --- malformed but well-framed control messages: refused, counted, never a dead handler ---------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [
     {"t": "REPORT", "node": 0, "samples": [[1]]},  # a one-element sample
     {"t": "COUNTERS", "node": 0, "time": 1.0, "links": {"x": 5}},  # a non-numeric link key
@@ -154,6 +161,7 @@ def test_control_messages_are_validated_inside_not_only_by_field_type(bad):
         validate(bad)
 
 
+@pytest.mark.loopback
 async def test_a_malformed_control_message_is_refused_and_the_connection_still_answers(caplog):
     caplog.set_level(logging.WARNING)
     topo = uniform(3)
@@ -178,6 +186,7 @@ async def test_a_malformed_control_message_is_refused_and_the_connection_still_a
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_a_handler_bug_ends_that_connection_with_a_clear_line(caplog):
     caplog.set_level(logging.ERROR, logger="wansync.scheduler")
     sched = service.Scheduler("c-bug", 2, secret=SECRET)
@@ -195,6 +204,7 @@ async def test_a_handler_bug_ends_that_connection_with_a_clear_line(caplog):
         await sched.shutdown()
 
 
+@pytest.mark.loopback
 async def test_the_invalid_message_limit_on_the_control_port_is_logged(caplog):
     caplog.set_level(logging.WARNING)
     sched = service.Scheduler("c-lim", 2, secret=SECRET)
@@ -210,6 +220,7 @@ async def test_the_invalid_message_limit_on_the_control_port_is_logged(caplog):
         await sched.shutdown()
 
 
+@pytest.mark.unit
 async def test_a_flood_is_not_read_faster_than_it_is_handled():
     proto = control_protocol("agent 1")
     conn = ControlConn(proto)
@@ -228,12 +239,14 @@ async def test_a_flood_is_not_read_faster_than_it_is_handled():
 
 
 # --- values that would poison the view -------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0, 0.0])
 def test_non_finite_or_negative_samples_are_protocol_errors(seconds):
     with pytest.raises(ProtocolError):
         validate({"t": "REPORT", "node": 1, "samples": [[0, 1, 1000, seconds]]})
 
 
+@pytest.mark.loopback
 async def test_reports_count_only_from_registered_agents_about_their_own_links(caplog):
     caplog.set_level(logging.WARNING)
     topo = uniform(3)
@@ -290,6 +303,7 @@ async def _marker(raw: Raw, net: LocalNet, victim: int) -> None:
     await until(lambda: net.overlays[victim].error_count > before, what="the marker frame handled")
 
 
+@pytest.mark.loopback
 async def test_relay_frames_for_an_unknown_job_allocate_nothing_and_are_refused_with_a_line(caplog):
     caplog.set_level(logging.WARNING)
     async with LocalNet(line3()) as net:
@@ -304,6 +318,7 @@ async def test_relay_frames_for_an_unknown_job_allocate_nothing_and_are_refused_
         raw.close()
 
 
+@pytest.mark.loopback
 async def test_relay_frames_of_a_known_job_hold_only_the_bytes_that_came(caplog):
     """A relayed chunk's announced size is reserved in the budget (so admitted chunks always complete)
     but memory is allocated only as bytes arrive; a chunk larger than a peer's share is refused."""
@@ -327,6 +342,7 @@ async def test_relay_frames_of_a_known_job_hold_only_the_bytes_that_came(caplog)
         assert victim.budget.used == 0
 
 
+@pytest.mark.loopback
 async def test_frames_far_ahead_are_refused_not_held(caplog):
     caplog.set_level(logging.WARNING)
     async with LocalNet(line3()) as net:
@@ -343,6 +359,7 @@ async def test_frames_far_ahead_are_refused_not_held(caplog):
         raw.close()
 
 
+@pytest.mark.loopback
 async def test_a_relay_over_its_budget_refuses_and_the_round_still_ends_exact(caplog):
     """Relayed bytes are charged as they arrive; over the budget (or the sender's share) a relay
     refuses them unacknowledged and asks for them again once it has room: nothing lost."""
@@ -361,6 +378,7 @@ async def test_a_relay_over_its_budget_refuses_and_the_round_still_ends_exact(ca
 
 
 # --- data connections: invalid counts per incarnation; a displaced connection is not an error ------------------
+@pytest.mark.loopback
 async def test_the_invalid_count_survives_a_connection_claiming_another_incarnation_in_between():
     ov = Overlay(1, "c-inv", _NullSink(), neighbors=[0, 2], secret=SECRET)
     port = await ov.listen()
@@ -383,6 +401,7 @@ async def test_the_invalid_count_survives_a_connection_claiming_another_incarnat
         await ov.close()
 
 
+@pytest.mark.loopback
 async def test_a_displaced_connection_is_not_reported_as_a_truncated_frame(caplog):
     caplog.set_level(logging.INFO)
     ov = Overlay(1, "c-dis", _NullSink(), neighbors=[0], secret=SECRET)
@@ -400,6 +419,7 @@ async def test_a_displaced_connection_is_not_reported_as_a_truncated_frame(caplo
         await ov.close()
 
 
+@pytest.mark.unit
 async def test_a_bug_in_a_data_handler_ends_that_connection_with_a_clear_line(caplog):
     caplog.set_level(logging.ERROR, logger="wansync.codec")
 

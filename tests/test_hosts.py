@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import assert_results_exact
-from waiting import until_sync
+from helpers.exact import assert_results_exact
+from helpers.waiting import until_sync
 
 from emulation import standin
 from emulation.nicshape import NicShaper, ShapeError, check_replaceable, class_bytes
@@ -192,11 +192,13 @@ class Watch:
                 self.proc.wait()
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_deploy_whole_flow_over_real_ssh(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """Install, secret, scheduler on h0, agents, tc shaping, a remote SIGKILL of node 2's agent in
     round 1 of ring, results + logs collected, exact rounds, nothing left behind."""
-    from test_auth import _self_signed_cryptography
+    from helpers.tls import self_signed_cryptography as _self_signed_cryptography
 
     secret = "s3cret-" + secrets.token_hex(16)
     sf = tmp_path / "secret"
@@ -248,6 +250,8 @@ def test_deploy_whole_flow_over_real_ssh(hosts: standin.StandinHosts, tmp_path: 
     assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_each_peer_has_its_own_class(hosts: standin.StandinHosts) -> None:
     """The classes --shape tc builds: bytes to h1 land in h1's class only, bytes to h2 in h2's, and
@@ -307,6 +311,8 @@ def _send(hosts: standin.StandinHosts, src: int, dst: int, nbytes: int) -> float
     return float(src_p.stdout.strip())
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_scheduler_here_and_installed_hosts_not_reinstalled(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """--scheduler-here: the scheduler in the launcher, agents over SSH dial it on the bridge; hosts that
@@ -321,6 +327,8 @@ def test_scheduler_here_and_installed_hosts_not_reinstalled(hosts: standin.Stand
     assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_deploy_hands_every_process_the_whole_options(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """The bug this replaced: the scheduler on the first host got a command line rebuilt field by field
@@ -355,6 +363,8 @@ def _fails(cmd: list[str], *needles: str) -> str:
     return p.stderr
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_clear_errors_name_the_host(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """Unreachable host, auth failure, unknown and changed host keys, missing Python: one line each,
@@ -384,6 +394,8 @@ def test_clear_errors_name_the_host(hosts: standin.StandinHosts, tmp_path: Path)
     assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_accept_new_host_keys_writes_known_hosts(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     from wansync.inventory import HostSpec
@@ -416,6 +428,8 @@ def _block(hosts: standin.StandinHosts, i: int, port: int) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_port_in_use_and_a_clean_after_a_dead_launcher(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """A host whose agent port, or the scheduler's, is taken: the run fails naming it. Then a dead
@@ -447,6 +461,8 @@ def test_port_in_use_and_a_clean_after_a_dead_launcher(hosts: standin.StandinHos
     assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
 
 
+@pytest.mark.root
+@pytest.mark.sshd
 @needs_hosts
 def test_ctrl_c_tears_everything_down(hosts: standin.StandinHosts, tmp_path: Path) -> None:
     """--shape tc follows the trace (the classes' rates change at the trace's step), then Ctrl-C
@@ -478,6 +494,7 @@ def _wait_for_trace_step(watch: Watch) -> None:
 
 
 # --- no namespaces needed -------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_inventory_and_host_lists(tmp_path: Path) -> None:
     specs = parse_hosts("alice@h1,h2:2222,bob@[fe80::1]:23")
     assert [(s.user, s.host, s.port) for s in specs] == [("alice", "h1", 22), (None, "h2", 2222),
@@ -495,6 +512,7 @@ def test_inventory_and_host_lists(tmp_path: Path) -> None:
             load(inv)
 
 
+@pytest.mark.unit
 def test_nic_shaper_commands() -> None:
     s = NicShaper("eth0", {"10.0.0.3": 20.0, "10.0.0.2": 40.0}, mtu=1500)
     cmds = s.setup()

@@ -11,30 +11,25 @@ import urllib.request
 
 import aiohttp
 import pytest
-from harness import assert_job_exact, assert_results_exact, assert_round_exact, digest_of, exact_sum
+from helpers.cluster import Cluster
+from helpers.exact import assert_job_exact, assert_results_exact, assert_round_exact, digest_of, exact_sum
+from helpers.waiting import until, until_sync
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import until, until_sync
 
-from agents.agent import Agent
 from emulation.topology import uniform
 from scheduler.http import DashboardServer, parse_hostport
 from scheduler.live import ROUND_BUCKETS, LiveState
-from scheduler.service import Scheduler
 
 PARAMS, CHUNK = 100_000, 10_000
-SECRET = b"http-test-cluster-secret-0123456"  # authenticated, as `wansync run` is
 
 
 async def start(topo, cluster, step_s=0.5):
-    sched = Scheduler(cluster, topo.nodes, secret=SECRET)
-    live = LiveState(sched, step_s=step_s)
-    server = DashboardServer(sched, live, push_every_s=0.2)
+    c = Cluster(cluster, topo, shaped=True)
+    live = LiveState(c.sched, step_s=step_s)
+    server = DashboardServer(c.sched, live, push_every_s=0.2)
     url = await server.start()
-    port = await sched.start()
-    agents = [Agent(n, cluster, ("127.0.0.1", port), topo, shaped=True, secret=SECRET) for n in range(topo.nodes)]
-    tasks = [asyncio.create_task(a.run()) for a in agents]
-    await sched.wait_agents(20)
-    return sched, live, server, url, tasks, agents
+    await c.start(20)
+    return c.sched, live, server, url, c.tasks, c.agents
 
 
 async def stop(sched, server, tasks):
@@ -61,6 +56,7 @@ async def fetch(http: aiohttp.ClientSession, url: str, path: str, status: int = 
         return await r.text()
 
 
+@pytest.mark.loopback
 async def test_api_and_metrics_describe_the_running_cluster():
     topo = uniform(4, 30).scaled(0.01)  # ~0.1 s per tree edge and direction: rounds span several points
     sched, live, server, url, tasks, agents = await start(topo, "h1", step_s=0.25)
@@ -150,6 +146,7 @@ async def test_api_and_metrics_describe_the_running_cluster():
         await stop(sched, server, tasks)
 
 
+@pytest.mark.loopback
 async def test_websocket_sends_a_snapshot_then_live_throughput_and_rounds():
     topo = uniform(4, 100).scaled(0.01)
     sched, live, server, url, tasks, agents = await start(topo, "h2", step_s=0.25)
@@ -179,6 +176,7 @@ async def test_websocket_sends_a_snapshot_then_live_throughput_and_rounds():
         await stop(sched, server, tasks)
 
 
+@pytest.mark.unit
 def test_parse_hostport():
     assert parse_hostport("127.0.0.1:0") == ("127.0.0.1", 0)
     assert parse_hostport(":8080") == ("127.0.0.1", 8080)
@@ -188,6 +186,7 @@ def test_parse_hostport():
             parse_hostport(bad)
 
 
+@pytest.mark.loopback
 def test_wansync_run_prints_the_url_and_serves_while_running(tmp_path):
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "wansync.cli", "run", "--nodes", "4", "--topology", "hetero", "--schemes",
@@ -237,6 +236,7 @@ def wait_for_url(proc, timeout=30):
     raise AssertionError("wansync run printed no dashboard URL")
 
 
+@pytest.mark.loopback
 def test_no_http_starts_no_server():
     res = subprocess.run([sys.executable, "-m", "wansync.cli", "run", "--no-http", "--http", "nonsense",
                           "--topology", "uniform", "--nodes", "2", "--schemes", "star", "--scale", "0.002",
@@ -251,6 +251,7 @@ def test_no_http_starts_no_server():
 TASK_PARAMS = 250_000  # 1 MB: at 4 Mbit/s a star task takes seconds, long enough to be seen in flight
 
 
+@pytest.mark.loopback
 async def test_api_tasks_shows_tasks_in_flight_with_their_trees_then_their_records():
     topo = uniform(5, 4).scaled(0.01)
     sched, live, server, url, tasks, agents = await start(topo, "h3", step_s=0.25)

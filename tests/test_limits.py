@@ -12,11 +12,12 @@ import struct
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_job_exact
-from test_auth import Raw, authenticated
-from test_cluster import SECRET, start_cluster, stop_cluster
-from test_codec import FakeTransport, Recorder, chunk, feed
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
+from helpers.frames import FakeTransport, Recorder, chunk, feed
+from helpers.secret import SECRET
+from helpers.waiting import until
+from helpers.wire import Raw, authenticated
 
 from agents.engine import ChunkEngine
 from agents.workload import contribution
@@ -37,6 +38,7 @@ def fake(proto: FrameProtocol, rec: Recorder) -> FrameProtocol:
 
 
 # --- frame and header sizes --------------------------------------------------------------------------------
+@pytest.mark.unit
 async def test_header_limit_is_configurable_and_enforced_both_ways():
     rec = Recorder()
     proto = fake(FrameProtocol(max_header=256), rec)
@@ -52,6 +54,7 @@ async def test_header_limit_is_configurable_and_enforced_both_ways():
         encode(big, 256)
 
 
+@pytest.mark.unit
 async def test_payload_limit_is_enforced_on_the_announced_size_before_any_byte_arrives():
     rec = Recorder()
     proto = fake(FrameProtocol(max_payload=4096), rec)
@@ -61,6 +64,7 @@ async def test_payload_limit_is_enforced_on_the_announced_size_before_any_byte_a
     assert proto.transport.aborted and "8192 bytes exceeds 4096" in str(rec.invalid[-1])
 
 
+@pytest.mark.unit
 async def test_control_connections_take_a_large_plan_but_no_payload():
     rec = Recorder()
     proto = fake(control_protocol("sched"), rec)
@@ -93,6 +97,7 @@ async def answers(raw: Raw, node: int, dst: int = 1) -> None:
     raise AssertionError(f"node {dst} closed node {node}'s connection")
 
 
+@pytest.mark.loopback
 async def test_invalid_messages_are_counted_per_peer_and_the_limit_disconnects():
     ov = Overlay(1, "lim", _Sink(), neighbors=[0, 2], secret=SECRET)
     port = await ov.listen()
@@ -126,6 +131,7 @@ async def test_invalid_messages_are_counted_per_peer_and_the_limit_disconnects()
         await ov.close()
 
 
+@pytest.mark.loopback
 async def test_max_invalid_is_configurable():
     ov = Overlay(1, "lim", _Sink(), neighbors=[0], secret=SECRET, max_invalid=3)
     port = await ov.listen()
@@ -155,6 +161,7 @@ ATTACKS = {
 }
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 async def test_malformed_streams_from_strangers_and_insiders_leave_the_cluster_exact(attack):
     sched, agents, tasks = await start_cluster(uniform(3), cluster="atk")
@@ -196,6 +203,7 @@ def hub_plan(n: int, params: int, chunk_params: int, hub: int):
                                                         {"hub": hub})).with_version(1)
 
 
+@pytest.mark.loopback
 async def test_future_round_frames_over_budget_are_refused_unacked_and_resent_when_it_begins(caplog):
     caplog.set_level(logging.WARNING, logger="wansync.engine")
     plan = hub_plan(3, 100_000, 10_000, hub=2)  # nodes 0 and 1 push 400 KB each to node 2
@@ -226,6 +234,7 @@ async def test_future_round_frames_over_budget_are_refused_unacked_and_resent_wh
         await net.run_round(plan, rnd=2)  # and the next round is exact too
 
 
+@pytest.mark.loopback
 async def test_current_round_frames_count_too_and_over_budget_are_resent_when_it_begins():
     """Early frames of the round a node has not begun yet are held within the budget like any other:
     a peer announcing bogus versions of the current round cannot grow the stash without end. Over
@@ -239,6 +248,7 @@ async def test_current_round_frames_count_too_and_over_budget_are_resent_when_it
         assert hub.hold_refused > 0 and hub.held_peak <= 1024 + 2 * 40_000 and hub.held_bytes() == 0
 
 
+@pytest.mark.unit
 async def test_a_held_frame_the_plan_does_not_allow_is_dropped_when_the_round_begins(caplog):
     """Held frames were never checked against a plan; replay checks them instead of crashing."""
     plan = hub_plan(2, 1_000, 500, hub=1)

@@ -10,6 +10,8 @@ from scheduler.metric import blockage, tree_delay
 from scheduler.planners import netstorm
 from scheduler.view import NetworkView
 
+pytestmark = pytest.mark.unit
+
 
 def test_fig_1c_balanced_tree_is_57_units():
     """The paper's toy: sub-trees of v2..v5 take 24, 20, 23, 7; their uplinks 24, 15, 18, 50."""

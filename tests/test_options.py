@@ -23,6 +23,8 @@ from wansync.options import DECLARED, SCHEMA, Options, OptionsError, options_fro
 from wansync.remote import Remote
 from wansync.runspec import resolve
 
+pytestmark = pytest.mark.unit
+
 COMMANDS = ("run", "scheduler", "deploy", "agent")
 # flags that are a process's own, not the run's: they stay on that process's command line (or, for
 # deploy's hosts group, are the launcher's alone); every other flag must be a declared run option

@@ -4,41 +4,19 @@ import asyncio
 
 import numpy as np
 import pytest
-from harness import LocalNet
-from waiting import until
+from helpers.cluster import LocalNet
+from helpers.frames import Sink, header
+from helpers.topologies import line
+from helpers.waiting import until
 
 from core.plan import Job
-from emulation.link import LinkSpec
-from emulation.topology import Topology, internet2, uniform
+from emulation.topology import internet2, uniform
 from overlay.codec import encode
-from overlay.messages import bitmap, chunk_key
+from overlay.messages import chunk_key
 from scheduler.planners import PLANNERS
 from scheduler.view import NetworkView
 
-
-def line(n: int, rate: float = 1000.0, delay: float = 0.0) -> Topology:
-    links = {}
-    for a in range(n - 1):
-        links[(a, a + 1)] = links[(a + 1, a)] = LinkSpec(rate, delay)
-    return Topology("line", n, links)
-
-
-def header(**kw):
-    h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "probe",
-         "origin": 0, "contributors": bitmap([0]), "t_send": 0.0}
-    h.update(kw)
-    return h
-
-
-class Sink:
-    def __init__(self):
-        self.segments = []
-
-    def chunk_buffer(self, h):
-        return None
-
-    def chunk_segment(self, h, payload):
-        self.segments.append((chunk_key(h), h["off"], bytes(payload)))
+pytestmark = pytest.mark.loopback
 
 
 async def test_relay_delivers_once_and_every_hop_acks():

@@ -1,11 +1,9 @@
 """Tree packing (seed 001): the LP against bounds computed by hand and by brute force, the pricing
-oracles against networkx and exhaustive search, the compiled plan run live over real TCP (every
-receiver compared with the exact sum the harness computes itself), relays that aggregate without
-contributing, and each tree's bytes against its LP weight."""
+oracles against networkx and exhaustive search, the compiled plan (its chunks in proportion to the LP),
+re-solving and the baselines' trees. Live runs over real TCP are in test_packing_live.py."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import random
@@ -13,10 +11,8 @@ import random
 import networkx as nx
 import numpy as np
 import pytest
-from harness import LocalNet, assert_job_exact
+from helpers.topologies import line
 from scipy.optimize import linprog
-from test_cluster import start_cluster, stop_cluster
-from test_overlay import line
 
 from core.plan import Job, PlanError
 from emulation.gpumesh import gpumesh, gpunic
@@ -51,6 +47,7 @@ def cut_bound(cap: dict[tuple[int, int], float], nodes: list[int]) -> float:
 
 
 # --- the LP against bounds known by hand ------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_uniform_full_mesh_packs_one_star_per_root_at_half_the_rate_each():
     """K_N at rate b: each unit of χ needs a reduce and a broadcast spanning tree (2(N-1) link-units) and
     there are N(N-1)b of them, so Σχ = N b / 2, reached by in- and out-stars (each link carries the
@@ -64,6 +61,7 @@ def test_a_uniform_full_mesh_packs_one_star_per_root_at_half_the_rate_each():
     assert pk.gap_pct <= 0.01 and pk.round_time_s(100.0) == pytest.approx(100.0 / pk.sum_chi)
 
 
+@pytest.mark.unit
 def test_a_line_packs_its_slowest_link():
     """A path has one spanning tree per root, and every directed link carries every root's χ once."""
     topo = line(4, rate=50.0)
@@ -73,6 +71,7 @@ def test_a_line_packs_its_slowest_link():
     assert pk.sum_chi == pytest.approx(17.0, rel=1e-6) == pk.lam
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(5))
 def test_internet2_packs_up_to_its_smallest_directed_cut(seed):
     """The issue's finding on all five seeds: Σχ = λ, λ found here by brute force over subsets."""
@@ -82,6 +81,7 @@ def test_internet2_packs_up_to_its_smallest_directed_cut(seed):
     assert pk.sum_chi == pytest.approx(pk.lam, rel=1e-6) and pk.sum_chi_lp == pytest.approx(pk.lam, rel=1e-6)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("m, g, inter", [(2, 2, 10.0), (2, 3, 25.0), (4, 4, 10.0)])
 def test_a_gpu_mesh_packs_to_the_digests_closed_form(m, g, inter):
     """M machines x G GPUs, B_in inside, B_out between: a spanning tree has N-1 edges of which at least
@@ -93,6 +93,7 @@ def test_a_gpu_mesh_packs_to_the_digests_closed_form(m, g, inter):
     assert pk.sum_chi_lp == pytest.approx(min((i + x) / (2 * (n - 1)), x / (2 * (m - 1))), rel=1e-3)
 
 
+@pytest.mark.unit
 def test_no_overlap_gives_each_stage_the_whole_link():
     """Digest LP (4): reduce and broadcast trees each within capacity, T = 2 S / Σχ; on K_N Σχ = N b."""
     pk = pack(capacity(uniform(4, 30.0)), range(4), overlap=False)
@@ -112,6 +113,7 @@ def _all_arborescences(n: int, edges: list[tuple[int, int]], root: int, into: bo
     return out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(3))
 def test_column_generation_reaches_the_lp_over_every_tree(seed):
     """On 4 nodes every arborescence can be listed: the full LP (linprog over all of them) and column
@@ -142,6 +144,7 @@ def test_column_generation_reaches_the_lp_over_every_tree(seed):
     assert pack(cap, range(n), max_trees_per_root=None).sum_chi_lp == pytest.approx(-res.fun, rel=1e-5)
 
 
+@pytest.mark.unit
 def test_a_packing_never_overloads_a_link_and_balances_each_roots_stages():
     pk = pack(capacity(build("hetero", nodes=7, seed=3)), range(7), max_trees_per_root=3)
     cap = capacity(build("hetero", nodes=7, seed=3))
@@ -158,6 +161,7 @@ def test_a_packing_never_overloads_a_link_and_balances_each_roots_stages():
     assert pk.sum_chi <= pk.sum_chi_lp * (1 + 1e-9) and all(len(ts) <= 3 for ts in pk.reduce.values())
 
 
+@pytest.mark.unit
 def test_relays_let_inactive_nodes_carry_more_than_the_active_ones_links():
     """Two active nodes joined by a 10 Mbit/s link and a two-hop path through an inactive node at
     40: each direction carries one root's broadcast and the other's reduce, χ0 + χ1 <= 10 + 40 with
@@ -167,12 +171,14 @@ def test_relays_let_inactive_nodes_carry_more_than_the_active_ones_links():
     assert pack({k: v for k, v in cap.items() if 2 not in k}, [0, 1]).sum_chi == pytest.approx(10.0, rel=1e-6)
 
 
+@pytest.mark.unit
 def test_roots_narrow_who_owns_parameters():
     pk = pack(capacity(uniform(4, 30.0)), range(4), overlap=False, roots=[2])
     # one root's spanning arborescences on K4: as many as its smallest cut, 3 links of 30 (Edmonds)
     assert set(v for v, x in pk.chi.items() if x > 0) == {2} and pk.sum_chi == pytest.approx(90.0, rel=1e-6)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cap, active, kw, message", [
     ({(0, 1): 5.0, (1, 0): 5.0}, [0], {}, "at least two active nodes"),
     ({(0, 1): 5.0, (1, 0): 5.0, (2, 3): 5.0, (3, 2): 5.0}, [0, 2], {}, "not strongly connected"),
@@ -186,6 +192,7 @@ def test_impossible_inputs_are_refused_naming_the_reason(cap, active, kw, messag
 
 
 # --- the oracles ----------------------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(20))
 def test_edmonds_finds_networkx_minimum_arborescence(seed):
     rng = np.random.default_rng(seed)
@@ -206,6 +213,7 @@ def test_edmonds_finds_networkx_minimum_arborescence(seed):
     assert cost(w, parent) == pytest.approx(best.size(weight="weight"))
 
 
+@pytest.mark.unit
 def test_depth_limited_trees_keep_their_levels_and_say_when_they_cannot_reach():
     rng = np.random.default_rng(7)
     w = rng.random((7, 7))
@@ -220,12 +228,14 @@ def test_depth_limited_trees_keep_their_levels_and_say_when_they_cannot_reach():
     assert depth(np.array([-1, 0, 1, 2])) == 3 and depth(np.array([-1])) == 0
 
 
+@pytest.mark.unit
 def test_edmonds_says_when_no_arborescence_exists():
     w = np.full((3, 3), INF)
     w[0, 1] = 1.0
     assert edmonds(w, 0) is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(10))
 def test_the_steiner_heuristic_spans_the_terminals_and_is_near_the_exhaustive_optimum(seed):
     """On 6 nodes, 3 terminals: a valid arborescence (rooted, spanning the terminals, no useless leaf),
@@ -258,6 +268,7 @@ def test_the_steiner_heuristic_spans_the_terminals_and_is_near_the_exhaustive_op
 
 
 # --- the plan ---------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_pairing_cuts_each_roots_range_into_pieces_of_both_sides():
     r = [Tree(0, {0: None}, 3.0), Tree(0, {0: None}, 1.0)]
     b = [Tree(0, {0: None}, 2.0), Tree(0, {0: None}, 2.0)]
@@ -266,6 +277,7 @@ def test_pairing_cuts_each_roots_range_into_pieces_of_both_sides():
     assert pairs[0][0] is r[0] and pairs[1][0] is r[0] and pairs[2][0] is r[1]
 
 
+@pytest.mark.unit
 def test_the_plan_validates_gives_chunks_in_proportion_and_reports_the_lp():
     topo = internet2(seed=1)
     plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(9))))
@@ -284,6 +296,7 @@ def test_the_plan_validates_gives_chunks_in_proportion_and_reports_the_lp():
     assert info_line("mst", {}) is None
 
 
+@pytest.mark.unit
 def test_links_not_measured_yet_count_at_the_median_of_those_measured():
     """A WAN much slower than the nominal guess: once some links are known, the others are taken at
     their median, not at the nominal 100 Mbit/s (Σχ on the view says which was used)."""
@@ -298,6 +311,7 @@ def test_links_not_measured_yet_count_at_the_median_of_those_measured():
     assert fresh.info["sum_chi"] == pytest.approx(4 * NetworkView(()).nominal / 2, rel=1e-6)
 
 
+@pytest.mark.unit
 def test_what_a_packing_still_gets_when_the_rates_move():
     """Its trees' weights scale with the tightest link they load: all rates doubled, twice the Σχ; one
     loaded link halved, at most half; a link gone, nothing."""
@@ -309,6 +323,7 @@ def test_what_a_packing_still_gets_when_the_rates_move():
     assert achieved(pk, {e: r for e, r in cap.items() if e != (0, 1)}) == 0.0
 
 
+@pytest.mark.unit
 def test_a_re_solve_keeps_the_current_packing_unless_it_gains_min_gain():
     """Measurement noise (every rate moved by up to 4 %) re-solves to a different packing, but not one
     worth a new version: the job's memory hands back the current plan. A link the trees need halved
@@ -332,12 +347,14 @@ def test_a_re_solve_keeps_the_current_packing_unless_it_gains_min_gain():
     assert not moved.same_policy(first) and memory["packing"][1] is moved
 
 
+@pytest.mark.unit
 def test_a_slow_solver_re_plans_less_often():
     """Not before UPDATE_TIME, nor before ten times the last solve (REPLAN_CPU_SHARE)."""
     assert replan_due(0.3, 0.25, 0.0) and not replan_due(0.2, 0.25, 0.0)
     assert not replan_due(0.3, 0.25, 0.5) and replan_due(5.0, 0.25, 0.5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("opts, message", [
     ({"fill": 0.0}, "fill"), ({"fill": 1.5}, "fill"), ({"min_chunk_params": 0}, "min_chunk_params"),
     ({"relays": [99]}, "not nodes the view knows"), ({"relays": 5}, "relays must be"),
@@ -348,100 +365,8 @@ def test_bad_options_are_refused_naming_them(opts, message):
         resolve("packing").plan(oracle_view(uniform(4)), Job(PARAMS, CHUNK, (0, 1, 2, 3), opts))
 
 
-async def test_a_packing_plan_runs_exact_live_and_each_tree_carries_its_weights_share():
-    """internet2's packing on real sockets: every receiver holds the exact sum (the harness computes
-    it), and the bytes each tree's class carried over the wire, per tree edge, are its LP share of
-    the tensor within 10 %."""
-    topo = internet2(seed=1).scaled(0.05)
-    plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(9)))).with_version(1)
-    async with LocalNet(topo) as net:
-        sent: dict[tuple[int, str], int] = {}
-        for ov in net.overlays.values():
-            for s in ov.senders.values():
-                orig = s.send
-
-                def spy(tr, orig=orig):
-                    h = tr.header
-                    if "cls" in h and h["kind"] in ("agg", "bcast"):
-                        key = (h["cls"][0], h["kind"])
-                        sent[key] = sent.get(key, 0) + tr.total
-                    orig(tr)
-                s.send = spy
-        await net.run_round(plan)
-    total_w = sum(g.weight for g in plan.groups)
-    for i, g in enumerate(plan.groups):
-        share = 4 * PARAMS * g.weight / total_w
-        edges = len([n for n, p in g.parent.items() if p is not None])
-        kids = sum(len(k) for k in g.children.values())
-        assert sent[(i, "agg")] / edges == pytest.approx(share, rel=0.10)
-        assert sent[(i, "bcast")] / kids == pytest.approx(share, rel=0.10)
-
-
-async def test_inactive_relays_aggregate_without_contributing():
-    """Members 0, 1, 2 on a star around node 3 whose spokes are the only fast links (the direct links
-    between members crawl): the packing routes through 3, which sums and forwards its children's
-    partial sums and adds nothing of its own (the harness compares with the members' sum alone)."""
-    links = {}
-    for a in range(3):
-        links[(a, 3)] = links[(3, a)] = LinkSpec(400.0)
-        for b in range(3):
-            if a != b:
-                links[(a, b)] = LinkSpec(5.0)
-    topo = Topology("hub", 4, links)
-    plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, (0, 1, 2))).with_version(1)
-    plan.validate(topo.links)
-    assert 3 in plan.nodes and 3 not in plan.participants
-    assert any(p == 3 for g in plan.groups for p in g.parent.values())  # 3 aggregates for someone
-    async with LocalNet(topo) as net:
-        out = await net.run_round(plan, rnd=3)  # == the exact sum of 0, 1, 2 on every receiver
-    assert sorted(out) == [0, 1, 2]
-
-
-async def packing_job_on_a_moving_view():
-    """A packing job on 5 nodes whose view changes after every round (a different pair looks fast),
-    every round exact (the harness's own sum); returns the scheduler and the job."""
-    flips = iter([(0, 1), (2, 3), (1, 4), (0, 3)])
-
-    def on_event(kind, data):
-        if kind == "task":
-            a, b = next(flips, (2, 4))
-            for _ in range(5):
-                sched.view.observe(a, b, 10**9, 0.05)
-                sched.view.observe(b, a, 10**9, 0.05)
-
-    sched, agents, tasks = await start_cluster(uniform(5), cluster="pk", on_event=on_event)
-    for a, b in sched.view.links():  # every link measured (else the unknown ones count at the fast pair's rate)
-        for _ in range(5):
-            sched.view.observe(a, b, 1_250_000, 0.1)
-    try:
-        js = await asyncio.wait_for(sched.run_job("packing", rounds=6, params=50_000, chunk_params=5_000), 90)
-        assert all(r.ok and r.digests_agree and r.versions_agree for r in js.records)
-        assert_job_exact(sched, js)
-    finally:
-        await stop_cluster(sched, tasks)
-    assert not sched.errors
-    return sched, js
-
-
-async def test_the_scheduler_re_solves_off_its_loop_as_the_view_moves_and_rounds_stay_exact():
-    """The LP is re-solved in a worker thread as the view moves; later rounds take the new versions,
-    none mixes them."""
-    sched, js = await packing_job_on_a_moving_view()
-    versions = [r.version for r in sorted(js.records, key=lambda r: r.round)]
-    assert len(set(versions)) >= 2 and js.replans >= 1 and js.replan_s > 0, versions
-    assert js.plan.info["trees"] > 0
-
-
-async def test_the_scheduler_spaces_re_plans_by_their_solve_time(monkeypatch):
-    """The same moving view, but a solver allowed a vanishing share of a core: after its first re-plan
-    the next is never due, so the job re-plans once."""
-    import scheduler.versions as versions
-    monkeypatch.setattr(versions, "REPLAN_CPU_SHARE", 1e-9)
-    sched, js = await packing_job_on_a_moving_view()
-    assert js.replans == 1
-
-
 # --- baselines --------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_nccl_double_binary_trees():
     """NCCL's btree on 8 ranks; both trees span every rank from one root; with an even count the
     shifted twin's inner ranks are the first tree's leaves."""
@@ -458,6 +383,7 @@ def test_nccl_double_binary_trees():
         assert n % 2 or not inner1 & inner2
 
 
+@pytest.mark.unit
 def test_machines_come_from_the_option_or_the_fastest_cliques():
     view = oracle_view(gpumesh(2, 3, 10.0))
     assert machines_of(view, Job(PARAMS, CHUNK, tuple(range(6)))) == [[0, 1, 2], [3, 4, 5]]
@@ -469,16 +395,8 @@ def test_machines_come_from_the_option_or_the_fastest_cliques():
         machines_of(view, Job(PARAMS, CHUNK, (0, 4), {"machines": [[0, 1]]}))
 
 
-@pytest.mark.parametrize("scheme", ["shardps", "blink", "dbtree", "plink", "packing-no-overlap"])
-async def test_every_baseline_runs_exact_live(scheme):
-    topo = gpumesh(2, 2, 10.0).scaled(1.0)
-    topo = topo.with_rates({k: v.rate_mbps / 100.0 for k, v in topo.links.items()})  # loopback-sized
-    plan = resolve(scheme).plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(4)))).with_version(1)
-    plan.validate(topo.links)
-    async with LocalNet(topo) as net:
-        await net.run_round(plan, rnd=1)
 
-
+@pytest.mark.unit
 def test_gpu_topologies():
     mesh = build("gpumesh:2x4:inter=25")
     assert mesh.nodes == 8 and mesh.links[(0, 1)].rate_mbps == 100_000 and mesh.links[(0, 4)].rate_mbps == 25_000

@@ -5,7 +5,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from harness import LocalNet
+from helpers.cluster import LocalNet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +85,7 @@ def random_plan(rng: random.Random, n: int, params: int) -> Plan:
     return Plan(1, "random", tuple(parts), {p: 1.0 for p in parts}, layout, tuple(groups))
 
 
+@pytest.mark.loopback
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 30), params=st.integers(1, 40_000))
 def test_random_valid_plans_run_exactly(seed, n, params):
@@ -100,6 +101,7 @@ def test_random_valid_plans_run_exactly(seed, n, params):
     asyncio.run(go())
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 30))
 def test_random_plans_validate_and_survive_the_wire(seed, n):
@@ -117,10 +119,12 @@ def base_plan() -> Plan:
                 (tree_group(range(5), 0, parent), tree_group(range(5, 10), 3, {3: None, 0: 3, 1: 0, 2: 1})))
 
 
+@pytest.mark.unit
 def test_base_plan_is_valid():
     base_plan().validate()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("breakage, message", [
     (lambda p: replace(p, layout=((0, 10), (11, 89))), "gap or overlap"),
     (lambda p: replace(p, layout=(*p.layout, (100, 5))), "in no group"),
@@ -145,6 +149,7 @@ def test_invalid_plans_are_refused(breakage, message):
         breakage(base_plan()).validate(links)
 
 
+@pytest.mark.unit
 def test_malformed_wire_plan_is_a_plan_error():
     with pytest.raises(PlanError):
         Plan.from_wire({"version": 1})

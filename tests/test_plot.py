@@ -7,13 +7,12 @@ import sys
 
 import numpy as np
 import pytest
-from harness import digest_of, exact_sum
+from helpers.cluster import Cluster
+from helpers.exact import digest_of, exact_sum
 from matplotlib import image
 
-from agents.agent import Agent
 from emulation.topology import uniform
 from scheduler.live import LiveState
-from scheduler.service import Scheduler
 from wansync.plot import PlotError, overlap_max, plot, task_outcome
 from wansync.results import Recorder, Results
 
@@ -45,6 +44,7 @@ def assert_real_png(path):
     assert float(np.std(pixels[..., :3])) > 0.01  # something was drawn, not a blank canvas
 
 
+@pytest.mark.loopback
 def test_plot_command_writes_every_figure(recorded, tmp_path):
     src = write(tmp_path / "r.jsonl", recorded)
     res = subprocess.run([sys.executable, "-m", "wansync.cli", "plot", str(src), "--out-dir", str(tmp_path / "fig")],
@@ -58,6 +58,7 @@ def test_plot_command_writes_every_figure(recorded, tmp_path):
         assert_real_png(tmp_path / "fig" / name)
 
 
+@pytest.mark.loopback
 def test_speedup_is_skipped_without_a_star_baseline(recorded, tmp_path):
     src = write(tmp_path / "mst.jsonl", [r for r in recorded if r.get("scheme") != "star"])
     written, skipped = plot(src)
@@ -67,6 +68,7 @@ def test_speedup_is_skipped_without_a_star_baseline(recorded, tmp_path):
         assert_real_png(p)
 
 
+@pytest.mark.loopback
 def test_schema_1_files_plot_throughput_from_passive_samples(recorded, tmp_path):
     old = [{**r, "schema": 1} for r in recorded if r["type"] not in ("throughput", "event")]
     assert any(r["type"] == "link_sample" for r in old)
@@ -75,6 +77,7 @@ def test_schema_1_files_plot_throughput_from_passive_samples(recorded, tmp_path)
     assert_real_png(tmp_path / "old_link_throughput.png")
 
 
+@pytest.mark.loopback
 def test_a_torn_last_line_still_plots(recorded, tmp_path):
     src = tmp_path / "torn.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recorded) + '{"schema": 2, "type": "rou')
@@ -82,6 +85,7 @@ def test_a_torn_last_line_still_plots(recorded, tmp_path):
     assert len(written) == 3
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("content, message", [
     ("", "no records"),
     ('{"schema": 99, "type": "run"}\n', "schema 99"),
@@ -95,13 +99,13 @@ def test_unplottable_files_fail_with_the_reason(tmp_path, content, message):
         plot(src)
 
 
+@pytest.mark.loopback
 def test_plot_command_reports_a_missing_file(tmp_path):
     res = subprocess.run([sys.executable, "-m", "wansync.cli", "plot", str(tmp_path / "missing.jsonl")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "cannot read" in res.stderr and not list(tmp_path.glob("*.png"))
 
 
-SECRET = b"plot-test-cluster-secret-01234567"
 TASK_PARAMS = 60_000
 
 
@@ -113,14 +117,12 @@ def mixed(tmp_path_factory):
 
     async def run():
         topo = uniform(4, 50).scaled(0.01)
-        sched = Scheduler("p1", topo.nodes, secret=SECRET)
+        c = Cluster("p1", topo, shaped=True)
+        sched = c.sched
         results = Results(out)
         Recorder(results, sched, LiveState(sched))
-        port = await sched.start()
-        agents = [Agent(n, "p1", ("127.0.0.1", port), topo, shaped=True, secret=SECRET) for n in range(4)]
-        runs = [asyncio.create_task(a.run()) for a in agents]
         try:
-            await sched.wait_agents(20)
+            await c.start(20)
             await asyncio.wait_for(sched.run_job("star", rounds=2, params=TASK_PARAMS, chunk_params=6_000), 60)
             js = sched.open_tasks("star", params=TASK_PARAMS, chunk_params=6_000)
             recs = []
@@ -133,8 +135,7 @@ def mixed(tmp_path_factory):
                 want = digest_of(exact_sum(r.round, r.members, TASK_PARAMS))
                 assert not r.aborted and set(r.digests.values()) == {want}, r
         finally:
-            await sched.shutdown()
-            await asyncio.wait_for(asyncio.gather(*runs), 10)
+            await c.close()
             results.close()
 
     asyncio.run(run())
@@ -146,6 +147,7 @@ def tasks_job_of(recs):
                 and r["data"]["mode"] == "tasks")
 
 
+@pytest.mark.loopback
 def test_task_timelines_are_drawn_for_tasks_jobs_only(mixed, tmp_path):
     assert {r["schema"] for r in mixed} == {3}
     job = tasks_job_of(mixed)
@@ -164,11 +166,13 @@ def test_task_timelines_are_drawn_for_tasks_jobs_only(mixed, tmp_path):
     assert_real_png(tmp_path / "only_task_timelines.png")
 
 
+@pytest.mark.loopback
 def test_no_task_timelines_without_a_tasks_job(recorded, tmp_path):
     written, skipped = plot(write(tmp_path / "bsp.jsonl", recorded))
     assert len(written) == 3 and not any("task_timelines" in s for s in [p.name for p in written] + skipped)
 
 
+@pytest.mark.loopback
 def test_schema_2_round_records_still_plot(recorded, tmp_path):
     old_fields = ("job", "scheme", "round", "version", "round_s", "compute_s", "ok", "digests_agree",
                   "versions_agree", "t_start", "t_end", "warmup", "errors", "prediction_s")
@@ -179,6 +183,7 @@ def test_schema_2_round_records_still_plot(recorded, tmp_path):
     assert sorted(p.name for p in written) == ["v2_link_throughput.png", "v2_round_times.png", "v2_speedup.png"]
 
 
+@pytest.mark.unit
 def test_task_outcomes_and_overlap():
     assert task_outcome({"ok": True, "digests_agree": True}) == "exact"
     assert task_outcome({"ok": True, "digests_agree": False}) == "failed"
@@ -187,6 +192,7 @@ def test_task_outcomes_and_overlap():
     assert overlap_max([(0, 1), (1, 2)]) == 1  # one ends as the next starts: never together
 
 
+@pytest.mark.unit
 def test_accuracy_vs_time_is_drawn_from_a_training_runs_accuracy_records(tmp_path):
     from wansync.accuracy_plot import mean_curve
 

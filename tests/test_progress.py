@@ -3,13 +3,14 @@ in-process agents; every delivery is compared with the exact tensor this test co
 
 import asyncio
 import math
+import statistics
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_round_exact, exact_sum
-from test_cluster import start_cluster, stop_cluster
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_round_exact, exact_sum
+from helpers.waiting import until
 
 from core.compute import ComputeError, ComputeModel
 from core.plan import Job
@@ -30,6 +31,7 @@ def line(n: int, rate: float = 1000.0) -> Topology:
 
 
 # --- multicast ---------------------------------------------------------------------------------------------
+@pytest.mark.loopback
 @pytest.mark.parametrize("mode", ["l7", "l3"])
 async def test_a_multicast_delivers_the_sources_tensor_exactly_to_every_receiver(mode):
     topo = line(5)
@@ -46,6 +48,7 @@ async def test_a_multicast_delivers_the_sources_tensor_exactly_to_every_receiver
     assert np.array_equal(out[2], exact_sum(3, (0,), PARAMS))
 
 
+@pytest.mark.loopback
 async def test_a_receiver_dropped_mid_transfer_applies_nothing_and_the_others_are_exact():
     topo = uniform(5, rate_mbps=20.0).scaled(0.2)
     sched, agents, tasks = await start_cluster(topo, cluster="drop", shaped=True)
@@ -70,6 +73,7 @@ async def test_a_receiver_dropped_mid_transfer_applies_nothing_and_the_others_ar
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_a_dropped_receiver_that_replicates_passes_the_tensor_on_and_applies_nothing():
     topo = line(5, rate=20.0).with_rates({(1, 2): 5.0})  # chunks queue at node 1 for node 2
     sched, agents, tasks = await start_cluster(topo, cluster="drop-l3", shaped=True)
@@ -89,6 +93,7 @@ async def test_a_dropped_receiver_that_replicates_passes_the_tensor_on_and_appli
 
 
 # --- compute models ------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_compute_draws_are_seeded_per_node_and_iteration_and_the_same_for_everyone():
     a = ComputeModel("lognormal:mean=0.1,cv=0.5,spread=0.5", seed=7)
     b = ComputeModel("lognormal:mean=0.1,cv=0.5,spread=0.5", seed=7)
@@ -101,6 +106,7 @@ def test_compute_draws_are_seeded_per_node_and_iteration_and_the_same_for_everyo
     assert abs(np.mean([a.draw(0, k) for k in range(4000)]) / means[0] - 1) < 0.05  # the mean it says
 
 
+@pytest.mark.unit
 def test_a_compute_trace_repeats_per_node(tmp_path):
     f = tmp_path / "c.csv"
     f.write_text("node,iteration,seconds\n0,0,0.1\n0,1,0.3\n1,0,0.2\n")
@@ -108,6 +114,7 @@ def test_a_compute_trace_repeats_per_node(tmp_path):
     assert [m.draw(0, k) for k in range(4)] == [0.1, 0.3, 0.1, 0.3] and m.draw(1, 5) == 0.2
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec, message", [
     ("gamma:1", "kind must be"), ("normal:sd=1", "needs mean"), ("lognormal:mean=x", "not a number"),
     ("lognormal:mean=0.1,cv=-1", ">= 0"), ("normal:mean=1,spread=2", "spread"), ("normal:mean=1,bad=2", "unknown"),
@@ -141,6 +148,7 @@ class Recorder:
         raise AssertionError("ssp has no barrier")
 
 
+@pytest.mark.unit
 def test_the_ssp_policy_allows_exactly_the_bound_and_counts_what_breaks_it():
     ssp, ctl = resolve_progress("ssp", staleness=1), Recorder(3)
     js = SimpleNamespace(rounds=10)
@@ -173,6 +181,7 @@ def test_the_ssp_policy_allows_exactly_the_bound_and_counts_what_breaks_it():
     assert ctl.gos[-1] == (0, 3)
 
 
+@pytest.mark.loopback
 async def test_ssp_never_lets_a_worker_run_more_than_s_ahead_and_blocks_when_it_must(tmp_path):
     s, rounds = 2, 8
     trace = tmp_path / "compute.csv"  # node 0 computes 10x slower than the others
@@ -207,6 +216,7 @@ async def test_ssp_never_lets_a_worker_run_more_than_s_ahead_and_blocks_when_it_
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_a_ready_queue_groups_the_first_p_ready_workers_under_lognormal_compute():
     p, rounds = 2, 5
     sched, agents, tasks = await start_cluster(uniform(5), cluster="queue")
@@ -231,13 +241,17 @@ async def test_a_ready_queue_groups_the_first_p_ready_workers_under_lognormal_co
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_bsp_through_the_progress_interface_is_unchanged():
     sched, agents, tasks = await start_cluster(uniform(3), cluster="bsp")
     try:
         js = await asyncio.wait_for(sched.run_job("ring", rounds=3, params=PARAMS, chunk_params=CHUNK,
                                                   compute="constant:0.01"), 60)
         assert [r.round for r in sorted(js.records, key=lambda r: r.round)] == [0, 1, 2]
-        assert all(r.participants == 3 and math.isclose(r.compute_s, 0.01, abs_tol=0.05) for r in js.records)
+        # compute_s is the measured sleep: never shorter than the model's 10 ms, longer by a loaded
+        # loop's lag; the median over the rounds is judged, so one stalled round cannot fail it
+        assert all(r.participants == 3 and r.compute_s >= 0.01 - 1e-3 for r in js.records)
+        assert math.isclose(statistics.median(r.compute_s for r in js.records), 0.01, abs_tol=0.05)
         for rec in js.records:
             assert_round_exact(rec, sched.plans[rec.version])
     finally:

@@ -16,9 +16,9 @@ from collections import deque
 
 import aiohttp
 import pytest
-from test_auth import Raw, authenticated
-from test_cluster import SECRET
-from waiting import until
+from helpers.secret import SECRET
+from helpers.waiting import until
+from helpers.wire import Raw, authenticated
 
 from agents.engine import ChunkEngine
 from emulation.topology import uniform
@@ -110,6 +110,7 @@ def _table_sizes(obj: object) -> int:
 
 
 # --- 1. varied lengths and cluster names: a bounded number of lines per burst --------------------------------
+@pytest.mark.loopback
 @pytest.mark.parametrize("attack", [_varied_lengths, _varied_clusters], ids=["lengths", "cluster-names"])
 async def test_varied_attacks_cost_two_lines_per_burst_on_the_scheduler(caplog, attack):
     caplog.set_level(logging.WARNING, logger="wansync")
@@ -129,6 +130,7 @@ async def test_varied_attacks_cost_two_lines_per_burst_on_the_scheduler(caplog, 
         await sched.shutdown()
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("attack", [_varied_lengths, _varied_clusters], ids=["lengths", "cluster-names"])
 async def test_varied_attacks_cost_two_lines_per_burst_on_an_agent(caplog, attack):
     caplog.set_level(logging.WARNING, logger="wansync")
@@ -148,6 +150,7 @@ async def test_varied_attacks_cost_two_lines_per_burst_on_an_agent(caplog, attac
 
 
 # --- 2. refusal state: bounded in size and age -----------------------------------------------------------------
+@pytest.mark.loopback
 async def test_an_agents_refusal_state_does_not_grow_with_distinct_reasons(caplog):
     caplog.set_level(logging.WARNING, logger="wansync")
     clock = FakeClock()
@@ -166,6 +169,7 @@ async def test_an_agents_refusal_state_does_not_grow_with_distinct_reasons(caplo
         await ov.close()
 
 
+@pytest.mark.unit
 def test_a_burst_log_is_bounded_in_size_and_age_whatever_the_keys():
     clock = FakeClock()
     burst = BurstLog(logging.getLogger("wansync.test"), every_s=10.0, max_keys=16, clock=clock)
@@ -180,6 +184,7 @@ def test_a_burst_log_is_bounded_in_size_and_age_whatever_the_keys():
     assert len(burst) == 0
 
 
+@pytest.mark.unit
 def test_an_engine_remembers_whom_to_ask_for_a_resend_not_every_job_and_task_a_peer_named(caplog):
     caplog.set_level(logging.WARNING, logger="wansync")
     eng = ChunkEngine(0, uniform(3).routes())
@@ -191,6 +196,7 @@ def test_an_engine_remembers_whom_to_ask_for_a_resend_not_every_job_and_task_a_p
     assert len(_lines(caplog, "refused frames from node 1")) == 1
 
 
+@pytest.mark.unit
 def test_a_burst_log_stays_bounded_even_if_a_caller_made_many_kinds():
     burst = BurstLog(logging.getLogger("wansync.test"), max_keys=4, clock=FakeClock())
     for i in range(1000):  # kinds are the code's constants; a bug that made them up must not grow the table
@@ -198,6 +204,7 @@ def test_a_burst_log_stays_bounded_even_if_a_caller_made_many_kinds():
     assert len(burst) <= 4 + 64
 
 
+@pytest.mark.unit
 def test_a_burst_quiet_for_a_whole_window_is_over_even_in_the_middle_of_a_window():
     clock = FakeClock()
     burst = BurstLog(logging.getLogger("wansync.test"), every_s=10.0, clock=clock)
@@ -212,6 +219,7 @@ def test_a_burst_quiet_for_a_whole_window_is_over_even_in_the_middle_of_a_window
     assert burst.lines == 3  # a new burst: logged at once
 
 
+@pytest.mark.unit
 def test_a_burst_remembers_a_bounded_share_of_a_long_reason():
     burst = BurstLog(logging.getLogger("wansync.test"), clock=FakeClock())
     for _ in range(3):
@@ -220,6 +228,7 @@ def test_a_burst_remembers_a_bounded_share_of_a_long_reason():
     assert len(b.first) <= REASON_CHARS and len(b.last) <= REASON_CHARS
 
 
+@pytest.mark.unit
 def test_the_nonce_memory_is_bounded_in_size_and_age():
     clock = FakeClock()
     mem = NonceMemory(size=100, age_s=60.0, clock=clock)
@@ -232,6 +241,7 @@ def test_the_nonce_memory_is_bounded_in_size_and_age():
 
 
 # --- 3. a second burst after a quiet period is logged again, at the normal level -------------------------------
+@pytest.mark.loopback
 async def test_a_second_burst_of_the_same_reason_is_logged_again_by_an_agent_and_the_scheduler(caplog):
     caplog.set_level(logging.WARNING, logger="wansync")
     clock = FakeClock()
@@ -255,6 +265,7 @@ async def test_a_second_burst_of_the_same_reason_is_logged_again_by_an_agent_and
 
 
 # --- 4. the dashboard's refusals, and the messages that misled -------------------------------------------------
+@pytest.mark.loopback
 async def test_the_dashboard_logs_its_refusals_one_line_per_burst(caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="wansync")
     clock = FakeClock()
@@ -286,6 +297,7 @@ async def test_the_dashboard_logs_its_refusals_one_line_per_burst(caplog, monkey
         await dash.stop()
 
 
+@pytest.mark.loopback
 async def test_a_replayed_handshake_is_named_as_a_replay(caplog):
     caplog.set_level(logging.WARNING, logger="wansync")
     ov = await _overlay(FakeClock())
@@ -308,6 +320,7 @@ async def test_a_replayed_handshake_is_named_as_a_replay(caplog):
         await ov.close()
 
 
+@pytest.mark.loopback
 async def test_a_refusal_raised_in_a_scheduler_handler_names_the_agent(caplog):
     caplog.set_level(logging.WARNING, logger="wansync")
     sched = service.Scheduler("c-none", 2, secret=SECRET)
@@ -323,6 +336,7 @@ async def test_a_refusal_raised_in_a_scheduler_handler_names_the_agent(caplog):
         await sched.shutdown()
 
 
+@pytest.mark.unit
 def test_a_wrong_role_is_said_in_plain_words():
     acceptor = Handshake("c", 1, "agent", dialer=False, secret=None, peer_role="agent")
     with pytest.raises(AuthError) as err:
@@ -330,6 +344,7 @@ def test_a_wrong_role_is_said_in_plain_words():
     assert "a 'agent'" not in str(err.value) and "expected 'agent'" in str(err.value)
 
 
+@pytest.mark.loopback
 async def test_a_budget_refusal_after_an_oversized_relay_from_the_same_peer_is_logged(caplog):
     caplog.set_level(logging.WARNING, logger="wansync")
     budget = MemoryBudget(4000)  # a peer may hold 2000 bytes
@@ -353,6 +368,7 @@ async def test_a_budget_refusal_after_an_oversized_relay_from_the_same_peer_is_l
 
 
 # --- shutdown: a signal unwinds the work, no traceback ------------------------------------------------------------
+@pytest.mark.loopback
 def test_sigterm_cancels_the_work_runs_its_finally_and_exits_with_143():
     done: list[str] = []
 

@@ -15,6 +15,7 @@ from scheduler.service import Scheduler
     Counters(node=1, time=1.0, links={}),
     TaskDone(node=1, job=1, task=0, attempt=0, ok=True, digest="", version=1, t_start=0.0, t_end=0.0, t_compute=0.0),
 ])
+@pytest.mark.unit
 def test_a_registered_agent_may_not_speak_for_another_node(msg):
     sched = Scheduler("parts", 2)
     a = sched.registry.agents[0] = AgentInfo(0, conn=None)  # type: ignore[arg-type]  # registered as node 0
@@ -22,6 +23,7 @@ def test_a_registered_agent_may_not_speak_for_another_node(msg):
         sched.server.handlers[type(msg)](a, msg)
 
 
+@pytest.mark.unit
 def test_a_message_without_a_node_speaks_for_its_connection():
     sched = Scheduler("parts", 2)
     sched.registry.agents[0] = a = AgentInfo(0, conn=None)  # type: ignore[arg-type]
@@ -29,6 +31,7 @@ def test_a_message_without_a_node_speaks_for_its_connection():
     sched.server.handlers[Heartbeat](a, Heartbeat(node=0, time=1.0))  # its own: accepted
 
 
+@pytest.mark.unit
 def test_progress_models_register_and_declare_what_the_scheduler_needs():
     assert set(progress.MODELS) >= {"bsp", "ssp", "queue", "crew", "selective", "mcast-bsp", "mcast-ssp"}
     bsp, ssp, mcast = progress.resolve("bsp"), progress.resolve("ssp"), progress.resolve("mcast-ssp")
@@ -52,6 +55,7 @@ class _Conn:
         pass
 
 
+@pytest.mark.loopback
 async def test_crews_link_watch_suspects_through_liveness_and_aborts_the_tasks_over_the_link():
     """CREW's dead-link rule runs on the scheduler's liveness tick: a link whose chunks waited past
     the timeout is suspected there (one suspicion, trusted again when it runs out) and the running

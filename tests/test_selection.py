@@ -12,6 +12,8 @@ from scheduler.selection import Consistency, completion, orpheus, selmcast_bsp, 
 from scheduler.selection.choosers import make
 from scheduler.selection.optimal import optimal_bsp
 
+pytestmark = pytest.mark.unit
+
 
 def rows(x: np.ndarray) -> dict[int, list[int]]:
     return {i: np.flatnonzero(x[i]).tolist() for i in range(len(x))}

@@ -11,6 +11,8 @@ import pytest
 from core.selection import LAUNCH, WAIT_REPLACE, WAIT_TOO_FEW, Ecdf, Training, bag, bpawr, ready_prob, t_sync
 from core.selective import Controller, SelectiveConfig
 
+pytestmark = pytest.mark.unit
+
 # --- Fig. 3: 5 workers, v = 5, sync time 2v / min b (alpha ~ 0), ready at 1, 2, 3, 3, 13 s ----------------
 TOY_READY = {1: 1.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 13.0}
 TOY_BW = {1: 1.0, 2: 5.0, 3: 1.0, 4: 5.0, 5: 1.0}  # b1 = b3 = 1, b2 = b4 = 5 (the text); b5 = 1 (not needed)

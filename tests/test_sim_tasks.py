@@ -19,6 +19,8 @@ from sim import MBIT, TaskRun, make_network, simulate, simulate_tasks
 from sim.job import Bsp, Queue, Ssp, simulate_job
 from wansync.predict import oracle_view
 
+pytestmark = pytest.mark.unit
+
 RATE = 80.0  # Mbit/s
 C = RATE * MBIT  # 10 MB/s
 SEG = 65536

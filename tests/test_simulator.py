@@ -25,6 +25,8 @@ from scheduler.planners import netstorm
 from sim import MBIT, SimulationStalled, simulate
 from wansync.predict import oracle_view
 
+pytestmark = pytest.mark.unit
+
 RATE = 80.0  # Mbit/s = 10 MB/s
 DELAY = 0.01
 SEG = 65536

@@ -1,6 +1,6 @@
 """Tasks: partial reduces, aggregators outside the members, several tasks at once, failures scoped to
 a task. Real TCP (in-process agents, or agent processes where one is killed); every receiver's result
-is compared with the exact sum this test computes itself (tests/harness.py's own closed form)."""
+is compared with the exact sum this test computes itself (tests/helpers/exact.py's own closed form)."""
 
 import asyncio
 import dataclasses
@@ -10,10 +10,9 @@ import signal
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_round_exact, exact_sum
-from test_cluster import start_cluster, stop_cluster
-from test_failures import Cluster
-from waiting import until
+from helpers.cluster import Cluster, LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_round_exact, exact_sum
+from helpers.waiting import until
 
 from agents.taskpart import TaskError
 from core.plan import ChunkGroup, Job, Plan, PlanError
@@ -34,12 +33,14 @@ def star_via(hub: int, members: tuple[int, ...], n: int, receivers: tuple[int, .
 
 
 # --- the plan: which roles a node may have -------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_node_outside_the_members_may_aggregate_and_replicate():
     plan = star_via(4, (0, 1, 2), 5).validate(uniform(5).links)
     assert plan.members == (0, 1, 2) and 4 in plan.nodes and plan.receiver_set == (0, 1, 2)
     assert plan.groups[0].root == 4
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("breakage, message", [
     # a non-member leaf of the aggregation tree would only send an empty sum
     (lambda p: dataclasses.replace(p, groups=(dataclasses.replace(
@@ -62,6 +63,7 @@ def test_roles_a_plan_may_not_give_are_refused_with_the_reason(breakage, message
         breakage(plan).validate()
 
 
+@pytest.mark.unit
 def test_mst_keeps_only_the_aggregators_its_tree_needs():
     # a line 0-1-2-3 plus 4 hanging off 3: members 0 and 2 need 1 between them, not 3 or 4
     topo_links = [(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2), (3, 4), (4, 3)]
@@ -71,6 +73,7 @@ def test_mst_keeps_only_the_aggregators_its_tree_needs():
 
 
 # --- the engine: a partial reduce through an aggregator that contributes nothing ---------------------------------
+@pytest.mark.loopback
 async def test_a_partial_reduce_through_a_non_member_aggregator_is_exact():
     plan = star_via(3, (0, 1, 2), 4, receivers=(0, 1, 2))
     async with LocalNet(uniform(4)) as net:
@@ -79,6 +82,7 @@ async def test_a_partial_reduce_through_a_non_member_aggregator_is_exact():
     assert not np.array_equal(out[0], exact_sum(5, (0, 1, 2, 3), PARAMS))  # node 3 added nothing of its own
 
 
+@pytest.mark.loopback
 async def test_receivers_need_not_be_members_and_weights_are_exact_when_integer():
     """Members 1, 2, 3 (weights 3, 1, 2) sum at node 0, which contributes nothing; receivers are
     node 1 (a member) and node 4 (not a member, in no aggregation tree)."""
@@ -92,6 +96,7 @@ async def test_receivers_need_not_be_members_and_weights_are_exact_when_integer(
     assert sorted(out) == [1, 4] and all(np.array_equal(r, want) for r in out.values())
 
 
+@pytest.mark.loopback
 async def test_a_forged_contribution_from_the_aggregators_side_is_refused():
     """An aggregator is held to the members' bitmap: a sum claiming a non-member is never taken."""
     plan = star_via(3, (0, 1, 2), 4)
@@ -110,6 +115,7 @@ async def test_a_forged_contribution_from_the_aggregators_side_is_refused():
 
 
 # --- the scheduler: tasks formed on subsets, several at once -------------------------------------------------------
+@pytest.mark.loopback
 async def test_three_concurrent_tasks_on_overlapping_subsets_are_each_exact():
     sched, agents, tasks = await start_cluster(uniform(6).scaled(0.2), cluster="t3", shaped=True)
     try:
@@ -132,6 +138,7 @@ async def test_three_concurrent_tasks_on_overlapping_subsets_are_each_exact():
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_a_relay_keeps_passing_on_an_older_task_while_it_runs_newer_ones_of_its_own():
     """Node 1 only relays for tasks 0 and 1 (0 and 2 talk through it) while it runs task 2 itself: a
     relay's window must follow what is still running anywhere, not the tasks it runs."""
@@ -153,6 +160,7 @@ async def test_a_relay_keeps_passing_on_an_older_task_while_it_runs_newer_ones_o
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("scheme", ["star", "ring", "mst", "ktree", "netstorm"])
 async def test_every_planner_runs_a_partial_reduce_exactly(scheme):
     sched, agents, tasks = await start_cluster(uniform(5), cluster=f"p-{scheme}")
@@ -166,6 +174,7 @@ async def test_every_planner_runs_a_partial_reduce_exactly(scheme):
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 @pytest.mark.parametrize("members, kwargs, message", [
     ((0, 9), {}, "members: [9] are not nodes of this cluster"),
     ((0, 1), {"receivers": (0, 7)}, "receivers: [7] are not nodes"),
@@ -199,8 +208,9 @@ async def test_a_task_that_cannot_mean_anything_is_refused_naming_the_field_and_
 SIX = resolve(Options.make(topology="uniform:20", nodes=6, scale=0.2, rounds=1))
 
 
+@pytest.mark.loopback
 async def test_an_agent_killed_while_it_aggregates_for_two_tasks_affects_only_those():
-    async with Cluster("kill-agg", agents=SIX) as c:
+    async with Cluster("kill-agg", processes=SIX) as c:
         sched = c.sched
         js = sched.open_tasks("star", params=600_000, chunk_params=50_000, in_flight=8)
         a = asyncio.create_task(sched.run_task(js, (0, 1), options={"hub": 5}))
@@ -220,8 +230,9 @@ async def test_an_agent_killed_while_it_aggregates_for_two_tasks_affects_only_th
         assert 5 in sched.lost
 
 
+@pytest.mark.loopback
 async def test_a_task_whose_members_are_all_lost_is_recorded_as_aborted_and_nothing_applied():
-    async with Cluster("kill-all", agents=SIX) as c:
+    async with Cluster("kill-all", processes=SIX) as c:
         sched = c.sched
         js = sched.open_tasks("star", params=600_000, chunk_params=50_000, in_flight=8)
         doomed = asyncio.create_task(sched.run_task(js, (4,), receivers=(4,), options={"hub": 5}))

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from harness import assert_results_exact
-from waiting import until_sync
+from helpers.exact import assert_results_exact
+from helpers.waiting import until_sync
 
 from emulation import tc
 from emulation.link import LinkSpec
@@ -53,7 +53,7 @@ def _skip_reason() -> str | None:
 SKIP = _skip_reason()
 # root and namespaces work: anything tc.unavailable() still finds missing is a failure, not a skip
 BROKEN = None if SKIP else tc.unavailable()
-pytestmark = pytest.mark.skipif(SKIP is not None, reason=f"tc backend: {SKIP}")
+pytestmark = [pytest.mark.skipif(SKIP is not None, reason=f"tc backend: {SKIP}"), pytest.mark.root]
 
 
 @pytest.fixture(autouse=True)
@@ -152,12 +152,6 @@ def class_rate_bit(net: tc.TcNetwork, src: int, dst: int) -> tuple[float, int]:
     return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)], int(sent.group(1))
 
 
-def test_goodput_correction_counts_every_header() -> None:
-    # MTU 1500: 1448 payload bytes per 1514-byte frame
-    assert tc.wire_rate_mbps(1448, 1500) == pytest.approx(1514)
-    assert tc.wire_rate_mbps(100, 9000) == pytest.approx(100 * 9014 / 8948)
-
-
 def test_routes_follow_min_hop_and_forward_through_the_kernel(build) -> None:
     net = build(line(4))
     assert all(tc.PREFIX_RE.match(x) for x in tc.leftovers()[net.prefix])
@@ -253,6 +247,7 @@ def test_link_down_and_blackhole_cut_both_ways_and_heal(build) -> None:
         net.set_down(0, 0, True)
 
 
+@pytest.mark.loopback
 async def test_run_on_tc_is_exact_without_application_shaping(monkeypatch, tmp_path) -> None:
     from wansync.cluster import run
     from wansync.options import Options
@@ -288,6 +283,7 @@ async def test_run_on_tc_is_exact_without_application_shaping(monkeypatch, tmp_p
     assert events[0][0] >= jobs[0].t0 + 0.1  # the trace's time, counted from the job's start
 
 
+@pytest.mark.loopback
 def test_sigkilled_launcher_leaves_a_run_that_emu_clean_removes() -> None:
     before = set(tc.leftovers())
     proc = subprocess.Popen(WANSYNC + ["run", "--backend", "tc", "--topology", "uniform:50", "--nodes", "3",
@@ -319,17 +315,33 @@ def test_emu_clean_keeps_runs_whose_launcher_lives(build) -> None:
     assert os.getpid() == int((tc.OWNER_DIR / net.prefix).read_text())
 
 
+# 8 MiB a task: about 2 s of the heavy task with both backlogged (1.7 s at 40 Mbit/s alone), and room
+# for the light task's head start (up to about 1 s) before the heavy one ends first
+SHARE_PARAMS = 1 << 21
+# node 2's downlink: the application backend's receiver reads each connection in turn while in debt, so a
+# receiver that falls behind its cap (a loaded machine) splits what waits in the sockets evenly, not
+# 3:1; at 10 Mbit/s it keeps up (tasks a quarter the size: the same 2 s)
+DOWNLINK_MBPS = 10
+
+
+@pytest.mark.loopback
 @pytest.mark.parametrize("backend", ["app", "tc"])
 @pytest.mark.parametrize("where", ["link", "downlink"])
 async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: str, tmp_path) -> None:
     """Two multicasts weighted 3:1 into node 2, over one link (one sender's classes) or from two
     senders into node 2's capped downlink (the scheduler's per-flow rates): the bytes node 2 got of
-    each while both ran are 3:1 within 10 % on the kernel's shaping as on the application's."""
+    each while both were backlogged are 3:1 within 10 % on the kernel's shaping as on the application's.
+
+    Both backlogged: the light task starts first, the heavy one once node 2 reported the light one's
+    bytes, and the shares are read from the heavy task's first byte to its last, which the light one
+    outlasts (helpers/shares.py). Started together, a loaded machine's start skew (the heavy task
+    alone on the link for a while) read as share: 3.37 instead of 3."""
     import asyncio
 
-    from harness import assert_round_exact
+    from helpers.exact import assert_round_exact
+    from helpers.shares import backlogged_shares
+    from helpers.waiting import until
     from rich.console import Console
-    from test_sharing import shares_at
 
     from scheduler.service import Scheduler
     from wansync.backend import AppBackend, TcBackend
@@ -339,7 +351,7 @@ async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: s
 
     fast = 40.0 if where == "link" else 1000.0
     topo = Topology("three", 3, {(a, b): LinkSpec(fast, 0.0) for a in range(3) for b in range(3) if a != b},
-                    downlink_mbps={2: 40.0} if where == "downlink" else {})
+                    downlink_mbps={2: DOWNLINK_MBPS} if where == "downlink" else {})
     path = tmp_path / "three.json"  # the agents read the topology (and node 2's cap) from the file
     path.write_text(json.dumps(topo.to_dict()))
     cfg = resolve(Options.make(topology=str(path), workload__model="1000000", scale=1.0, rounds=1, backend=backend,
@@ -354,16 +366,20 @@ async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: s
         port = await sched.start(back.scheduler_host)
         await agents.start(port)
         await sched.wait_agents(60)
-        js = sched.open_tasks("mcast", params=1 << 20, chunk_params=1 << 16, in_flight=4)
+        params = SHARE_PARAMS if where == "link" else SHARE_PARAMS * DOWNLINK_MBPS // 40
+        js = sched.open_tasks("mcast", params=params, chunk_params=1 << 16, in_flight=4)
         light_src = 0 if where == "link" else 1
-        heavy, light = await asyncio.wait_for(asyncio.gather(
-            sched.run_task(js, (0,), receivers=(2,), sharing={"weight": 3}),
-            sched.run_task(js, (light_src,), receivers=(2,), sharing={"weight": 1})), 120)
+        rx = sched.agents[2].rx_bytes
+        light_run = asyncio.ensure_future(sched.run_task(js, (light_src,), receivers=(2,), sharing={"weight": 1}))
+        await until(lambda: sched.agents[2].rx_bytes > rx or light_run.done(),
+                    "node 2 to report the light task's bytes")
+        heavy = await asyncio.wait_for(sched.run_task(js, (0,), receivers=(2,), sharing={"weight": 3}), 120)
+        light = await asyncio.wait_for(light_run, 120)
         for rec in (heavy, light):
             assert rec.ok
             assert_round_exact(rec, sched.plans[rec.version])
         assert heavy.t_end < light.t_end
-        h, lt = shares_at(heavy, light.task, 2)
+        h, lt = backlogged_shares(heavy, light, 2)
         assert abs(h / lt / 3 - 1) <= 0.10, (h, lt)
         await asyncio.wait_for(sched.close_job(js), 30)
     finally:

@@ -4,6 +4,8 @@ import pytest
 
 from emulation.token_bucket import MIN_BURST, TokenBucket, burst_for
 
+pytestmark = pytest.mark.unit
+
 
 class FakeClock:
     def __init__(self):

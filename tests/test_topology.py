@@ -9,6 +9,8 @@ from emulation.topology import TopologyError, build, hetero, internet2, load
 from emulation.trace import redraw
 from overlay.routing import NoRoute, Routes, adjacency
 
+pytestmark = pytest.mark.unit
+
 
 def test_internet2_matches_the_paper():
     t = internet2()

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-from harness import LocalNet
-from waiting import until
+from helpers.cluster import LocalNet
+from helpers.waiting import until
 
 from agents.agent import Agent
 from emulation.link import LinkShaper, LinkSpec
@@ -32,6 +32,7 @@ BASE = base_of(internet2())
 SPECS = ["redraw:180", "walk:period=10,step=0.2,lo=20,hi=155", "markov:mean_up=60,mean_down=5"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec", SPECS)
 def test_every_model_is_seeded(spec):
     a, b = (build(spec, BASE, horizon_s=HORIZON, seed=7) for _ in range(2))
@@ -40,6 +41,7 @@ def test_every_model_is_seeded(spec):
     assert all(x <= y for x, y in zip(a.events, a.events[1:], strict=False))  # time order
 
 
+@pytest.mark.unit
 def test_redraw_matches_the_old_dynamic_draws_and_stays_in_range():
     """--dynamic --period 180 keeps producing exactly NetStorm's randint draws."""
     t = build("redraw:180", BASE, horizon_s=HORIZON, seed=1)
@@ -48,6 +50,7 @@ def test_redraw_matches_the_old_dynamic_draws_and_stays_in_range():
     assert all(20 <= e.rate_mbps <= 155 and e.rate_mbps == int(e.rate_mbps) for e in t.events)
 
 
+@pytest.mark.unit
 def test_walk_is_bounded_and_moves_by_at_most_step():
     t = walk(BASE, 10, HORIZON, step=0.3, lo=40, hi=100, seed=3)
     assert len(t.events) == 360 * len(BASE)
@@ -59,6 +62,7 @@ def test_walk_is_bounded_and_moves_by_at_most_step():
         assert len(set(rates)) > 10  # it does walk
 
 
+@pytest.mark.unit
 def test_markov_outages_hit_both_directions_and_always_end():
     t = markov(BASE, 60, 5, HORIZON, seed=2)
     downs = [e for e in t.events if e.rate_mbps == 0]
@@ -73,6 +77,7 @@ def test_markov_outages_hit_both_directions_and_always_end():
     assert 3 < mean_down < 8
 
 
+@pytest.mark.unit
 def test_steps_scale_every_link():
     t = build("steps:30=0.5,90=0,120=1", BASE, horizon_s=HORIZON)
     assert t.rates_at(60, BASE) == {k: v * 0.5 for k, v in BASE.items()}
@@ -81,6 +86,7 @@ def test_steps_scale_every_link():
     assert steps(BASE, [(1, 2)]).scaled(0.1).events[0].t == pytest.approx(0.1)
 
 
+@pytest.mark.unit
 def test_csv_and_json_round_trip(tmp_path):
     t = build("markov:mean_up=30,mean_down=4", BASE, horizon_s=600, seed=4)
     t.to_csv(tmp_path / "t.csv")
@@ -92,6 +98,7 @@ def test_csv_and_json_round_trip(tmp_path):
     assert back.events == t.events and back.spec == t.spec
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text, match", [
     ("", "empty"),
     ("t,src,dst,rate\n", "line 1: header must be time,src,dst,rate"),
@@ -108,6 +115,7 @@ def test_bad_csv_names_the_line_and_field(tmp_path, text, match):
         read_csv(tmp_path / "bad.csv")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec, match", [
     ("sine:3", "unknown model 'sine'"),
     ("walk:period=10,stride=2", "unknown option 'stride'"),
@@ -125,6 +133,7 @@ def test_bad_specs_are_errors_naming_what(spec, match):
         build(spec, BASE, horizon_s=HORIZON)
 
 
+@pytest.mark.loopback
 def test_events_on_links_that_do_not_exist_are_refused(tmp_path):
     (tmp_path / "t.csv").write_text("time,src,dst,rate\n5,0,8,10\n")  # 0-8 is no internet2 link
     with pytest.raises(TraceError, match="0->8, which is not a link"):
@@ -140,6 +149,7 @@ def _args(period=180.0, trace_file=None, **kw):
     return Options.make(period_s=period, trace_file=None if trace_file is None else str(trace_file), **kw)
 
 
+@pytest.mark.unit
 def test_dynamic_is_an_alias_of_redraw_and_not_combinable():
     topo = internet2()
     assert _trace(_args(dynamic=True, period=60), topo) == _trace(_args(trace="redraw:60"), topo)
@@ -148,6 +158,7 @@ def test_dynamic_is_an_alias_of_redraw_and_not_combinable():
     assert not _trace(_args(), topo).events
 
 
+@pytest.mark.unit
 async def test_agents_and_simulator_see_the_same_events(tmp_path):
     """The launcher computes once and writes the file; agents replay their own links from it;
     the simulator gets every event: the same set, to the bit."""
@@ -171,6 +182,7 @@ async def test_agents_and_simulator_see_the_same_events(tmp_path):
     assert sorted((e.t, e.src, e.dst, e.rate_mbps) for e in seen) == list(sim_events)
 
 
+@pytest.mark.unit
 def test_simulator_waits_out_an_outage_and_does_not_crash_on_a_permanent_one():
     topo = uniform(3, 80.0, 0.0)
     [p] = predict(topo, None, ["ring"], 200_000, 20_000)
@@ -185,6 +197,7 @@ def test_simulator_waits_out_an_outage_and_does_not_crash_on_a_permanent_one():
     assert RoundPredictor(topo, forever).round_s(p.plan) is None  # a run's prediction, not a crash
 
 
+@pytest.mark.unit
 async def test_shaper_holds_at_rate_zero_and_never_crashes():
     sh = LinkShaper(LinkSpec(50.0))
     sh.set_rate(0)
@@ -203,6 +216,7 @@ async def test_shaper_holds_at_rate_zero_and_never_crashes():
         sh.set_rate(-1)
 
 
+@pytest.mark.loopback
 async def test_outage_holds_live_bytes_then_the_round_ends_exact():
     """A real shaped overlay: link 0->1 at rate 0 carries nothing (not even acks); once it is back
     the round completes with the exact sum."""
@@ -225,6 +239,7 @@ async def test_outage_holds_live_bytes_then_the_round_ends_exact():
         assert net.overlays[1].meters_in[0].bytes > before
 
 
+@pytest.mark.unit
 def test_geo_preset_and_crew_generator():
     geo = build_topology("geo:aws10")
     assert geo.nodes == 10 and geo.full_mesh

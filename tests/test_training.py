@@ -8,9 +8,9 @@ import statistics
 
 import numpy as np
 import pytest
-from harness import LocalNet, assert_round_exact
-from test_cluster import start_cluster, stop_cluster
-from waiting import until
+from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.exact import assert_round_exact
+from helpers.waiting import until
 
 from agents.training import U32, Trainer, TrainingSpec, WorkloadError, check_result, digits_split, init_model, shard
 from core.plan import Job
@@ -41,10 +41,12 @@ def numeric_gradient_ok(spec: TrainingSpec) -> bool:
     return True
 
 
+@pytest.mark.unit
 def test_the_gradients_are_real_backprop():
     assert numeric_gradient_ok(SMALL)
 
 
+@pytest.mark.unit
 def test_shards_cover_the_training_split_once_and_noniid_skews_labels():
     _, y, _, _ = digits_split(SMALL.seed)
     for how in ("iid", "noniid"):
@@ -56,6 +58,7 @@ def test_shards_cover_the_training_split_once_and_noniid_skews_labels():
     assert max(skewed) <= 4 and min(mixed) == 10
 
 
+@pytest.mark.unit
 def test_a_bad_workload_spec_says_which_part():
     for spec, msg in [("mnist:n=4", "digits"), ("digits:hidden=8", "n=WORKERS"), ("digits:n=4,shard=x", "shard"),
                       ("digits:n=4,lr=-1", "lr"), ("digits:n=4,depth=3", "unknown option"),
@@ -67,6 +70,7 @@ def test_a_bad_workload_spec_says_which_part():
     assert TrainingSpec.parse(s.to_spec()) == s
 
 
+@pytest.mark.loopback
 async def test_a_partial_reduce_of_real_models_matches_a_numpy_reference_within_the_float32_bound():
     """Three of five workers' locally trained models (real SGD steps), weighted 0.5/0.3/0.2, summed over
     a weighted ring on real TCP: every receiver holds the same bytes, each element within
@@ -97,6 +101,7 @@ async def test_a_partial_reduce_of_real_models_matches_a_numpy_reference_within_
     assert check_result(SMALL, results[0], len(members)) == (True, "")
 
 
+@pytest.mark.unit
 def test_the_in_band_check_catches_corrupted_misplaced_or_mixed_values():
     """A receiver's own check (the trailer): any value that is not the weighted sum of whole
     contributions. (A missing or doubled contribution is still a consistent sum: the engine's contributor
@@ -138,6 +143,7 @@ async def run_until(sched, agents, policy, *, scheme="ring", params, chunk, work
     return js
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(240)
 async def test_training_reaches_90_percent_on_digits_under_every_scheme():
     n = 4
@@ -167,6 +173,7 @@ async def test_training_reaches_90_percent_on_digits_under_every_scheme():
     assert not sched.errors
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("planner", ["ring", "mst", "netstorm"])
 async def test_selective_reduce_live_keeps_the_integer_workloads_exact_sums_and_the_controllers_groups(planner):
@@ -188,6 +195,7 @@ async def test_selective_reduce_live_keeps_the_integer_workloads_exact_sums_and_
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(120)
 async def test_a_job_of_rounds_ends_at_job_end_while_workers_wait_in_the_queue_or_compute(tmp_path):
     """The budget's end: workers waiting for a sync that will never form, and one in a long round, stop."""
@@ -211,6 +219,7 @@ async def test_a_job_of_rounds_ends_at_job_end_while_workers_wait_in_the_queue_o
         await stop_cluster(sched, tasks)
 
 
+@pytest.mark.loopback
 async def test_selective_reduce_refuses_a_cluster_without_bandwidths():
     sched, agents, tasks = await start_cluster(uniform(3), cluster="sr-nobw")
     try:

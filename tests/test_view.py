@@ -4,6 +4,8 @@ import pytest
 
 from scheduler.view import DisconnectedView, NetworkView
 
+pytestmark = pytest.mark.unit
+
 RING = [(0, 1), (1, 2), (2, 3), (3, 0)]
 
 

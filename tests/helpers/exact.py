@@ -1,98 +1,17 @@
-"""Several real agents' data planes in one process: real TCP on loopback, one event loop; and the
-exact sums every synchronization test compares results with, computed here, not by the product."""
+"""The exact sums every synchronization test compares results with, computed here, not by the product."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agents.engine import ChunkEngine
-from agents.workload import contribution
-from core.dispatch import DISPATCH
 from core.plan import Plan
-from emulation.link import LinkShaper
-from emulation.topology import Topology
-from overlay.peers import Overlay
-
-SECRET = b"harness-cluster-secret-0123456789"  # tests run authenticated, as `wansync run` does
-
-
-class LocalNet:
-    def __init__(self, topo: Topology, *, shaped: bool = False, cluster: str = "test",
-                 segment_bytes: int = 64 * 1024, primary_busy_bound: int | None = None,
-                 secret: bytes | None = SECRET, hold_budget: int | None = None) -> None:
-        """secret: every connection authenticates (overlay.auth) unless None (--insecure)."""
-        self.topo = topo
-        self.secret = secret
-        self.hold_budget = hold_budget
-        self.routes = topo.routes()
-        self.engines: dict[int, ChunkEngine] = {}
-        self.overlays: dict[int, Overlay] = {}
-        self.shaped = shaped
-        self.cluster = cluster
-        self.segment_bytes = segment_bytes
-        self.samples: list[tuple[int, int, int, float]] = []
-        self.primary_busy_bound = primary_busy_bound
-
-    async def __aenter__(self) -> LocalNet:
-        addrs = {}
-        for n in range(self.topo.nodes):
-            eng = ChunkEngine(n, self.routes, dispatch=DISPATCH.but(primary_busy_bound=self.primary_busy_bound))
-            pacers = ({b: LinkShaper(s) for (a, b), s in self.topo.links.items() if a == n}
-                      if self.shaped else None)
-            ov = Overlay(n, self.cluster, eng, neighbors=self.topo.neighbors(n), pacers=pacers,
-                         segment_bytes=self.segment_bytes, secret=self.secret,
-                         on_sample=lambda *s: self.samples.append(s))
-            eng.overlay = ov
-            if self.hold_budget is not None:
-                eng.hold_budget = self.hold_budget
-            addrs[n] = ("127.0.0.1", await ov.listen())
-            self.engines[n], self.overlays[n] = eng, ov
-        for ov in self.overlays.values():
-            ov.connect(addrs)
-        await asyncio.gather(*(ov.wait_connected(10) for ov in self.overlays.values()))
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await asyncio.gather(*(ov.close() for ov in self.overlays.values()))
-
-    async def run_round(self, plan: Plan, job: int = 1, rnd: int = 0, attempt: int = 0,
-                        starts: Mapping[int, float | Callable[[], Awaitable[Any]]] | None = None
-                        ) -> dict[int, np.ndarray]:
-        """Every node with a part in the plan (members, aggregators, replicating nodes) runs it as task
-        `rnd`; every receiver must end with the exact (weighted) sum of the members, computed here
-        (`exact_sum`). starts: node -> a coroutine function to await before that node begins (an event
-        it waits for, e.g. `lambda: until(...)`), or a delay in seconds. Returns the receivers' results."""
-        async def one(n: int) -> np.ndarray | None:
-            gate = (starts or {}).get(n)
-            if callable(gate):
-                await gate()
-            elif gate:
-                await asyncio.sleep(gate)
-            mine = contribution(rnd, attempt, n, plan.params) if n in plan.participants else None
-            st = self.engines[n].begin_task(job, rnd, attempt, plan, mine)
-            res = await st.done
-            self.engines[n].end_task(st)
-            return res
-        for n, eng in self.engines.items():  # what the scheduler's JOB tells every agent, relays included
-            eng.open_job(job, rnd)
-            if n not in plan.nodes:
-                eng.drop_stale(job, rnd)  # a node that only relays follows the job's tasks all the same
-        results = await asyncio.wait_for(asyncio.gather(*(one(n) for n in plan.nodes)), 60)
-        want = exact_sum(rnd, plan.participants, plan.params, attempt=attempt, weights=plan.weights)
-        out = {n: r for n, r in zip(plan.nodes, results, strict=True) if n in plan.receiver_set}
-        assert set(out) == set(plan.receiver_set)
-        for n, r in out.items():
-            assert r is not None and r.dtype == np.float32 and np.array_equal(r, want), \
-                f"node {n} holds a wrong result"
-        return out
 
 
 # --- exact sums, independent of agents.workload -------------------------------------------------------
