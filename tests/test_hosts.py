@@ -59,6 +59,9 @@ def _skip_reason() -> str | None:
 SKIP = _skip_reason()
 BROKEN = None if SKIP else standin.unavailable()  # root and netns work: a missing sshd is a failure
 needs_hosts = pytest.mark.skipif(SKIP is not None, reason=f"stand-in hosts: {SKIP}")
+# a deploy builds a wheelhouse, installs on every host and runs over SSH: each test bounds its own
+# commands (180-300 s); pytest's default 120 s would cut a slow but healthy deploy on a busy machine
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
