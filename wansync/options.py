@@ -19,7 +19,7 @@ import argparse
 import copy
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -403,11 +403,6 @@ class Options:
             if o.choices is not None and v is not None and v not in o.choices:
                 raise OptionsError(f"{o.flag} must be one of {', '.join(o.choices)}, got {v!r}")
 
-    def paths(self) -> dict[str, str]:
-        """Every option that names a file, by `group__name` (a launcher copies them to hosts and rewrites)."""
-        keys = ("wan__trace_file", "security__secret_file", "security__tls_cert", "security__tls_key",
-                "security__tls_ca", "output__scenario", "output__out")
-        return {k: v for k in keys if (v := getattr(self, k.split("__")[0])[k.split("__")[1]]) is not None}
 
 
 def _type_ok(o: Opt, v: Any) -> bool:
@@ -469,9 +464,3 @@ def options_from(args: argparse.Namespace) -> Options:
     """A command's options: its --options file (if any), then the flags it was given; validated."""
     base = Options.read(args.options) if getattr(args, "options", None) else None
     return Options.from_args(args, base).validate()
-
-
-def declared_for(command: str) -> Iterable[Opt]:
-    return (o for o in DECLARED if command in o.commands)
-
-
