@@ -1,10 +1,11 @@
-"""Job mode: a progress policy driving many tasks over a time budget, on one network, blind.
+"""Job mode: a progress model driving many tasks over a time budget, on one network, blind.
 
 Workers compute (the same seeded draws of a core.compute.ComputeModel the agents sleep for), say READY,
-and the policy forms tasks, which the exact engine replays as they come, sharing the network with
+and the model forms tasks, which the exact engine replays as they come, sharing the network with
 every task still running. The caller supplies the planner (`plan_for(members, receivers) -> Plan`),
-so the simulator stays pure. The policies mirror scheduler/progress (bsp.py, ssp.py, queue.py; not
-imported, they live on the scheduler's job state), with the worker loop of agents/rounds.py:
+so the simulator stays pure. The models' decisions are core.progress's, taken by name from the one
+registry the live scheduler's models (scheduler/progress) use too; this driver is the worker loop of
+agents/rounds.py around them. The policies below name a model and its options:
 
     Bsp()            every worker each round: the task forms when the last worker is READY; a
                      worker computes its next iteration once it holds the result
@@ -29,14 +30,16 @@ once), planning time, losses and aborts.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.compute import ComputeModel
 from core.dispatch import DISPATCH, Dispatch
 from core.plan import Plan
-from core.selective import Controller, Launch, SelectiveConfig
+from core.progress import SIMULATED, Action, Decision, Form, Go, decide
+from core.progress.selective import Selective as SelectiveDecision
+from core.selective import Controller, SelectiveConfig
 
 from .costs import NONE, WanCosts
 from .exact import Exact
@@ -55,17 +58,27 @@ _RECEIVED, _END, _COMPUTED, _WAKE = 0, 1, 2, 3
 class Bsp:
     name = "bsp"
 
+    def options(self) -> dict[str, Any]:
+        """The registry's options of the model (core.progress.decide)."""
+        return {}
+
 
 @dataclass(frozen=True)
 class Ssp:
     staleness: int = 2
     name = "ssp"
 
+    def options(self) -> dict[str, Any]:
+        return {"staleness": self.staleness}
+
 
 @dataclass(frozen=True)
 class Queue:
     group: int = 2
     name = "queue"
+
+    def options(self) -> dict[str, Any]:
+        return {"group": self.group}
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,9 @@ class Selective:
     bandwidth: Mapping[int, float]  # per worker, Mbit/s: what the controller believes (an oracle by default)
     samples: tuple[float, ...] = ()  # the runtime profile for a warm start
     name = "selective"
+
+    def options(self) -> dict[str, Any]:
+        return {"config": self.config, "bandwidth": self.bandwidth, "samples": self.samples}
 
 
 Policy = Bsp | Ssp | Queue | Selective
@@ -126,15 +142,16 @@ def simulate_job(policy: Policy, plan_for: PlanFor, compute: ComputeModel, worke
 
 class _Job:
     """The driver: its own events (computations over, results and task ends as the engine finds them),
-    the engine advanced up to each of them."""
+    the engine advanced up to each of them; the model's decision object says what forms and who may go on."""
 
     def __init__(self, policy: Policy, plan_for: PlanFor, compute: ComputeModel, workers: tuple[int, ...],
                  rounds: int | None, eng: Exact | RingCost | Stepped, t0: float = 0.0) -> None:
-        if isinstance(policy, Queue) and policy.group < 1:
-            raise ValueError(f"group must be >= 1, got {policy.group}")
-        if isinstance(policy, Ssp) and policy.staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {policy.staleness}")
+        if policy.name not in SIMULATED:
+            raise ValueError(f"progress model {policy.name!r}: the simulator runs {', '.join(sorted(SIMULATED))}")
+        self.decision: Decision = decide(policy.name, **policy.options())  # refuses bad options now
+        self.bound = self.decision.rule == "bound"  # workers wait for a Go, not for their task's result
         self.policy, self.plan_for, self.compute, self.workers = policy, plan_for, compute, workers
+        self.rounds = rounds
         self.last = _INF if rounds is None else rounds - 1  # the last iteration
         self.eng = eng
         self.events: list[tuple[float, int, int, object]] = []
@@ -142,26 +159,25 @@ class _Job:
         self.tasks: list[JobTask] = []
         self.iterations = dict.fromkeys(workers, 0)
         self.computed = dict.fromkeys(workers, 0)
-        self.barrier: dict[int, set[int]] = {}  # BSP: iteration -> workers READY for it
-        self.queue: list[tuple[int, int]] = []  # ready queue: (worker, iteration) in READY order
-        self.last_in: set[int] = set()
-        self.done = dict.fromkeys(workers, -1)  # SSP: last iteration whose multicast is over
-        self.allowed: dict[int, int] = {}
-        self.waiting: dict[int, int] = {}  # SSP: worker -> the iteration it waits to be allowed
-        self.ctl: Controller | None = None
-        self.gid_task: dict[int, int] = {}  # Selective: the controller's group -> task key
-        self.task_gid: dict[int, int] = {}
-        self.wake_seq = 0  # the controller's current wake-up (an older one is stale)
-        if isinstance(policy, Selective):
-            self.ctl = Controller(policy.config, workers, policy.bandwidth, t0=t0, samples=policy.samples)
+        self.refs: dict[int, int] = {}  # task key -> the decision's name for it (selective's group)
+        self.allowed: dict[int, int] = {}  # bound: the highest iteration a Go allowed each worker
+        self.waiting: dict[int, int] = {}  # bound: worker -> the iteration it waits to be allowed
+        self.wake_seq = 0  # the decision's current wake-up (an older one is stale)
+        self.t0 = t0
 
-    def run(self, t0: float, t_end: float) -> JobPrediction:
-        if isinstance(self.policy, Ssp):
-            self._advance(t0, start=False)
+    def start(self, t0: float) -> None:
+        """The decision hears the workers; every worker starts computing iteration 0 at t0."""
+        self._act(self.decision.start(self.workers, self.t0, rounds=self.rounds), t0)
         for w in self.workers:
             self._compute(w, 0, t0)
+
+    def run(self, t0: float, t_end: float) -> JobPrediction:
+        self.start(t0)
         self._loop(t_end)
-        return JobPrediction(self.iterations, self.computed, self.tasks, self.ctl)
+        if self.bound:  # an iteration is over once its multicast is: the decision's done count
+            self.iterations.update({w: self.decision.synced(w) for w in self.workers})
+        ctl = self.decision.controller if isinstance(self.decision, SelectiveDecision) else None
+        return JobPrediction(self.iterations, self.computed, self.tasks, ctl)
 
     def _loop(self, t_end: float) -> None:
         """The network's and the job's events in time order, up to t_end."""
@@ -182,7 +198,7 @@ class _Job:
             self._ready(*data, t)
         elif kind == _WAKE:
             if data == self.wake_seq:
-                self._launch(self.ctl.tick(t), t)  # type: ignore[union-attr]
+                self._act(self.decision.tick(t), t)
         elif kind == _RECEIVED:
             self._received(*data, t)
         else:
@@ -202,93 +218,47 @@ class _Job:
         self.tasks.append(task)
         self.eng.add(TaskRun(task.key, self.plan_for(members, receivers), t))
 
+    def _act(self, actions: Sequence[Action], t: float) -> None:
+        """The decision's actions, in order: its tasks form now, its Gos free the workers waiting for
+        them (once all of this pass are in); its next wake-up (if it has one) becomes an event."""
+        gos = False
+        for a in actions:
+            if isinstance(a, Form):
+                if a.ref is not None:
+                    self.refs[len(self.tasks)] = a.ref
+                self._form(a.members, a.members if a.receivers is None else a.receivers, dict(a.iters), t)
+            elif isinstance(a, Go):
+                self.allowed[a.worker] = a.upto
+                gos = True
+        if gos:
+            self._release(t)
+        self.wake_seq += 1  # every pass sets the wake-up anew: earlier ones are stale
+        if self.decision.wake_at is not None:
+            self._push(self.decision.wake_at, _WAKE, self.wake_seq)
+
     # --- READY ----------------------------------------------------------------------------------
     def _ready(self, w: int, k: int, t: float) -> None:
         self.computed[w] += 1
-        p = self.policy
-        if self.ctl is not None:  # READYs of one instant are drained before the controller's pass (A21)
-            more = bool(self.events) and self.events[0][0] == t and self.events[0][1] == _COMPUTED
-            self._launch(self.ctl.ready(w, k, t, last=k >= self.last, defer=more), t)
-        elif isinstance(p, Bsp):
-            have = self.barrier.setdefault(k, set())
-            have.add(w)
-            if len(have) == len(self.workers):
-                del self.barrier[k]
-                self._form(self.workers, self.workers, dict.fromkeys(self.workers, k), t)
-        elif isinstance(p, Ssp):
-            others = [n for n in self.workers if n != w]
-            if others:
-                self._form((w,), others, {w: k}, t)
-            else:  # nobody to tell: done at once
-                self._ssp_done(w, k, t)
-            if k + 1 <= self.last:  # computes on once a GO allows it
-                self.waiting[w] = k + 1
-                self._release(t)
-        else:
-            self.queue = [(n, r) for n, r in self.queue if n != w] + [(w, k)]
-            if k >= self.last:
-                self.last_in.add(w)
-            self._queue_form(t)
-
-    def _queue_form(self, t: float) -> None:
-        """ReadyQueue._form: groups of p in READY order; the last ones together once nobody else comes."""
-        assert isinstance(self.policy, Queue)
-        p = self.policy.group
-        while len(self.queue) >= p:
-            group, self.queue = self.queue[:p], self.queue[p:]
-            self._form([n for n, _ in group], [n for n, _ in group], dict(group), t)
-        coming = set(self.workers) - self.last_in - {n for n, _ in self.queue}
-        if self.queue and not coming:
-            group, self.queue = self.queue, []
-            self._form([n for n, _ in group], [n for n, _ in group], dict(group), t)
-
-    def _launch(self, launches: list[Launch], t: float) -> None:
-        """The controller's groups become tasks now; its next wake-up (if a group waits) an event."""
-        for L in launches:
-            self.gid_task[L.gid] = len(self.tasks)
-            self.task_gid[len(self.tasks)] = L.gid
-            self._form(L.members, L.members, dict(L.iters), t)
-        assert self.ctl is not None
-        self.wake_seq += 1  # every pass sets the wake-up anew: earlier ones are stale
-        if self.ctl.wake_at is not None:
-            self._push(self.ctl.wake_at, _WAKE, self.wake_seq)
+        # READYs of one instant are drained before a pass of a model that waits for them (A21)
+        more = bool(self.events) and self.events[0][0] == t and self.events[0][1] == _COMPUTED
+        self._act(self.decision.ready(w, k, t, last=k >= self.last, defer=more), t)
+        if self.bound and k + 1 <= self.last:  # computes on once a Go allows it
+            self.waiting[w] = k + 1
+            self._release(t)
 
     # --- results and ends ---------------------------------------------------------------------------
     def _received(self, key: int, node: int, t: float) -> None:
         task = self.tasks[key]
         task.receiver_done_s[node] = t
-        if not isinstance(self.policy, Ssp) and node in task.iters:  # the result of its own iteration
+        if not self.bound and node in task.iters:  # the result of its own iteration
             self.iterations[node] += 1
             self._compute(node, task.iters[node] + 1, t)
 
     def _ended(self, key: int, t: float) -> None:
         task = self.tasks[key]
         task.end_s = t
-        if isinstance(self.policy, Ssp):
-            for node, k in task.iters.items():
-                self._ssp_done(node, k, t)
-        elif isinstance(self.policy, Queue):
-            self._queue_form(t)
-        elif self.ctl is not None:  # each member resumed when it held the result (agents/rounds.py)
-            self._launch(self.ctl.done(self.task_gid[key], t, back=dict(task.receiver_done_s)), t)
-
-    # --- SSP's bound ----------------------------------------------------------------------------------
-    def _ssp_done(self, w: int, k: int, t: float) -> None:
-        if k > self.done[w]:
-            self.iterations[w] += k - self.done[w]
-            self.done[w] = k
-        self._advance(t)
-
-    def _advance(self, t: float, start: bool = True) -> None:
-        """Ssp._advance: each worker's allowance, then the waiting ones it frees compute on."""
-        assert isinstance(self.policy, Ssp)
-        floor = min(self.done.values(), default=-1)
-        for n, d in self.done.items():
-            upto = min(d + 1, floor + 1 + self.policy.staleness, self.last)
-            if upto > self.allowed.get(n, -1):
-                self.allowed[n] = int(upto)
-        if start:
-            self._release(t)
+        # each member resumed when it held the result (agents/rounds.py)
+        self._act(self.decision.over(self.refs.get(key), task.iters, t, back=dict(task.receiver_done_s)), t)
 
     def _release(self, t: float) -> None:
         for w, k in list(self.waiting.items()):

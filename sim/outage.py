@@ -18,6 +18,7 @@ from typing import Any
 
 from core.compute import ComputeModel
 from core.plan import Plan
+from core.progress.queue import Queue as QueueDecision
 
 from .job import _END, JobPrediction, PlanFor, Queue, _Job
 from .model import SimNetwork, TaskRun
@@ -66,8 +67,7 @@ class _OutageJob(_Job):
         self.live_plans: dict[int, Plan] = {}
         self.repaired = self.abandoned = 0
         self.detected: list[tuple[float, Link]] = []
-        for w in self.workers:
-            self._compute(w, 0, t0)
+        self.start(t0)
         self._loop(t_end)
         out = OutagePrediction(self.iterations, self.computed, self.tasks)
         out.repaired, out.abandoned, out.detected = self.repaired, self.abandoned, self.detected
@@ -107,9 +107,8 @@ class _OutageJob(_Job):
                 del self.live_plans[key]
                 self.abandoned += 1
                 task.end_s = None
-                for n, k in sorted(task.iters.items()):  # nothing applied: they queue again
-                    self.queue = [(m, r) for m, r in self.queue if m != n] + [(n, k)]
-                self._queue_form(t)
+                assert isinstance(self.decision, QueueDecision)  # nothing applied: they queue again
+                self._act(self.decision.requeue(sorted(task.iters.items()), t), t)
             else:
                 self.repaired += 1
                 self.live_plans[key] = new

@@ -74,7 +74,7 @@ class CrewQueue(ReadyQueue):
     def stop(self) -> None:
         """Form no more tasks (a job ended at a time budget: the running ones finish, then JOB_END)."""
         self.stopped = True
-        self.queue = []
+        self.decision.stop()
 
     # --- the queue ----------------------------------------------------------------------------------
     def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
@@ -84,10 +84,6 @@ class CrewQueue(ReadyQueue):
         if (node, rnd) in self.placed:
             return
         super().ready(ctl, js, node, rnd, have)
-
-    def _form(self, ctl: Control, js: JobState) -> None:
-        if not self.stopped:
-            super()._form(ctl, js)
 
     def _group(self, ctl: Control, js: JobState, group: list[tuple[int, int]]) -> None:
         self.formed_t[max(js.tasks, default=-1) + 1] = time.time()  # the id form() gives it
@@ -99,17 +95,13 @@ class CrewQueue(ReadyQueue):
         already received its whole (exact) result when it was abandoned: they applied it."""
         self.formed_t.pop(rec.task, None)
         kept = self.consumed.pop(rec.task, frozenset())
+        again: dict[int, int] = {}
         if rec.aborted:
             t = js.tasks.get(rec.task)
             iters = rec.iters or (t.iters if t is not None else {})  # a given-up task's record names none
-            alive = set(ctl.alive())
-            for n, k in sorted(iters.items()):
-                if n in kept:
-                    continue
-                self.placed.discard((n, k))
-                if n in alive and all(n != q for q, _ in self.queue):
-                    self.queue.append((n, k))
-        self._form(ctl, js)
+            again = {n: k for n, k in sorted(iters.items()) if n not in kept}
+            self.placed.difference_update(again.items())
+        self._act(ctl, js, self.decision.over(None, again, time.time(), aborted=rec.aborted, alive=ctl.alive()))
 
     # --- failures -----------------------------------------------------------------------------------
     def link_timeout_s(self, view: NetworkView) -> float:

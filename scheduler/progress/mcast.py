@@ -22,12 +22,13 @@ and on the timeline (`mcast_round`, `mcast_task`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from core.progress import Go
 from core.sspview import SspView, blocked_for
 from sim.switch import Switch
 
@@ -269,13 +270,11 @@ class McastSsp(Ssp, _Choosing):
                                receivers=got, dropped=list(rec.dropped))
         super().task_done(ctl, js, rec)
 
-    def _advance(self, ctl: Control, js: JobState) -> None:
-        before = dict(self.allowed)
-        super()._advance(ctl, js)
+    def _advance(self, ctl: Control, js: JobState, gos: Sequence[Go]) -> None:
+        super()._advance(ctl, js, gos)
         now = time.time()
-        for n, upto in self.allowed.items():  # a worker may start its next computation from now
-            if upto > before.get(n, -1):
-                self.free_t[n] = now
+        for g in gos:  # a worker may start its next computation from now
+            self.free_t[g.worker] = now
 
     def _view(self, ctl: Control, js: JobState, kappa: int, k: int, now: float) -> SspView:
         """The manager's picture on kappa's READY: the view's caps, the replay's remaining volumes

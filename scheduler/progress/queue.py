@@ -1,10 +1,19 @@
 """A ready queue (P-Reduce): workers queue on READY; the first p queued form a partial reduce of their
 contributions (each from its own iteration), which they all receive. When fewer than p workers are
-still to come (the others finished all their iterations, or were lost), whoever is queued forms one."""
+still to come (the others finished all their iterations, or were lost), whoever is queued forms one.
+
+The rule is core.progress's `queue` decision (the simulator's job mode runs the same one); this
+adapter feeds it the scheduler's events and forms the tasks it asks for (`_group`, where CREW hooks in).
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
+
+from core.progress import Action, Form, decide
+from core.progress.queue import Queue
 
 from ..tasks import JobState, TaskRecord
 from .base import Control, Model, register
@@ -16,46 +25,40 @@ class ReadyQueue(Model):
     rule = "result"
 
     def __init__(self, group: int = 2, **_: Any) -> None:
-        if group < 1:
-            raise ValueError(f"group must be >= 1, got {group}")
-        self.p = group
-        self.queue: list[tuple[int, int]] = []  # (worker, iteration) in READY order
-        self.last_in: set[int] = set()  # workers that reported their last iteration READY
-        self.formed = 0  # tasks formed from the queue
+        decision = decide("queue", group=group)
+        assert isinstance(decision, Queue)
+        self.decision = decision
+
+    # the decision's state, as this model and CREW read it
+    @property
+    def p(self) -> int:
+        return self.decision.p
+
+    @property
+    def queue(self) -> list[tuple[int, int]]:
+        return self.decision.queue
+
+    @property
+    def formed(self) -> int:
+        return self.decision.formed
 
     def start(self, ctl: Control, js: JobState) -> None:
-        pass
+        self._act(ctl, js, self.decision.start(ctl.alive(), time.time(), rounds=js.rounds))
 
     def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
-        self.queue = [(n, r) for n, r in self.queue if n != node] + [(node, rnd)]
-        if rnd >= js.rounds - 1:
-            self.last_in.add(node)
-        self._form(ctl, js)
+        self._act(ctl, js, self.decision.ready(node, rnd, time.time(), last=rnd >= js.rounds - 1, alive=ctl.alive()))
 
     def task_done(self, ctl: Control, js: JobState, rec: TaskRecord) -> None:
-        if rec.aborted:  # nothing of it was applied: its members queue again
-            for n, k in rec.iters.items():
-                if n in ctl.alive() and all(n != q for q, _ in self.queue):
-                    self.queue.append((n, k))
-        self._form(ctl, js)
+        self._act(ctl, js, self.decision.over(None, rec.iters, time.time(), aborted=rec.aborted, alive=ctl.alive()))
 
     def lost(self, ctl: Control, js: JobState, node: int) -> None:
-        self.queue = [(n, r) for n, r in self.queue if n != node]
-        self._form(ctl, js)
+        self._act(ctl, js, self.decision.lost(node, time.time(), alive=ctl.alive()))
 
-    def _form(self, ctl: Control, js: JobState) -> None:
-        alive = set(ctl.alive())
-        self.queue = [(n, r) for n, r in self.queue if n in alive]
-        while len(self.queue) >= self.p:
-            self._group(ctl, js, self.queue[:self.p])
-            self.queue = self.queue[self.p:]
-        # who may still queue: every living worker not queued now that has an iteration left to report
-        coming = alive - self.last_in - {n for n, _ in self.queue}
-        if self.queue and not coming:  # nobody else will queue: the last ones go together
-            self._group(ctl, js, self.queue)
-            self.queue = []
+    def _act(self, ctl: Control, js: JobState, actions: Sequence[Action]) -> None:
+        for a in actions:
+            assert isinstance(a, Form), f"a ready queue forms tasks only, not {a}"
+            self._group(ctl, js, list(a.iters.items()))
 
     def _group(self, ctl: Control, js: JobState, group: list[tuple[int, int]]) -> None:
         iters = dict(group)
-        self.formed += 1
         ctl.form(js, sorted(iters), None, max(iters.values()), iters=iters)

@@ -1,7 +1,7 @@
 """Selective reduce (seed 003) as a progress model: the controller of core.selective, live.
 
-The same Controller object the simulator's job mode drives (sim/job.py `Selective`) decides here; this
-module only feeds it the scheduler's events and turns its launches into formed tasks:
+The same decision the simulator's job mode drives (core.progress's `selective`, around core.selective's
+Controller) decides here; this module only feeds it the scheduler's events and forms the tasks it asks for:
 
     READY(node, k)   controller.ready: the worker joins the ready queue (P-Reduce: the first p go;
                      selective reduce: BAG + bpaWR; all-reduce: once everyone is there)
@@ -25,7 +25,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.selective import Controller, Launch, SelectiveConfig
+from core.progress import Action, Form, decide
+from core.progress.selective import Selective
+from core.selective import Controller, SelectiveConfig
 
 from ..tasks import JobState, TaskRecord
 from .base import Control, Model, register
@@ -48,7 +50,7 @@ class SelectiveReduce(Model):
                                       bw_error=bw_error, weights=weights, seed=seed)  # refuses bad options now
         self.samples = tuple(samples)
         self.bandwidth = dict(bandwidth) if bandwidth is not None else None
-        self.controller: Controller | None = None
+        self.decision: Selective | None = None
         self.gids: dict[int, int] = {}  # task id -> the controller's group
         self.weighted = True
         self.stopped = False
@@ -66,31 +68,38 @@ class SelectiveReduce(Model):
         cfg = dataclasses.replace(self.config, v_mbit=js.spec.params * 4 * 8 / 1e6,
                                   weights=self.config.weights if self.weighted else "uniform")
         self.t0 = time.time()
-        self.controller = Controller(cfg, workers, bw, t0=self.t0, samples=self.samples)
+        decision = decide("selective", config=cfg, bandwidth=bw, samples=self.samples)
+        assert isinstance(decision, Selective)
+        self.decision = decision
+        decision.start(workers, self.t0, rounds=js.rounds)  # forms nothing yet
+
+    @property
+    def controller(self) -> Controller | None:
+        return None if self.decision is None else self.decision.controller
 
     def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
-        if self.stopped or self.controller is None:
+        if self.stopped or self.decision is None:
             return
-        self._launch(ctl, js, self.controller.ready(node, rnd, time.time(), last=rnd >= js.rounds - 1))
+        self._launch(ctl, js, self.decision.ready(node, rnd, time.time(), last=rnd >= js.rounds - 1))
 
     def task_done(self, ctl: Control, js: JobState, rec: TaskRecord) -> None:
         gid = self.gids.pop(rec.task, None)
         if gid is None:
             self._early[rec.task] = rec
             return
-        assert self.controller is not None
+        assert self.decision is not None
         now = time.time()
         if rec.aborted:
-            out = self.controller.aborted(gid, now)
+            out = self.decision.over(gid, rec.iters, now, aborted=True)
         else:  # each member went on training when it held the result
             back = {int(n): min(now, float(span[1])) for n, span in rec.spans.items()}
-            out = self.controller.done(gid, now, back=back, t_end=min(now, rec.t_end))
+            out = self.decision.over(gid, rec.iters, now, back=back, t_end=min(now, rec.t_end))
         if not self.stopped:
             self._launch(ctl, js, out)
 
     def lost(self, ctl: Control, js: JobState, node: int) -> None:
-        if self.controller is not None:
-            out = self.controller.lost(node, time.time())
+        if self.decision is not None:
+            out = self.decision.lost(node, time.time())
             if not self.stopped:
                 self._launch(ctl, js, out)
 
@@ -104,23 +113,24 @@ class SelectiveReduce(Model):
         assert self.controller is not None
         return self.controller.summary(time.time() if t_end is None else t_end)
 
-    def _launch(self, ctl: Control, js: JobState, launches: list[Launch]) -> None:
-        assert self.controller is not None
-        for L in launches:
-            opts = {"weights": dict(L.weights)} if self.weighted else None
+    def _launch(self, ctl: Control, js: JobState, actions: list[Action]) -> None:
+        assert self.decision is not None
+        for L in actions:
+            assert isinstance(L, Form) and L.ref is not None
+            opts = {"weights": dict(L.weights or {})} if self.weighted else None
             t = ctl.form(js, L.members, None, max(L.iters.values()), iters=dict(L.iters), options=opts)
-            self.gids[t.id] = L.gid
+            self.gids[t.id] = L.ref
             early = self._early.pop(t.id, None)
             if early is not None:
                 self.task_done(ctl, js, early)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        wake = self.controller.wake_at
+        wake = self.decision.wake_at
         if wake is not None and not self.stopped:
             self._timer = asyncio.get_running_loop().call_later(max(0.0, wake - time.time()), self._tick, ctl, js)
 
     def _tick(self, ctl: Control, js: JobState) -> None:
         self._timer = None
-        if not self.stopped and self.controller is not None and not js.finished.is_set():
-            self._launch(ctl, js, self.controller.tick(time.time()))
+        if not self.stopped and self.decision is not None and not js.finished.is_set():
+            self._launch(ctl, js, self.decision.tick(time.time()))

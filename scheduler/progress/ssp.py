@@ -11,11 +11,19 @@ iteration of worker j (-1 before its first), worker i may compute iteration k on
 over the workers still in the job (s = 0 is BSP's lockstep). Each worker is told by a GO(upto) of
 its own whenever its allowance rises; receivers apply what they get when it arrives. Waiting for
 its own multicast is what keeps a fast worker from piling up transfers the network cannot carry.
+
+The rule itself is core.progress's `ssp` decision (the simulator's job mode runs the same one); this
+adapter feeds it the scheduler's events and turns its actions into formed tasks and GOs.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
+
+from core.progress import Action, Form, Go, decide
+from core.progress.ssp import Ssp as SspDecision
 
 from ..tasks import JobState, TaskRecord
 from .base import Control, Model, register
@@ -28,43 +36,61 @@ class Ssp(Model):
     multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3), or one-member reduces
 
     def __init__(self, staleness: int = 2, **_: Any) -> None:
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
-        self.s = staleness
-        self.done: dict[int, int] = {}  # worker -> its last done iteration (its multicast is over)
-        self.allowed: dict[int, int] = {}  # worker -> the highest iteration a GO allowed it
-        self.violations = 0  # READYs for an iteration no GO allowed (must stay 0)
+        self.decision = decide("ssp", staleness=staleness)
+        assert isinstance(self.decision, SspDecision)
+
+    # the decision's state, as this model and mcast-ssp read it
+    @property
+    def s(self) -> int:
+        return self._ssp.s
+
+    @property
+    def done(self) -> dict[int, int]:
+        return self._ssp.done
+
+    @property
+    def allowed(self) -> dict[int, int]:
+        return self._ssp.allowed
+
+    @property
+    def violations(self) -> int:
+        return self._ssp.violations
+
+    @violations.setter
+    def violations(self, n: int) -> None:
+        self._ssp.violations = n
+
+    @property
+    def _ssp(self) -> SspDecision:
+        assert isinstance(self.decision, SspDecision)
+        return self.decision
 
     def start(self, ctl: Control, js: JobState) -> None:
-        self.done = {n: -1 for n in ctl.alive()}
-        self._advance(ctl, js)
+        self._act(ctl, js, self.decision.start(ctl.alive(), time.time(), rounds=js.rounds))
 
     def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
-        if rnd > self.allowed.get(node, -1):  # the worker computed an iteration no GO allowed
-            self.violations += 1
-        others = [n for n in ctl.alive() if n != node]
-        if others:
-            ctl.form(js, (node,), others, rnd, iters={node: rnd})
-        else:  # nobody to tell: done at once
-            self._done(ctl, js, node, rnd)
+        self._act(ctl, js, self.decision.ready(node, rnd, time.time(), last=rnd >= js.rounds - 1, alive=ctl.alive()))
 
     def task_done(self, ctl: Control, js: JobState, rec: TaskRecord) -> None:
-        for node, k in rec.iters.items():  # over, exact or given up: the worker may go on
-            self._done(ctl, js, node, k)
+        self._act(ctl, js, self.decision.over(None, rec.iters, time.time(), aborted=rec.aborted, alive=ctl.alive()))
 
     def lost(self, ctl: Control, js: JobState, node: int) -> None:
-        self.done.pop(node, None)  # the slowest is among the living
-        self._advance(ctl, js)
+        self._act(ctl, js, self.decision.lost(node, time.time(), alive=ctl.alive()))
 
     def _done(self, ctl: Control, js: JobState, node: int, k: int) -> None:
-        if node in self.done:
-            self.done[node] = max(self.done[node], k)
-            self._advance(ctl, js)
+        """The worker's iteration k needs no multicast (nobody to tell): done at once."""
+        self._act(ctl, js, self._ssp.finished(node, k))
 
-    def _advance(self, ctl: Control, js: JobState) -> None:
-        floor = min(self.done.values(), default=-1)
-        for n, d in self.done.items():
-            upto = min(d + 1, floor + 1 + self.s, js.rounds - 1)
-            if upto > self.allowed.get(n, -1):
-                self.allowed[n] = upto
-                ctl.go(js, upto, n)
+    def _act(self, ctl: Control, js: JobState, actions: Sequence[Action]) -> None:
+        gos: list[Go] = []
+        for a in actions:
+            if isinstance(a, Form):
+                ctl.form(js, a.members, a.receivers, a.iters[a.members[0]], iters=a.iters)
+            else:
+                gos.append(a)
+        self._advance(ctl, js, gos)
+
+    def _advance(self, ctl: Control, js: JobState, gos: Sequence[Go]) -> None:
+        """The allowances that rose: a GO each."""
+        for g in gos:
+            ctl.go(js, g.upto, g.worker)
