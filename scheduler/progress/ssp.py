@@ -72,7 +72,7 @@ class Ssp(Model):
         self._act(ctl, js, self.decision.ready(node, rnd, time.time(), last=rnd >= js.rounds - 1, alive=ctl.alive()))
 
     def task_done(self, ctl: Control, js: JobState, rec: TaskRecord) -> None:
-        self._act(ctl, js, self.decision.over(None, rec.iters, time.time(), aborted=rec.aborted, alive=ctl.alive()))
+        self._act(ctl, js, self.decision.over(None, rec.iters, time.time()))  # over or given up: the same
 
     def lost(self, ctl: Control, js: JobState, node: int) -> None:
         self._act(ctl, js, self.decision.lost(node, time.time(), alive=ctl.alive()))
