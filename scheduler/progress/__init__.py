@@ -1,8 +1,12 @@
 """Progress models: when workers synchronize, and how far one may run ahead of the others.
 
-A progress model is a scheduler-side policy, like a planner: the core names none. It hears every
-worker's READY (it computed an iteration), every task recorded and every worker lost, and answers
-by forming tasks (`Control.form`, or the BSP barrier) and by allowing iterations (`Control.go`).
+A progress model is what the scheduler runs, like a planner. It hears every worker's READY (it
+computed an iteration), every task recorded and every worker lost, and answers by forming tasks
+(`Control.form`, or the BSP barrier) and by allowing iterations (`Control.go`). What bsp, ssp, queue
+and selective decide is core.progress's (one registry, `core.progress.DECISIONS`, which the
+simulator's job mode drives too): their modules here adapt those pure decisions to `Control`. crew
+and mcast-* act on the scheduler's own view, plans and records, so they live here only (on the
+`queue` and `ssp` decisions).
 Its `rule` tells the workers what to wait for before their next iteration: "result" (the task that
 holds their contribution) or "bound" (a GO that allows the iteration).
 
