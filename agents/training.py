@@ -17,7 +17,8 @@ in any order, elementwise
 (Higham's gamma_{m+1}). A receiver cannot see the members' models, so the contribution carries its
 own check in band: after the model come K = 4 sketch values R x (R seeded +-1 signs, the same on
 every worker, repeating with a prime period so they stay 8 MB whatever the model: core.sketch)
-and ||x||_1. Summation is linear, so the result's trailer holds sum_j w_j R x_j and sum_j w_j ||x_j||_1, and a receiver checks |R r - trailer| <= 2 (m + 2) u (sum_j w_j ||x_j||_1) per
+and ||x||_1. Summation is linear, so the result's trailer holds sum_j w_j R x_j and
+sum_j w_j ||x_j||_1, and a receiver checks |R r - trailer| <= 2 (m + 2) u (sum_j w_j ||x_j||_1) per
 sketch row: the bound above summed over elements, for both the model and the trailer. A value that
 is not the weighted sum of whole contributions — corrupted, landed at the wrong offset, a chunk of
 another round mixed in — breaks it (unless below that tolerance); a missing or doubled contribution
