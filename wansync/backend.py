@@ -44,6 +44,14 @@ class AppBackend:
     def link_control(self) -> LinkControl | None:
         return None
 
+    def exec_prefix(self, node: int) -> list[str]:
+        """What starts a process beside node's agent (a training script): nothing here."""
+        return []
+
+    def data_host(self, node: int) -> str:
+        """Node's data address, as a process beside its agent reaches the others (torch's MASTER_ADDR)."""
+        return "127.0.0.1"
+
     def on_job(self, t0: float) -> None:
         pass
 
@@ -79,6 +87,13 @@ class TcBackend(AppBackend):
         netns address (so agent-to-agent bytes cross the shaped veths)."""
         cmd = agent_command(options_file, node, f"{self.net.ctl_host}:{port}")
         return self.net.exec_prefix(node) + cmd + ["--listen", f"{self.net.data_addr(node)}:0"]
+
+    def exec_prefix(self, node: int) -> list[str]:
+        """Inside node's namespace: its bytes to other nodes cross the shaped veths."""
+        return self.net.exec_prefix(node)
+
+    def data_host(self, node: int) -> str:
+        return self.net.data_addr(node)
 
     def link_control(self) -> LinkControl | None:
         return self.net if hasattr(self.net, "set_blackhole") else None  # type: ignore[return-value]
