@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import time
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ class Channel:
         hello_layout = {"names": [str(n) for n in layout["names"]],
                         "shapes": [[int(d) for d in s] for s in layout["shapes"]],
                         "dtypes": [str(d).removeprefix("torch.") for d in layout["dtypes"]]}
+        self.layout = hello_layout
         self._send({"t": "hello", "token": token, "rank": rank, "pid": os.getpid(), "layout": hello_layout})
         welcome, fds = self._recv(with_fd=True)
         if welcome["t"] == "refused":
@@ -57,10 +59,18 @@ class Channel:
         self.sock.settimeout(None)  # a sync waits as long as the slowest rank computes
         self.step = 0
         self.closed = False
+        self.sync_s = 0.0  # time spent in allreduce (reported at close: the run's sync vs compute time)
+        self.t_attached = time.perf_counter()
 
     @classmethod
-    def from_env(cls, layout: dict[str, Any]) -> Channel:
-        """The channel `wansync train` set up for this process."""
+    def from_env(cls, layout: Any) -> Channel:
+        """The channel `wansync train` set up for this process; `layout`: a wansync.torch.layout.Layout
+        (its flat vector: parameters, floating buffers, the skip flag) or {names, shapes, dtypes}."""
+        if not isinstance(layout, dict):
+            specs = [*layout.params, *layout.buffers]
+            layout = {"names": [s.name for s in specs] + ["wansync.skip_flag"],
+                      "shapes": [list(s.shape) for s in specs] + [[1]],
+                      "dtypes": [s.dtype for s in specs] + ["float32"]}
         path = os.environ.get(wire.CHANNEL_ENV)
         if not path:
             raise SyncError(f"not started by `wansync train` (no {wire.CHANNEL_ENV}); set WANSYNC_BASELINE=gloo "
@@ -74,8 +84,10 @@ class Channel:
 
     def allreduce(self) -> Reduced:
         k = self.step
+        t = time.perf_counter()
         self._send({"t": "step", "k": k})
         msg, _ = self._recv()
+        self.sync_s += time.perf_counter() - t
         if msg["t"] != "done" or msg.get("k") != k:
             raise SyncError(f"rank {self.rank}: expected done {k} from the agent, got {msg['t']!r} {msg.get('k')!r}")
         self.step += 1
@@ -91,6 +103,7 @@ class Channel:
             return
         self.closed = True
         try:
+            self.log(steps=self.step, sync_s=self.sync_s, wall_s=time.perf_counter() - self.t_attached)
             self._send({"t": "bye", "steps": self.step})
         except SyncError:
             pass
