@@ -134,7 +134,6 @@ def scenario_scaler(rank: int) -> dict:
 
 def scenario_ddp(rank: int) -> dict:
     import wansync.torch as wt
-
     from wansync.torch.gloo import GlooSync
     from wansync.torch.layout import Tensors
 

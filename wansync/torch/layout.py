@@ -196,7 +196,7 @@ def difference(a: Layout | dict[str, Any], b: Layout | dict[str, Any]) -> str | 
     db = describe(b) if isinstance(b, Layout) else b
     for kind, noun in (("params", "tensor"), ("buffers", "buffer")):
         xs, ys = list(da.get(kind, [])), list(db.get(kind, []))
-        for i, (x, y) in enumerate(zip(xs, ys)):
+        for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
             (nx, sx, tx), (ny, sy, ty) = x, y
             if nx != ny:
                 return f"{noun} {i}: {nx!r} here, {ny!r} there"
