@@ -52,7 +52,7 @@ def simulate(mode, sync_every=2):
     outer = [p.detach().clone() for p in start.parameters()]
     outer_opt = torch.optim.SGD(outer, lr=0.7, momentum=0.9, nesterov=True)
     for step in range(STEPS):
-        for rank, (m, o) in enumerate(zip(models, opts)):
+        for rank, (m, o) in enumerate(zip(models, opts, strict=False)):
             o.zero_grad()
             loss_of(m, rank, step).backward()
             o.step()
@@ -61,7 +61,7 @@ def simulate(mode, sync_every=2):
         with torch.no_grad():
             per_rank = [list(m.parameters()) for m in models]
             if mode == "model":
-                for ps in zip(*per_rank):
+                for ps in zip(*per_rank, strict=False):
                     avg = sum(p.clone() for p in ps) / WORLD
                     for p in ps:
                         p.copy_(avg)
@@ -70,7 +70,7 @@ def simulate(mode, sync_every=2):
                     q.grad = sum(q - ps[i] for ps in per_rank) / WORLD
                 outer_opt.step()
                 for ps in per_rank:
-                    for p, q in zip(ps, outer):
+                    for p, q in zip(ps, outer, strict=False):
                         p.copy_(q)
     return [{k: v.detach() for k, v in m.state_dict().items()} for m in models]
 

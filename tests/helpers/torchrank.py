@@ -147,11 +147,17 @@ def scenario_ddp(rank: int) -> dict:
     model = make_model(seed=rank)
     wrapped = wt.ddp(model, sync=Counted(Tensors.of(model).layout.flat_size))
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     for step in range(STEPS):
         opt.zero_grad()
-        loss_of(wrapped, rank, step).backward()
-        opt.step()
-    return {"final": params(model), "reference": _ddp_reference(rank), "syncs": Counted.calls}
+        loss = loss_of(wrapped, rank, step)
+        if rank == 1 and step == 2:  # an overflow on one rank: every rank's scaler must skip the step
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    reference = _ddp_reference(rank, scaler_inf=True)
+    return {"final": params(model), "reference": reference, "syncs": Counted.calls, "scale": scaler.get_scale()}
 
 
 def _local(mode: str, rank: int) -> dict:
