@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import wansync.torch as wt
+from wansync.torch import plane
 from wansync.torch.layout import Tensors, describe, difference
 
 pytestmark = [pytest.mark.unit, pytest.mark.torch]
@@ -181,8 +182,8 @@ def test_closure_runs_before_the_sync_and_its_loss_is_returned():
 
 
 def test_log_goes_to_the_current_data_plane_and_warns_once_without_one(monkeypatch):
-    monkeypatch.setattr(wt, "_current", None)
-    monkeypatch.setattr(wt, "_warned", False)
+    monkeypatch.setattr(plane, "_current", None)
+    monkeypatch.setattr(plane, "_warned", False)
     with pytest.warns(UserWarning, match="no data plane yet"):
         wt.log(step=1, accuracy=0.5)
     model = torch.nn.Linear(3, 1)

@@ -11,8 +11,6 @@ the data plane is the rank's agent (`channel.Channel`); with WANSYNC_BASELINE=gl
 
 from __future__ import annotations
 
-import os
-import warnings
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -22,7 +20,7 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
         "wansync.torch needs PyTorch: install with pip install -e '.[torch]' (pins torch==2.13.0, CPU build)"
     ) from e
 
-from .layout import Layout
+from .plane import connect, log
 from .sync import Reduced, Sync, SyncError
 
 if TYPE_CHECKING:
@@ -30,52 +28,6 @@ if TYPE_CHECKING:
     from .optimizer import Optimizer
 
 __all__ = ["Optimizer", "Reduced", "Sync", "SyncError", "connect", "ddp", "log"]
-
-_current: Sync | None = None  # the data plane this process syncs through (the last one attached)
-_warned = False
-
-
-def connect(layout: Layout) -> Sync:
-    """The default data plane for a model of this layout: plain Gloo when WANSYNC_BASELINE=gloo,
-    else the rank's wansync agent over the channel `wansync train` named in WANSYNC_CHANNEL."""
-    baseline = os.environ.get("WANSYNC_BASELINE", "")
-    if baseline == "gloo":
-        from .gloo import GlooSync
-
-        return GlooSync(layout.flat_size)
-    if baseline:
-        raise ValueError(f"WANSYNC_BASELINE={baseline!r}: the only baseline is 'gloo'")
-    if not os.environ.get("WANSYNC_CHANNEL"):
-        raise RuntimeError(
-            "not started by `wansync train` (no WANSYNC_CHANNEL); "
-            "set WANSYNC_BASELINE=gloo for plain torch.distributed"
-        )
-    from . import channel
-
-    return channel.Channel.from_env(layout)
-
-
-def attach(sync: Sync) -> Sync:
-    """Make `sync` the process's current data plane (the one `log` writes to)."""
-    global _current
-    _current = sync
-    return sync
-
-
-def log(**metrics: float) -> None:
-    """This rank's metrics (step, accuracy, loss, ...) into the run's results, through the current
-    data plane; without one (no Optimizer or ddp made yet) a no-op that warns once."""
-    global _warned
-    if _current is None:
-        if not _warned:
-            warnings.warn(
-                "wansync.torch.log: no data plane yet (make wt.Optimizer or wt.ddp first); metrics dropped",
-                stacklevel=2,
-            )
-            _warned = True
-        return
-    _current.log(**metrics)
-
 
 def __getattr__(name: str) -> Any:
     """Optimizer and ddp load on first use. The name is then bound here for good: importing the

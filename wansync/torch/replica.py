@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from . import plane as planes
 from .layout import Tensors
 from .sync import Sync, SyncError
 
@@ -12,15 +13,13 @@ from .sync import Sync, SyncError
 def open_sync(tensors: Tensors, sync: Sync | None) -> Sync:
     """The given data plane, or the default one for this layout (`wansync.torch.connect`); checked
     against the layout and made the process's current one (where `wt.log` writes)."""
-    from . import attach, connect
-
-    plane = sync if sync is not None else connect(tensors.layout)
+    plane = sync if sync is not None else planes.connect(tensors.layout)
     if plane.params != tensors.layout.flat_size:
         raise ValueError(
             f"the data plane's buffer holds {plane.params} floats, the model needs {tensors.layout.flat_size} "
             f"({tensors.layout.param_numel} parameters, {tensors.layout.buffer_numel} buffer elements, 1 flag)"
         )
-    return attach(plane)
+    return planes.attach(plane)
 
 
 def broadcast(sync: Sync, tensors: Tensors) -> None:
