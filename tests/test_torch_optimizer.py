@@ -27,7 +27,7 @@ def assert_close(a, b, atol=1e-6):
 
 
 def test_grad_mode_equals_plain_ddp_and_starts_every_rank_from_rank_0(tmp_path):
-    out = ranks("grad", WORLD, tmp_path)
+    out = ranks("grad", 3, tmp_path)  # three: the average is not a power-of-two division
     rank0_before = out[0]["before"]
     for rank, r in enumerate(out):
         # the initial broadcast: parameters and BatchNorm buffers are rank 0's, whatever this rank's seed
@@ -38,9 +38,10 @@ def test_grad_mode_equals_plain_ddp_and_starts_every_rank_from_rank_0(tmp_path):
         # five steps: what plain DDP (no hook, same data, same momentum SGD) reaches
         assert_close(trained(r["final"]), trained(r["reference"]))
         assert not torch.equal(r["final"]["0.weight"], rank0_before["0.weight"])  # it did train
-    assert_close(out[0]["final"], out[1]["final"], atol=0)  # BatchNorm running stats averaged alike
+    for r in out[1:]:
+        assert_close(r["final"], out[0]["final"], atol=0)  # BatchNorm running stats averaged alike
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert sorted((m["rank"], m["step"]) for m in lines) == [(r, s) for r in range(WORLD) for s in range(STEPS)]
+    assert sorted((m["rank"], m["step"]) for m in lines) == [(r, s) for r in range(3) for s in range(STEPS)]
 
 
 def simulate(mode, sync_every=2):

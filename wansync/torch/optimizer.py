@@ -144,7 +144,7 @@ class Optimizer(torch.optim.Optimizer):
         else:
             self.tensors.grads_into(flat)
             if scale is not None:
-                flat[: layout.param_numel].div_(scale)
+                flat[: layout.param_numel].div_(float(scale))  # the flat buffer is on the CPU, the scale may not be
         self.tensors.buffers_into(flat)
         flat[layout.flag] = 1.0 if overflow else 0.0
         reduced = self.sync.allreduce()
@@ -168,14 +168,13 @@ class Optimizer(torch.optim.Optimizer):
         assert self.outer is not None
         flat, tensors = self.sync.buffer(), self.tensors
         for i, (p, q) in enumerate(zip(tensors.params, self.outer_params, strict=True)):
-            view = tensors.param_slice(flat, i).view(q.shape)
-            torch.sub(q, p.to(torch.float32), out=view)
+            tensors.param_slice(flat, i).view(q.shape).copy_(q - p.to(torch.float32))
         tensors.buffers_into(flat)
         flat[tensors.layout.flag] = 0.0
         reduced = self.sync.allreduce()
         w = 1.0 / reduced.weight
         for i, q in enumerate(self.outer_params):
-            q.grad = tensors.param_slice(reduced.result, i).view(q.shape) * w
+            q.grad = tensors.param_slice(reduced.result, i).view(q.shape).to(q.device) * w
         self.outer.step()
         for p, q in zip(tensors.params, self.outer_params, strict=True):
             p.copy_(q)
