@@ -109,7 +109,8 @@ async def test_scripts_get_the_sum_of_every_rank(private_dir, tmp_path, scheme):
             assert float(np.max(np.abs(got - ref) / scale)) <= (nodes + 1) * 2.0 ** -24
     assert len(js.records) == STEPS and not any(rec.aborted for rec in js.records)
     metrics = [st["training"]["metrics"] for st in js.stats.values()]
-    assert all([m["step"] for m in ms] == list(map(float, range(STEPS))) for ms in metrics)
+    assert all([m["step"] for m in ms if "step" in m] == list(map(float, range(STEPS))) for ms in metrics)
+    assert all(ms[-1]["steps"] == STEPS and 0 <= ms[-1]["sync_s"] <= ms[-1]["wall_s"] for ms in metrics)
 
 
 async def test_a_rank_with_another_model_is_refused_by_name(private_dir, tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from emulation.faults import LinkControl
-from emulation.tc import TcNetwork
+from emulation.tc import DATA_DEV, TcNetwork
 from emulation.topology import Topology
 from emulation.trace import Trace
 
@@ -33,6 +33,7 @@ class AppBackend:
 
     name = "app"
     scheduler_host = "127.0.0.1"
+    data_ifname: str | None = None  # the interface holding a node's data address, where it has its own
     agent_shaping = "app"  # agents emulate rates and delays (wansync.options SHAPING)
 
     async def setup(self) -> None:
@@ -63,6 +64,7 @@ class TcBackend(AppBackend):
     """The kernel shapes every link: agents run in their namespaces and keep only delay and jitter."""
 
     name = "tc"
+    data_ifname = DATA_DEV  # torch's Gloo binds by interface name (GLOO_SOCKET_IFNAME)
 
     def __init__(self, topo: Topology, trace: Trace | None, console: Console) -> None:
         self.topo = topo

@@ -160,6 +160,8 @@ class TrainJobs:
         env = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, TOKEN_ENV, BASELINE_ENV)}
         self.script_env = {**env, "MASTER_ADDR": backend.data_host(0), "MASTER_PORT": str(self.master_port),
                            "PYTHONUNBUFFERED": "1"}
+        if backend.data_ifname is not None:  # Gloo must send over the shaped links, not the control bridge
+            self.script_env["GLOO_SOCKET_IFNAME"] = backend.data_ifname
 
     @property
     def agent_env(self) -> dict[str, str]:
