@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="your own training script (wansync.torch) once per node beside its agent, "
                                      "under every scheme; time to accuracy against plain DDP on the same WAN")
-    t.add_argument("script_path", metavar="SCRIPT", help="the training script (python)")
-    t.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
+    t.add_argument("script_path", metavar="SCRIPT", help="the training script (python); arguments wansync does not "
+                   "know are the script's (everything after `--` is)")
     add_arguments(t, TRAIN)
     _verbose(t)
 
@@ -106,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args, rest = ap.parse_known_args(argv)
+    if args.cmd == "train":  # what wansync does not know is the script's (after `--`, all of it is)
+        args.script_args = [a for a in rest if a != "--"] if rest[:1] != ["--"] else rest[1:]
+    elif rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     # Ctrl-C must reach us (and so reap the agents) even if a shell started us with SIGINT ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,

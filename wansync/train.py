@@ -40,7 +40,7 @@ from overlay.handoff import CHANNEL_ENV, TOKEN_ENV
 from scheduler.service import JobState, Scheduler
 
 from .backend import AppBackend
-from .procs import reap, wait_or_die
+from .procs import reap
 from .runspec import RunConfig
 
 ROUNDS = 1 << 40  # a training job has as many rounds as its scripts take steps: it ends when they exit
@@ -123,6 +123,16 @@ class Scripts:
                 self.procs.append(subprocess.Popen(self.backend.exec_prefix(rank) + cmd, env=env,
                                                    stdin=subprocess.DEVNULL, stderr=err))
 
+    async def first(self, aw: Any) -> Any:
+        """`aw`'s result, unless a script fails first (TrainError naming its rank and why)."""
+        task = asyncio.ensure_future(aw)
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.2)
+            if not task.done() and (gone := self.dead()):
+                task.cancel()
+                raise TrainError(f"rank {gone[0][0]}'s script failed ({gone[0][1]})")
+        return task.result()
+
     def dead(self) -> list[tuple[int, str]]:
         return [(i, self.why(i)) for i, p in enumerate(self.procs) if p.poll() is not None and p.returncode != 0]
 
@@ -175,7 +185,7 @@ class TrainJobs:
         n = self.cfg.topo.nodes
         scripts.start({TOKEN_ENV: self.token, "WANSYNC_SCHEME": scheme}, work, channels=self.dir)
         try:
-            layout = await wait_or_die(sched.attached(t["attach_timeout_s"]), scripts.dead)
+            layout = await scripts.first(sched.attached(t["attach_timeout_s"]))
             self.console.print(f"{scheme}: every rank attached ({layout['params']:,} values); training",
                                highlight=False)
             job = asyncio.ensure_future(run_job(params=layout["params"] + trailer_len(n), rounds=ROUNDS,

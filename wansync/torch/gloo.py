@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,10 @@ class GlooSync:
         self._metrics_path = os.environ.get("WANSYNC_METRICS")
         self.metrics: list[dict[str, float]] = []  # kept here when WANSYNC_METRICS is not set
         self._closed = False
+        self.steps = 0
+        self.sync_s = 0.0  # time in all_reduce (reported at close, as the channel does)
+        self._t0 = time.perf_counter()
+        self.log(attached=1.0)  # init_process_group was a barrier: every rank is here
 
     def buffer(self) -> torch.Tensor:
         return self._data[: self.params]
@@ -56,14 +61,17 @@ class GlooSync:
         if not bool(torch.isfinite(self.buffer()).all()):
             self.buffer().zero_()
             flags[self.rank] = 1.0
+        t = time.perf_counter()
         dist.all_reduce(self._data, op=dist.ReduceOp.SUM, group=self.group)
+        self.sync_s += time.perf_counter() - t
+        self.steps += 1
         bad = [r for r in range(self.world) if flags[r].item() != 0.0]
         if bad:
             raise SyncError(f"rank {', '.join(map(str, bad))}: contribution not finite (inf or nan)")
         return Reduced(self.buffer(), float(self.world), tuple(range(self.world)))
 
     def log(self, **metrics: float) -> None:
-        record = {"rank": self.rank, **{k: float(v) for k, v in metrics.items()}}
+        record = {"rank": self.rank, "t": time.time(), **{k: float(v) for k, v in metrics.items()}}
         if self._metrics_path:
             with open(self._metrics_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
@@ -71,4 +79,6 @@ class GlooSync:
             self.metrics.append(record)
 
     def close(self) -> None:
+        if not self._closed:
+            self.log(steps=self.steps, sync_s=self.sync_s, wall_s=time.perf_counter() - self._t0)
         self._closed = True

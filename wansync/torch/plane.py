@@ -3,6 +3,7 @@ the current one, where `wt.log` writes metrics."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import warnings
 
@@ -37,6 +38,7 @@ def attach(sync: Sync) -> Sync:
     """Make `sync` the process's current data plane (the one `log` writes to)."""
     global _current
     _current = sync
+    atexit.register(sync.close)  # the script's summary (steps, time in sync) and a clean detach
     return sync
 
 
