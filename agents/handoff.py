@@ -62,6 +62,8 @@ class Script:
     metrics: list[dict[str, float]] = field(default_factory=list)  # {"t": synced time, name: value, ...}
     t_attach: float = 0.0
     nonfinite: int = 0
+    seal_s: float = 0.0  # time sealing contributions (the check trailer) and copying results back
+    deliver_s: float = 0.0
     sealed: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)  # slot -> (step, contribution)
 
     @property
@@ -276,17 +278,21 @@ class Handoff:
     def _sealed(self, script: Script, region: np.ndarray, k: int) -> np.ndarray:
         """The slot with its trailer: the sketch and L1 of the values, then this rank's flag if they
         were not finite (sent as zeros then)."""
+        t = time.perf_counter()
         P, n = script.params, script.values
         x = region[:P]
         flags = region[P + sketch.ROWS + 1:n]
         flags[:] = 0
-        if not np.isfinite(x).all():
+        trailer = sketch.trailer(x, SEED)
+        if not np.isfinite(trailer).all():  # the fold of non-finite values is not finite
             script.nonfinite += 1
             log.error("node %d: step %d of the script holds non-finite values; it sends zeros and the sync fails",
                       self.node, k)
             x[:] = 0
             flags[self.node] = 1
-        region[P:P + sketch.ROWS + 1] = sketch.trailer(x, SEED)
+            trailer[:] = 0
+        region[P:P + sketch.ROWS + 1] = trailer
+        script.seal_s += time.perf_counter() - t
         return region[:n]
 
     def check(self, result: np.ndarray, members: int) -> tuple[bool, str]:
@@ -312,7 +318,9 @@ class Handoff:
                 ok, error = False, (f"rank(s) {', '.join(map(str, bad.tolist()))} contributed non-finite values "
                                     f"at step {k}; the sync is void")
             else:
+                t = time.perf_counter()
                 script.regions[2][:P] = result[:P]
+                script.deliver_s += time.perf_counter() - t
         script.delivered, script.step = k, None
         msg = {"t": "done", "k": k, "ok": ok, "weight": float(weight), "members": list(members),
                "error": error or None}
@@ -324,4 +332,5 @@ class Handoff:
             return {"workload": "handoff", "steps": 0}
         return {"workload": "handoff", "steps": script.next_step, "params": script.params,
                 "metrics": script.metrics, "t_attach": script.t_attach, "nonfinite": script.nonfinite,
+                "seal_s": script.seal_s, "deliver_s": script.deliver_s,
                 "refused_connections": self.refused}

@@ -37,26 +37,32 @@ def signs(period: int, seed: int) -> np.ndarray:
     return (rng.integers(0, 2, (ROWS, period), dtype=np.int8) * 2 - 1).astype(np.float64)
 
 
-def fold(x: np.ndarray) -> np.ndarray:
-    """x's elements summed by index mod FOLD, in float64 (one pass; nothing the size of x allocated)."""
+def fold(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """x's elements summed by index mod FOLD (float64), and ||x||_1: one pass in blocks of FOLD, so
+    nothing the size of x is allocated. A non-finite x gives a non-finite fold."""
     n = len(x)
     if n <= FOLD:
-        return x.astype(np.float64)
-    whole = n // FOLD * FOLD
-    out = x[:whole].reshape(-1, FOLD).sum(axis=0, dtype=np.float64)
-    out[:n - whole] += x[whole:]
-    return out
+        return x.astype(np.float64), float(np.abs(x).sum(dtype=np.float64))
+    out = np.zeros(FOLD, np.float64)
+    l1 = 0.0
+    for i in range(0, n, FOLD):
+        block = x[i:i + FOLD]
+        np.add(out[:len(block)], block, out=out[:len(block)])
+        l1 += float(np.abs(block).sum(dtype=np.float64))
+    return out, l1
 
 
 def sketch(x: np.ndarray, seed: int) -> np.ndarray:
     """R x (ROWS values, float64)."""
-    f = fold(x)
+    f, _ = fold(x)
     return signs(len(f), seed) @ f
 
 
 def trailer(x: np.ndarray, seed: int) -> np.ndarray:
-    """A contribution's sketch and L1 norm (float64; the caller stores them as float32)."""
-    return np.concatenate([sketch(x, seed), [float(np.abs(x, dtype=np.float64).sum())]])
+    """A contribution's sketch and L1 norm (float64; the caller stores them as float32). Non-finite
+    where x is."""
+    f, l1 = fold(x)
+    return np.concatenate([signs(len(f), seed) @ f, [l1]])
 
 
 def tolerance(m: int) -> float:
@@ -68,10 +74,10 @@ def tolerance(m: int) -> float:
 def check(result: np.ndarray, params: int, m: int, seed: int) -> tuple[bool, str]:
     """The in-band check of a weighted sum of m contributions of `params` values each, the trailer
     after them (see the module docstring)."""
-    x = result[:params]
-    if not np.all(np.isfinite(x)):
+    f, _ = fold(result[:params])
+    if not np.all(np.isfinite(f)):
         return False, "the model holds non-finite values"
-    got = sketch(x, seed)
+    got = signs(len(f), seed) @ f
     want = result[params:params + ROWS].astype(np.float64)
     l1 = float(result[params + ROWS])
     tol = 2 * tolerance(m + 1) * l1 * 1.001 + 1e-30
