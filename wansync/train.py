@@ -41,6 +41,7 @@ from scheduler.service import JobState, Scheduler
 
 from .backend import AppBackend
 from .procs import reap
+from .report import summarize
 from .runspec import RunConfig
 
 ROUNDS = 1 << 40  # a training job has as many rounds as its scripts take steps: it ends when they exit
@@ -66,6 +67,8 @@ class TrainRun:
     syncs_wrong: int = 0
     guard_valid: bool | None = None
     exit_codes: list[int] = field(default_factory=list)
+    agents: dict[int, dict[str, Any]] = field(default_factory=dict)  # per node: its agent's hand-off figures
+    guard_verdict: str = ""
 
     def series(self, key: str = "accuracy") -> list[tuple[float, float]]:
         """(seconds since t0, value) of `key` as the lowest rank that logs it reported it."""
@@ -206,8 +209,11 @@ class TrainJobs:
         t_end = max((m["t"] for ms in metrics.values() for m in ms), default=time.time())
         link_bytes = sum(int(entry.get("bytes", 0)) for st in js.stats.values() for entry in st["links"].values())
         wrong = sum(1 for r in js.records if not (r.ok and r.digests_agree))
+        agents = {n: {k: v for k, v in st.get("training", {}).items() if k != "metrics"} for n, st in js.stats.items()}
+        summary = summarize(js, self.cfg)
         return TrainRun(name, metrics, max(attach, default=js.t0), t_end, link_bytes, len(js.records), wrong,
-                        exit_codes=codes)
+                        guard_valid=summary["guard_valid"], exit_codes=codes, agents=agents,
+                        guard_verdict=str(summary["guard_verdict"]))
 
     async def baseline(self) -> TrainRun:
         """The same script on plain torch.distributed (Gloo) across the same shaped links."""
