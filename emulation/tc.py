@@ -327,6 +327,17 @@ class TcNetwork:
                             f"action mirred egress redirect dev {self.prefix}-d{i}")
         return cmds
 
+    def sent_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes each directed link's htb class has sent so far (wire bytes, the kernel's counters):
+        what any process moved across the shaped links, ours or not (a baseline's)."""
+        from .nicshape import class_bytes
+
+        out: dict[tuple[int, int], int] = {}
+        for (a, b) in self.topo.links:
+            show = _run(["tc", "-n", self.netns_of(a), "-s", "class", "show", "dev", self.dev(a, b)])
+            out[(a, b)] = class_bytes(show).get("1:1", 0)
+        return out
+
     # --- LinkControl (emulation.faults) ---------------------------------------------------------------
     def _link(self, a: int, b: int) -> None:
         if (a, b) not in self.topo.links and (b, a) not in self.topo.links:

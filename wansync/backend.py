@@ -49,6 +49,10 @@ class AppBackend:
         """What starts a process beside node's agent (a training script): nothing here."""
         return []
 
+    def sent_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes the kernel's shapers sent per directed link ({}: nothing shapes here but our agents)."""
+        return {}
+
     def data_host(self, node: int) -> str:
         """Node's data address, as a process beside its agent reaches the others (torch's MASTER_ADDR)."""
         return "127.0.0.1"
@@ -96,6 +100,9 @@ class TcBackend(AppBackend):
 
     def data_host(self, node: int) -> str:
         return self.net.data_addr(node)
+
+    def sent_bytes(self) -> dict[tuple[int, int], int]:
+        return self.net.sent_bytes()
 
     def link_control(self) -> LinkControl | None:
         return self.net if hasattr(self.net, "set_blackhole") else None  # type: ignore[return-value]

@@ -40,6 +40,7 @@ from overlay.handoff import CHANNEL_ENV, TOKEN_ENV
 from scheduler.service import JobState, Scheduler
 
 from .backend import AppBackend
+from .guard import GUARD_MAX_RUNQ_PER_CPU, GUARD_MAX_RUNQ_PER_RUN_S
 from .procs import reap
 from .report import summarize
 from .runspec import RunConfig
@@ -220,22 +221,49 @@ class TrainJobs:
         work = Path(tempfile.mkdtemp(prefix="ddp-", dir=self.dir))
         scripts = Scripts(self.cfg, self.backend, self.script_env, self.console)
         t0 = time.time()
+        sent0 = await asyncio.to_thread(self.backend.sent_bytes)
         scripts.start({BASELINE_ENV: "gloo", METRICS_ENV: "", "WANSYNC_SCHEME": "ddp"}, work)
         try:
             codes = await scripts.wait(self.cfg.options.train["run_timeout_s"])
         finally:
             scripts.stop()
+        sent1 = await asyncio.to_thread(self.backend.sent_bytes)
         metrics: dict[int, list[dict[str, float]]] = {}
         for rank in range(self.cfg.topo.nodes):
             path = work / f"metrics-{rank}.jsonl"
             metrics[rank] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         starts = [m["t"] for ms in metrics.values() for m in ms if m.get("attached")]
-        run = TrainRun("ddp", metrics, max(starts, default=t0), time.time(), exit_codes=codes)
+        moved = sum(sent1.get(k, 0) - sent0.get(k, 0) for k in sent1)
+        run = TrainRun("ddp", metrics, max(starts, default=t0), time.time(), link_bytes=moved, exit_codes=codes)
+        run.guard_valid, run.guard_verdict = baseline_verdict(run, self.cfg.topo.nodes)
         self.runs.append(run)
         return run
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def baseline_verdict(run: TrainRun, nodes: int) -> tuple[bool | None, str]:
+    """Is the baseline a fair one? Its bytes must have crossed the shaped links (at least what a ring
+    all-reduce moves: 2 (n - 1) / n of the model per rank and step, 90 % of it in wire bytes), and its
+    ranks must not have waited for a CPU longer than they ran (as the guard judges agents)."""
+    ends = [m for ms in run.metrics.values() for m in ms if "steps" in m]
+    if len(ends) < nodes:
+        return None, "unjudged: not every rank reported its figures"
+    flat = max(float(m.get("flat", 0)) for m in ends)
+    steps = min(float(m["steps"]) for m in ends)
+    want = 0.9 * steps * 2 * (nodes - 1) * flat * 4 if flat else 0.0
+    if run.link_bytes < want:
+        return False, (f"invalid: {run.link_bytes / 1e6:.1f} MB crossed the shaped links, a ring all-reduce moves "
+                       f"{want / 0.9 / 1e6:.1f} MB (did Gloo route around them?)")
+    for m in ends:
+        cpu, wait, runs = m.get("cpu_s", 0.0), m.get("runq_s", 0.0), m.get("runs", 0.0)
+        if cpu > 0 and wait / cpu > GUARD_MAX_RUNQ_PER_CPU and runs and wait / runs > GUARD_MAX_RUNQ_PER_RUN_S:
+            return False, (f"invalid: rank {int(m.get('rank', -1))} waited for a CPU {wait / cpu:.1f}x as long as "
+                           "it ran (machine overloaded)")
+    if not flat:
+        return None, "unjudged: the ranks did not say how many values they sync"
+    return True, "valid"
 
 
 def _free_port() -> int:
@@ -278,6 +306,8 @@ async def train(cfg: RunConfig, console: Console | None = None) -> list[TrainRun
     console = console or Console(stderr=True)
     o = cfg.options
     backend = TcBackend(cfg.topo, cfg.trace, console) if o.wan["backend"] == "tc" else AppBackend()
+    if backend.name == "app" and o.agents["shaping"] == "none":  # unshaped loopback (hand-off costs)
+        backend.agent_shaping = "none"
     jobs = TrainJobs(cfg, backend, console)
     try:
         cfg = dataclasses.replace(cfg, options=o.replace(agents__handoff_dir=str(jobs.dir)))

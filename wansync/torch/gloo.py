@@ -80,5 +80,20 @@ class GlooSync:
 
     def close(self) -> None:
         if not self._closed:
-            self.log(steps=self.steps, sync_s=self.sync_s, wall_s=time.perf_counter() - self._t0)
+            self.log(steps=self.steps, sync_s=self.sync_s, wall_s=time.perf_counter() - self._t0,
+                     flat=self.params, **_schedstat())
         self._closed = True
+
+
+def _schedstat() -> dict[str, float]:
+    """This process's CPU time, run-queue wait and wake-ups over all its threads (Linux schedstat), so
+    a launcher can tell a baseline starved of CPU from a slow network; {} where there is none."""
+    run = wait = slices = 0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/schedstat") as fh:
+                r, w, n = (int(x) for x in fh.read().split()[:3])
+            run, wait, slices = run + r, wait + w, slices + n
+    except (OSError, ValueError):
+        return {}
+    return {"cpu_s": run / 1e9, "runq_s": wait / 1e9, "runs": float(slices)}
