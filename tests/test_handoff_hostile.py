@@ -169,12 +169,12 @@ async def refused(c: Cluster, caplog: pytest.LogCaptureFixture, node: int, data:
     assert all(a.handoff.script is s for a, s in zip(c.agents, scripts, strict=True))
 
 
-async def attach_raw(c: Cluster) -> list[Peer]:
+async def attach_raw(c: Cluster, **over: Any) -> list[Peer]:
     """A raw script attached to every agent (a hello each, the scheduler's verdict, the memfd)."""
     peers = [await connect(socket_path(a.handoff.path.parent, a.node)) for a in c.agents]
 
     def one(r: int) -> dict[str, Any] | None:
-        peers[r].send(frame(hello(rank=r)))
+        peers[r].send(frame(hello(rank=r, **over)))
         return peers[r].read()
     welcomes = await asyncio.gather(*(asyncio.to_thread(one, r) for r in range(NODES)),
                                     c.sched.attached(60))
@@ -329,7 +329,8 @@ async def test_a_stranger_of_another_uid_is_refused_by_its_credentials(private_d
         await sync_works(c, private_dir, tmp_path)
 
 
-async def test_the_socket_is_private_and_a_directory_open_to_others_is_refused(tmp_path):
+async def test_the_socket_is_private_and_a_directory_open_to_others_is_refused():
+    """The socket is 0600; the agent will not start in a directory open to others (or not its own)."""
     async def never(_layout: dict[str, Any]) -> tuple[bool, str, int]:
         raise AssertionError("nobody attaches here")
 
@@ -342,6 +343,12 @@ async def test_the_socket_is_private_and_a_directory_open_to_others_is_refused(t
             assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
         finally:
             h.close()
+        if os.geteuid() == 0:  # private, but someone else's: its owner could swap the socket for its own
+            os.chown(d, 65534, 65534)
+            with pytest.raises(PermissionError, match="belongs to uid 65534"):
+                Handoff(socket_path(d, 0), TOKEN, 0, never).start()
+            assert not socket_path(d, 0).exists()
+            os.chown(d, 0, 0)
         for mode in (0o755, 0o750, 0o705, 0o701, 0o710):
             os.chmod(d, mode)
             h = Handoff(socket_path(d, 0), TOKEN, 0, never)
@@ -427,6 +434,11 @@ async def test_a_second_script_is_refused_while_one_is_attached(private_dir, tmp
     monkeypatch.setattr(agent_handoff, "HELLO_TIMEOUT_S", 600.0)
     async with cluster("hx8", private_dir) as c:
         h = c.agents[0].handoff
+        peers = await attach_raw(c, pid=1)  # a script that says it is pid 1 is named by its real pid
+        assert h.script.pid == os.getpid()
+        await refused(c, logs, 0, None, f"rank 0 already has a script attached (pid {os.getpid()})")
+        for node, peer in enumerate(peers):
+            await bye(c, peer, node)
         early = await connect(h.path)
         await until(lambda: len(h._tasks) == 2, "the agent to serve the early peer")  # accept, and the peer
 
