@@ -107,7 +107,10 @@ class Peer:
         self.fds: list[int] = []
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        try:
+            self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the agent answered before it read this (a refusal at connect): `read` gets the answer
 
     def read(self) -> dict[str, Any] | None:
         """The agent's next frame; None once the connection is closed (a TimeoutError if neither came)."""
