@@ -96,10 +96,14 @@ class Handoff:
     # --- the socket ----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Bind (only the run's user may connect: the directory is 0700, the socket 0600) and serve."""
-        mode = self.path.parent.stat().st_mode & 0o777
+        st = self.path.parent.stat()
+        mode = st.st_mode & 0o777
         if mode & 0o077:
             raise PermissionError(f"{self.path.parent} is open to others (mode {mode:o}); the hand-off "
                                   "channel needs a private directory (0700)")
+        if st.st_uid != os.geteuid():  # its owner could swap the socket for its own
+            raise PermissionError(f"{self.path.parent} belongs to uid {st.st_uid}, not this run's "
+                                  f"{os.geteuid()}; the hand-off channel needs a directory of its own")
         self.path.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
@@ -151,7 +155,7 @@ class Handoff:
                 await self._send(conn, {"t": "refused", "error": error})
                 log.warning("node %d: script pid %d refused: %s", self.node, pid, error)
                 return
-            script = self._attach(conn, hello["pid"], layout, world)
+            script = self._attach(conn, pid, layout, world)  # the kernel's word, not the hello's
             while True:
                 msg = await self._recv(conn)
                 if msg is None:
