@@ -129,7 +129,7 @@ class Tensors:
     def params_from(self, flat: torch.Tensor, scale: float = 1.0) -> None:
         with torch.no_grad():
             for p, v, _ in self._views(flat, self.params, self.layout.params):
-                p.copy_(v if scale == 1.0 else v * scale)
+                _scaled_into(p, v, scale)
 
     def grads_from(self, flat: torch.Tensor, scale: float = 1.0) -> None:
         """Gradients from the flat vector; every parameter gets one (zeros where no rank had any, as
@@ -137,7 +137,7 @@ class Tensors:
         for p, v, _ in self._views(flat, self.params, self.layout.params):
             if p.grad is None:
                 p.grad = torch.empty_like(p)
-            p.grad.copy_(v if scale == 1.0 else v * scale)
+            _scaled_into(p.grad, v, scale)
 
     # floating buffers (BatchNorm running statistics)
     def buffers_into(self, flat: torch.Tensor) -> None:
@@ -147,11 +147,21 @@ class Tensors:
     def buffers_from(self, flat: torch.Tensor, scale: float = 1.0) -> None:
         with torch.no_grad():
             for b, v, _ in self._views(flat, self.buffers, self.layout.buffers):
-                b.copy_(v if scale == 1.0 else v * scale)
+                _scaled_into(b, v, scale)
 
     def param_slice(self, flat: torch.Tensor, index: int) -> torch.Tensor:
         s = self.layout.params[index]
         return flat[s.offset : s.offset + s.numel]
+
+
+def _scaled_into(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
+    """dst = src * scale in one pass where the dtypes and devices agree (no temporary the model's size)."""
+    if scale == 1.0:
+        dst.copy_(src)
+    elif dst.dtype == src.dtype and dst.device == src.device:
+        torch.mul(src, scale, out=dst)
+    else:
+        dst.copy_(src * scale)
 
 
 def _check_dtype(t: torch.Tensor, what: str) -> None:
