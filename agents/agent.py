@@ -29,6 +29,8 @@ from overlay.clock import SyncedClock
 from overlay.control import ControlConn
 from overlay.messages import (
     Abort,
+    Attach,
+    Attached,
     AuxUpdate,
     Clock,
     Counters,
@@ -52,6 +54,7 @@ from overlay.peers import Overlay
 
 from .capprobes import CapProbes
 from .engine import ChunkEngine
+from .handoff import Handoff, socket_path
 from .looplag import LoopLag
 from .probes import LinkProbes
 from .rounds import RoundLoop
@@ -73,13 +76,15 @@ class Agent:
                  clock_sync: bool = True, rate_shaping: bool = True,
                  secret: bytes | None = None,
                  scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None,
-                 advertise: tuple[str, int] | None = None) -> None:
+                 advertise: tuple[str, int] | None = None, handoff: tuple[str, str] | None = None) -> None:
         """dispatch: NetStorm's knobs (core.dispatch); probe_bytes, probe_num, primary_busy_bound and
         aux_queue_length override one of them each where given (the CLI's flags).
         rate_shaping=False: the kernel shapes rates and applies the trace (tc backend); the
         application keeps only link delay and jitter (this kernel has no netem).
         advertise: the (host, port) peers should dial, registered instead of the listening address
-        (a cloud VM behind NAT listens on a private address; port 0: the port it listens on)."""
+        (a cloud VM behind NAT listens on a private address; port 0: the port it listens on).
+        handoff: (private directory, per-run token) of the channel a training script attaches by
+        (agents.handoff); None: no channel."""
         self.rate_shaping = rate_shaping
         self.secret = secret  # cluster secret (overlay.auth); None: unauthenticated (--insecure)
         self.tls = tls
@@ -124,13 +129,17 @@ class Agent:
                                  flush_samples=self._flush_samples)
         self.rounds = RoundLoop(node, self.engine, self.overlay, self.wan, self.lag, self.clock, self.plans,
                                 self.runner, send=self._send, live_peers=lambda: self.live_peers)
+        self.handoff = (Handoff(socket_path(handoff[0], node), handoff[1], node, self._attach, now=self.clock.now)
+                        if handoff is not None else None)
+        self.rounds.handoff = self.handoff
+        self._verdict: asyncio.Future[Attached] | None = None
         # what the scheduler may say, and who handles it; a handler's "shutdown", "fenced" or "lost"
         # ends this connection; other types are ignored
         self._handlers: dict[type[Record], Callable[[Any], str | None]] = {
             Shutdown: lambda _msg: "shutdown", Peers: self._on_peers, Fence: self._on_fence, Job: self._on_job,
             JobEnd: lambda msg: self.runner.end_job(msg.job), Task: self._on_task, AuxUpdate: self._on_aux_update,
             Rates: self._on_rates, Emu: self._on_emu, Abort: self._on_abort,
-            Go: lambda msg: self.runner.on_go(msg.job, msg.upto),
+            Go: lambda msg: self.runner.on_go(msg.job, msg.upto), Attached: self._on_attached,
             Drop: lambda msg: self.runner.on_drop(msg.job, msg.task, msg.attempt, msg.node,
                                                    bool(msg.replicates))}
 
@@ -149,6 +158,8 @@ class Agent:
         self.lag.start()
         self.caps.start()
         reporter = asyncio.create_task(self._report_loop())
+        if self.handoff is not None:
+            self.handoff.start()
         ctl: ControlConn | None = None
         try:
             ctl = await self._connect(port)
@@ -170,6 +181,8 @@ class Agent:
                     break
         finally:
             reporter.cancel()
+            if self.handoff is not None:
+                self.handoff.close()
             self.rounds.cancel()
             self.lag.stop()
             self.caps.stop()
@@ -294,6 +307,21 @@ class Agent:
 
     def _on_abort(self, msg: Abort) -> None:
         self.runner.on_abort(msg.job, msg.task, msg.attempt)
+
+    async def _attach(self, layout: dict[str, Any]) -> tuple[bool, str, int]:
+        """A script attached here: the scheduler compares every rank's model before any job moves it."""
+        if self.ctl is None:
+            return False, "the agent has no scheduler yet", 0
+        if self._verdict is not None and not self._verdict.done():
+            self._verdict.cancel()
+        self._verdict = asyncio.get_running_loop().create_future()
+        self._send(Attach(node=self.node, layout=layout))
+        reply = await self._verdict
+        return reply.ok, reply.error or "", reply.world
+
+    def _on_attached(self, msg: Attached) -> None:
+        if self._verdict is not None and not self._verdict.done():
+            self._verdict.set_result(msg)
 
     # --- what this node reports ----------------------------------------------------------------------
     async def _report_loop(self) -> None:

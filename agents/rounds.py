@@ -27,6 +27,7 @@ from overlay.messages import Job, Ready, Record, Stats
 from overlay.peers import Overlay
 
 from .engine import ChunkEngine
+from .handoff import Handoff
 from .looplag import LoopLag
 from .taskpart import TaskAborted
 from .tasks import Outcome, Prepared, Skipped, TaskRunner
@@ -35,6 +36,7 @@ from .wan import NodeWan
 from .workload import contribution
 
 LEARNING_RATE = 0.01
+HANDOFF = "handoff"  # a job's workload: contributions from the training script attached to each agent
 
 
 class RoundLoop:
@@ -59,6 +61,8 @@ class RoundLoop:
         self.tasks: set[asyncio.Task] = set()  # running jobs
         self._applied: tuple[int, int, np.ndarray | None, int] = (-1, -1, None, 1)  # last round applied
         self.trainer: Trainer | None = None  # a real-training job's model and data (agents.training)
+        self.handoff: Handoff | None = None  # a training script's channel (workload "handoff")
+        self.script = False  # the running job's contributions come from the attached script
 
     def start(self, msg: Job) -> None:
         """JOB: run it (the engine was told to expect its traffic)."""
@@ -87,7 +91,10 @@ class RoundLoop:
         self.lag.take_p99()
         aux0 = (self.engine.aux_bytes, self.engine.sent_bytes)
         self.params = np.zeros(nparams, dtype=np.float32)
-        self.trainer = await self._trainer(msg) if msg.workload else None
+        self.script = msg.workload == HANDOFF
+        if self.script:
+            await self._script(msg)
+        self.trainer = await self._trainer(msg) if msg.workload and not self.script else None
         if msg.mode != "tasks":
             await self._rounds(msg)
         else:
@@ -95,6 +102,8 @@ class RoundLoop:
         stats = self._stats(cpu0, wall0, guard0, meter0, aux0)
         if self.trainer is not None:
             stats["training"] = self.trainer.stats()
+        elif self.script and self.handoff is not None:
+            stats["training"] = self.handoff.stats()
         self.send(Stats(node=self.node, job=job, stats=stats))
 
     async def _trainer(self, msg: Job) -> Trainer:
@@ -109,6 +118,19 @@ class RoundLoop:
         self.runner.verifiers[msg.job] = lambda result, plan: check_result(spec, result, len(plan.participants))
         await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), -1)  # the untrained model's accuracy
         return trainer
+
+    async def _script(self, msg: Job) -> None:
+        """A training script's job: its agent must have the script attached (it is, when the launcher
+        starts the job), moving the values the script's layout says."""
+        if self.handoff is None:
+            raise WorkloadError(f"job {msg.job} trains through the hand-off channel, which this agent does not "
+                                "serve (started without --handoff-dir)")
+        script = await asyncio.wait_for(self.handoff.attached(), 60)
+        if script.values != msg.params:
+            raise WorkloadError(f"params: job {msg.job} moves {msg.params} values, the attached script "
+                                f"{script.values}")
+        handoff = self.handoff
+        self.runner.verifiers[msg.job] = lambda result, plan: handoff.check(result, len(plan.participants))
 
     async def _rounds(self, msg: Job) -> None:
         """Iterations: compute (the job's compute model), READY, then wait as the job's rule says — for
@@ -132,8 +154,14 @@ class RoundLoop:
                 self._undo_update()
                 continue
             attempt = runner.next_attempt.get((job, rnd), 0)
+            if self.script:  # the script's step: its own compute, its own pace
+                assert self.handoff is not None
+                got = await _first(self.handoff.contribution(rnd), stop)
+                if got is None:
+                    break  # the script detached (or the job ended)
+                contrib, computed[rnd] = got, 0.0
             # ~0.1 s per 2.5 M parameters: off the loop, which must keep heartbeats and relays going
-            if trainer is None:
+            elif trainer is None:
                 contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
             if rnd not in computed:  # a retried attempt reuses the round's gradient
                 tc = time.time()
@@ -173,7 +201,10 @@ class RoundLoop:
                 continue
             runner.prepared.pop((job, rnd), None)
             trained.pop(rnd - 1, None)  # kept one round more: an abort after we finished redoes it
-            if out.ok and trainer is not None:  # the group's weighted average is this worker's model now
+            if self.script and self.handoff is not None:  # the sum goes back to the script
+                self.handoff.deliver(rnd, out.result if out.ok else None, sum(out.plan.weights.values()),
+                                     list(out.plan.participants), "" if out.ok else out.error)
+            elif out.ok and trainer is not None:  # the group's weighted average is this worker's model now
                 trainer.apply(out.result, dict(out.plan.weights))
                 self.params = trainer.model
                 await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), rnd)
@@ -212,6 +243,16 @@ class RoundLoop:
                 "aux_bytes": self.engine.aux_bytes - aux0[0], "sent_bytes": self.engine.sent_bytes - aux0[1],
                 "protocol_errors": self.overlay.error_count,
                 "app_rate_shaping": self.wan.app_rate_shaping}
+
+
+async def _first(work: Any, stop: asyncio.Future) -> Any:
+    """`work`'s result, or None if `stop` is done first (work is cancelled then)."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
 
 
 def _cpu_s() -> float:

@@ -15,8 +15,9 @@ in any order, elementwise
     |r_i - sum_j w_j x_ji| <= (m + 1) u sum_j w_j |x_ji|,   u = 2^-24 (float32's unit roundoff)
 
 (Higham's gamma_{m+1}). A receiver cannot see the members' models, so the contribution carries its
-own check in band: after the model come K = 4 sketch values R x (R a seeded +-1 matrix, the same on
-every worker) and ||x||_1. Summation is linear, so the result's trailer holds sum_j w_j R x_j and
+own check in band: after the model come K = 4 sketch values R x (R seeded +-1 signs, the same on
+every worker, repeating with a prime period so they stay 8 MB whatever the model: core.sketch)
+and ||x||_1. Summation is linear, so the result's trailer holds sum_j w_j R x_j and
 sum_j w_j ||x_j||_1, and a receiver checks |R r - trailer| <= 2 (m + 2) u (sum_j w_j ||x_j||_1) per
 sketch row: the bound above summed over elements, for both the model and the trailer. A value that
 is not the weighted sum of whole contributions — corrupted, landed at the wrong offset, a chunk of
@@ -39,9 +40,10 @@ from typing import Any
 
 import numpy as np
 
-U32 = 2.0 ** -24  # float32's unit roundoff
-CHECK_ROWS = 4  # sketch rows in the trailer
-TRAILER = CHECK_ROWS + 1  # the sketch, then the L1 norm
+from core import sketch
+
+U32 = sketch.U32
+TRAILER = sketch.trailer_len()  # the sketch rows, then the L1 norm
 TEST_FRACTION = 0.2
 SHARDS = ("iid", "noniid")
 
@@ -215,24 +217,9 @@ def accuracy(spec: TrainingSpec, flat: np.ndarray, X: np.ndarray, y: np.ndarray)
 
 
 # --- the check trailer --------------------------------------------------------------------------------------
-@lru_cache(maxsize=2)
-def sketch_matrix(params: int, seed: int) -> np.ndarray:
-    """K x P of +-1 (float64), the same on every worker."""
-    rng = np.random.default_rng(10_007 + seed)
-    return (rng.integers(0, 2, (CHECK_ROWS, params), dtype=np.int8) * 2 - 1).astype(np.float64)
-
-
 def with_trailer(spec: TrainingSpec, model: np.ndarray) -> np.ndarray:
-    """A member's contribution: the model, then R x and ||x||_1 (float32)."""
-    x = model.astype(np.float64)
-    trailer = np.concatenate([sketch_matrix(len(model), spec.seed) @ x, [np.abs(x).sum()]])
-    return np.concatenate([model, trailer.astype(np.float32)])
-
-
-def tolerance(m: int) -> float:
-    """Elementwise bound factor for m weighted float32 contributions, any order: (m + 1) u."""
-    g = (m + 1) * U32
-    return g / (1 - g)
+    """A member's contribution: the model, then R x and ||x||_1 (float32; core.sketch)."""
+    return np.concatenate([model, sketch.trailer(model, spec.seed).astype(np.float32)])
 
 
 def check_result(spec: TrainingSpec, result: np.ndarray, m: int) -> tuple[bool, str]:
@@ -240,17 +227,7 @@ def check_result(spec: TrainingSpec, result: np.ndarray, m: int) -> tuple[bool, 
     P = spec.model_params
     if result.shape != (P + TRAILER,):
         return False, f"result has {result.size} elements, the workload {P + TRAILER}"
-    x = result[:P].astype(np.float64)
-    if not np.all(np.isfinite(x)):
-        return False, "the model holds non-finite values"
-    got = sketch_matrix(P, spec.seed) @ x
-    want = result[P:P + CHECK_ROWS].astype(np.float64)
-    l1 = float(result[P + CHECK_ROWS])
-    tol = 2 * tolerance(m + 1) * l1 * 1.001 + 1e-30
-    err = float(np.abs(got - want).max())
-    if err > tol:
-        return False, f"sketch of the result is {err:.3g} off the members' sketches (tolerance {tol:.3g})"
-    return True, ""
+    return sketch.check(result, P, m, spec.seed)
 
 
 # --- one worker --------------------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ and a link's shaping is simply its device's root htb class (no u32 classificatio
 silently miss a packet). A 9-node mesh is 36 veth pairs, which the kernel builds in well under a
 second with `ip -batch`.
 
-Addresses: every node's data address (10.77.0.n+1/32) lives on its `lo`; routes to every other
-node go `via` the next hop of the min-hop route (overlay.routing, the rule the relays and the
-simulator use) over the veth to that neighbour, and IP forwarding is on. The scheduler stays in the
+Addresses: every node's data address (10.77.0.n+1/32) lives on its `wsdata` device (a veth whose
+peer stays in the namespace: torch's Gloo binds by interface name, and `lo` would hand it 127.0.0.1);
+routes to every other node go `via` the next hop of the min-hop route (overlay.routing, the rule the
+relays and the simulator use) over the veth to that neighbour, and IP forwarding is on. The scheduler stays in the
 root namespace: every netns also has an unshaped control veth on a per-run bridge (10.254.k.0/24,
 the first /24 not in use here), so agents reach the scheduler without crossing a shaped link.
 
@@ -49,6 +50,7 @@ from .topotypes import Topology
 PREFIX_RE = re.compile(r"^(ws[0-9a-f]{4})-")
 OWNER_DIR = Path("/run/wansync")
 DATA_NET = "10.77.0."
+DATA_DEV = "wsdata"  # in every namespace: the device holding its data address (GLOO_SOCKET_IFNAME=wsdata)
 MAX_NODES = 250
 ETH_HDR = 14
 IP_TCP_HDR = 20 + 32  # IPv4 + TCP with the timestamp option, as Linux sends it
@@ -263,7 +265,11 @@ class TcNetwork:
                   " echo 0 > /proc/sys/net/ipv4/tcp_slow_start_after_idle"  # as the app backend
                   + (f"; echo {self.congestion_control} > /proc/sys/net/ipv4/tcp_congestion_control"
                      if self.congestion_control else "")])
-            cmds = ["link set lo up", f"addr add {self.data_addr(i)}/32 dev lo",
+            # the data address sits on a device of its own, which processes that bind by interface (Gloo:
+            # GLOO_SOCKET_IFNAME) can be told to use; a veth pair in the namespace, as this kernel has no dummy
+            cmds = ["link set lo up", f"link add {DATA_DEV} type veth peer name {DATA_DEV}p",
+                    f"link set {DATA_DEV} up", f"link set {DATA_DEV}p up",
+                    f"addr add {self.data_addr(i)}/32 dev {DATA_DEV}",
                     f"addr add {self.ctl_addr(i)}/24 dev {self.prefix}-k{i}", f"link set {self.prefix}-k{i} up",
                     f"link add {self.prefix}-s{i} type ifb"]  # the blackhole sink: never up
             for j in topo.neighbors(i):
@@ -320,6 +326,17 @@ class TcNetwork:
                 cmds.append(f"filter add dev {dev} ingress prio 10 protocol all u32 match u32 0 0 "
                             f"action mirred egress redirect dev {self.prefix}-d{i}")
         return cmds
+
+    def sent_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes each directed link's htb class has sent so far (wire bytes, the kernel's counters):
+        what any process moved across the shaped links, ours or not (a baseline's)."""
+        from .nicshape import class_bytes
+
+        out: dict[tuple[int, int], int] = {}
+        for (a, b) in self.topo.links:
+            show = _run(["tc", "-n", self.netns_of(a), "-s", "class", "show", "dev", self.dev(a, b)])
+            out[(a, b)] = class_bytes(show).get("1:1", 0)
+        return out
 
     # --- LinkControl (emulation.faults) ---------------------------------------------------------------
     def _link(self, a: int, b: int) -> None:

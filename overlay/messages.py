@@ -93,6 +93,8 @@ class Msg(enum.StrEnum):
     COUNTERS = "COUNTERS"
     SHUTDOWN = "SHUTDOWN"
     EMU = "EMU"
+    ATTACH = "ATTACH"
+    ATTACHED = "ATTACHED"
     CHUNK = "CHUNK"
     ACK = "ACK"
 
@@ -337,6 +339,28 @@ class Job(Record):
     # what a member contributes: None, the synthetic integers (exact checks); else a workload spec the
     # agent runs (agents.training: real training, e.g. "digits:n=16,shard=iid")
     workload: str | None = f(fc.text(), optional=True)
+
+
+@message
+class Attach(Record):
+    """A training script attached to this node's agent (overlay.handoff): its model's layout, which
+    the scheduler compares across ranks before any job moves it."""
+
+    T = Msg.ATTACH
+    SPEAKS_FOR = True
+    node: int = _node()
+    layout: dict[str, Any] = f(fc.plain)
+
+
+@message
+class Attached(Record):
+    """Every rank attached: `ok` if their models agree (else `error` names the rank and the
+    difference); `world`: how many ranks."""
+
+    T = Msg.ATTACHED
+    ok: bool = f()
+    world: int = _count()
+    error: str | None = f(fc.text(), optional=True)
 
 
 @message

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from core.capshare import CapSharing
 from overlay.messages import (
     Abort,
+    Attach,
     Counters,
     Heartbeat,
     ProtocolError,
@@ -23,6 +24,7 @@ from overlay.messages import (
     TaskDone,
 )
 
+from .attach import Attachments
 from .control import ModelControl
 from .events import Observed
 from .failures import Failures
@@ -48,7 +50,8 @@ class Host(Observed, Protocol):
 
 class Handlers:
     def __init__(self, registry: Registry, view: NetworkView, versions: Versions, cap_sharing: CapSharing,
-                 records: Records, failures: Failures, control: ModelControl, host: Host) -> None:
+                 records: Records, failures: Failures, control: ModelControl, host: Host, *,
+                 attachments: Attachments | None = None) -> None:
         self.registry = registry
         self.view = view
         self.versions = versions
@@ -57,6 +60,7 @@ class Handlers:
         self.failures = failures
         self.control = control
         self.host = host
+        self.attachments = attachments
 
     def table(self) -> dict[type[Record], Handler]:
         """The dispatch table: message type -> handler."""
@@ -72,7 +76,8 @@ class Handlers:
         return {Register: self.on_register, Ready: registered(self.on_ready),
                 Report: registered(self.on_report), TaskDone: registered(self.on_task_done),
                 Stats: registered(self.on_stats), Counters: registered(self.on_counters),
-                Heartbeat: registered(self.on_heartbeat)}
+                Heartbeat: registered(self.on_heartbeat),
+                **({Attach: registered(self.attachments.on_attach)} if self.attachments is not None else {})}
 
     def connection_closed(self, a: AgentInfo) -> None:
         if self.registry.registered(a):

@@ -34,6 +34,7 @@ from overlay.messages import JobEnd, Record, Shutdown
 
 from . import planners
 from . import progress as progress_models
+from .attach import Attachments
 from .control import ModelControl
 from .events import Event
 from .failures import Failures
@@ -87,8 +88,9 @@ class Scheduler:
                                  self.starter, self.records, self)
         self.control = ModelControl(self.registry, self.view, self.versions, self.starter, self.records,
                                     self.failures, self.liveness, self)
+        self.attachments = Attachments(self.registry, nodes)
         self.handlers = Handlers(self.registry, self.view, self.versions, self.cap_sharing, self.records,
-                                 self.failures, self.control, self)
+                                 self.failures, self.control, self, attachments=self.attachments)
         self.server = ControlServer(cluster, secret, may_connect=self.registry.may_connect,
                                     handlers=self.handlers.table(), on_closed=self.handlers.connection_closed,
                                     ssl=tls.server_context() if tls else None)
@@ -148,6 +150,10 @@ class Scheduler:
             missing = sorted(set(range(self.expected)) - set(self.agents))
             raise TimeoutError(f"agents {missing} did not register within {timeout:.0f} s") from None
         self.registry.broadcast(self.registry.peers())
+
+    async def attached(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Every rank's training script attached with the same model: rank 0's layout (scheduler.attach)."""
+        return await self.attachments.verdict(timeout)
 
     async def shutdown(self) -> None:
         self.failures.closing = True

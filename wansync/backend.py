@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from emulation.faults import LinkControl
-from emulation.tc import TcNetwork
+from emulation.tc import DATA_DEV, TcNetwork
 from emulation.topology import Topology
 from emulation.trace import Trace
 
@@ -33,6 +33,7 @@ class AppBackend:
 
     name = "app"
     scheduler_host = "127.0.0.1"
+    data_ifname: str | None = None  # the interface holding a node's data address, where it has its own
     agent_shaping = "app"  # agents emulate rates and delays (wansync.options SHAPING)
 
     async def setup(self) -> None:
@@ -43,6 +44,18 @@ class AppBackend:
 
     def link_control(self) -> LinkControl | None:
         return None
+
+    def exec_prefix(self, node: int) -> list[str]:
+        """What starts a process beside node's agent (a training script): nothing here."""
+        return []
+
+    def sent_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes the kernel's shapers sent per directed link ({}: nothing shapes here but our agents)."""
+        return {}
+
+    def data_host(self, node: int) -> str:
+        """Node's data address, as a process beside its agent reaches the others (torch's MASTER_ADDR)."""
+        return "127.0.0.1"
 
     def on_job(self, t0: float) -> None:
         pass
@@ -55,6 +68,7 @@ class TcBackend(AppBackend):
     """The kernel shapes every link: agents run in their namespaces and keep only delay and jitter."""
 
     name = "tc"
+    data_ifname = DATA_DEV  # torch's Gloo binds by interface name (GLOO_SOCKET_IFNAME)
 
     def __init__(self, topo: Topology, trace: Trace | None, console: Console) -> None:
         self.topo = topo
@@ -79,6 +93,16 @@ class TcBackend(AppBackend):
         netns address (so agent-to-agent bytes cross the shaped veths)."""
         cmd = agent_command(options_file, node, f"{self.net.ctl_host}:{port}")
         return self.net.exec_prefix(node) + cmd + ["--listen", f"{self.net.data_addr(node)}:0"]
+
+    def exec_prefix(self, node: int) -> list[str]:
+        """Inside node's namespace: its bytes to other nodes cross the shaped veths."""
+        return self.net.exec_prefix(node)
+
+    def data_host(self, node: int) -> str:
+        return self.net.data_addr(node)
+
+    def sent_bytes(self) -> dict[tuple[int, int], int]:
+        return self.net.sent_bytes()
 
     def link_control(self) -> LinkControl | None:
         return self.net if hasattr(self.net, "set_blackhole") else None  # type: ignore[return-value]

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .options import AGENT, DEPLOY, RUN, SCHEDULER, SIMULATE, Options, OptionsError, add_arguments, options_from
+from .options import AGENT, DEPLOY, RUN, SCHEDULER, SIMULATE, TRAIN, Options, OptionsError, add_arguments, options_from
 from .stopping import Stopped, until_signal
 
 DEPLOY_OUT_HELP = "results directory: results.jsonl and logs/ (default ./wansync-deploy-DATE-TIME)"
@@ -37,6 +37,13 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="local cluster: a scheduler and one agent process per node, every scheme")
     add_arguments(r, RUN)
     _verbose(r)
+
+    t = sub.add_parser("train", help="your own training script (wansync.torch) once per node beside its agent, "
+                                     "under every scheme; time to accuracy against plain DDP on the same WAN")
+    t.add_argument("script_path", metavar="SCRIPT", help="the training script (python); arguments wansync does not "
+                   "know are the script's (everything after `--` is)")
+    add_arguments(t, TRAIN)
+    _verbose(t)
 
     sc = sub.add_parser("scheduler", help="the scheduler alone, for agents started elsewhere (real hosts): "
                                           "waits for every node, runs every scheme, records, prints")
@@ -99,13 +106,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args, rest = ap.parse_known_args(argv)
+    if args.cmd == "train":  # what wansync does not know is the script's (after `--`, all of it is)
+        args.script_args = [a for a in rest if a != "--"] if rest[:1] != ["--"] else rest[1:]
+    elif rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     # Ctrl-C must reach us (and so reap the agents) even if a shell started us with SIGINT ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    commands = {"run": _run, "agent": _agent, "scheduler": _scheduler, "deploy": _deploy, "simulate": _simulate,
-                "emu": _emu, "plot": _plot}
+    commands = {"train": _train, "run": _run, "agent": _agent, "scheduler": _scheduler, "deploy": _deploy,
+                "simulate": _simulate, "emu": _emu, "plot": _plot}
     try:
         return commands[args.cmd](args)
     except (OptionsError, CliError) as exc:
@@ -154,6 +166,37 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     jobs = asyncio.run(until_signal(run(cfg)))
     return _exit_code(jobs)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .loops import set_loop
+    from .runspec import resolve
+    from .train import TrainError, train
+
+    options = options_from(args)
+    options = options.replace(train__script=args.script_path,
+                              train__args=[*options.train["args"], *args.script_args])
+    if not Path(options.train["script"]).is_file():
+        raise CliError(f"no such script: {options.train['script']}")
+    if options.train["baseline"] is not None and options.wan["backend"] != "tc":
+        raise CliError("--baseline ddp needs --backend tc: on the application backend nothing shapes Gloo's bytes, "
+                       "so the comparison would not be on the same WAN")
+    if options.wan["backend"] == "tc":
+        from emulation.tc import unavailable
+
+        if reason := unavailable():
+            raise CliError(f"--backend tc unavailable here: {reason}")
+    cfg = resolve(options, secret=_secret(options, from_env=False))
+    set_loop(options.agents["loop"])
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        runs = asyncio.run(until_signal(train(cfg)))
+    except TrainError as exc:
+        raise CliError(str(exc), 1) from None
+    wrong = sum(r.syncs_wrong for r in runs)
+    if wrong:
+        print(f"wansync train: {wrong} syncs did not check out (see the results file)", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 def _exit_code(jobs: list) -> int:
@@ -301,11 +344,18 @@ def _agent(args: argparse.Namespace) -> int:
         if not sep or not ahost or not aport.isdigit() or not 0 <= int(aport) < 65536:
             raise CliError(f"--advertise {args.advertise!r}: expected HOST:PORT")
         advertise = (ahost.strip("[]"), int(aport))
+    handoff = None
+    if a["handoff_dir"] is not None:
+        from overlay.handoff import TOKEN_ENV
+
+        if not os.environ.get(TOKEN_ENV):
+            raise CliError(f"--handoff-dir needs the run's token in ${TOKEN_ENV}")
+        handoff = (a["handoff_dir"], os.environ[TOKEN_ENV])
     agent = Agent(args.node, options.cluster["name"], (host, int(port)), topo, trace=trace,
                   shaped=a["shaping"] != "none", host=lhost or "127.0.0.1", listen_port=int(lport or 0),
                   rate_shaping=a["shaping"] == "app", dispatch=dispatch_of(options), secret=secret, tls=tls,
                   hold_budget=int(a["hold_budget_mb"] * (1 << 20)), scheduler_wait_s=a["scheduler_wait_s"],
-                  advertise=advertise)
+                  advertise=advertise, handoff=handoff)
     gcpolicy.apply(a["gc"])  # the agent is built: what exists now lives as long as the process
     try:
         asyncio.run(until_signal(agent.run()))

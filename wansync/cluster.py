@@ -10,13 +10,14 @@ on Ctrl-C and on errors: agents also leave by themselves when their scheduler co
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import secrets
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -194,6 +195,10 @@ class Session:
     register_timeout_s: float = 60.0
     on_listening: Callable[[int], None] | None = None  # told the scheduler's port once it listens
     on_dashboard: Callable[[str], None] | None = None  # told the dashboard's URL once it serves
+    # a scheme's job, if not the synthetic one: (scheduler, scheme, run_job) -> the job; run_job is the
+    # scheduler's run_job with the run's options bound, taking what the caller decides (wansync train)
+    job: Callable[[Scheduler, str, Callable[..., Any]], Awaitable[JobState]] | None = None
+    after: Callable[[], Awaitable[None]] | None = None  # after every scheme, before anything is torn down
 
 
 async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True) -> list[JobState]:
@@ -255,13 +260,13 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
             w, p = o.workload, o.progress
             for scheme in cfg.schemes:
                 rounds = w["rounds_by_scheme"].get(scheme, w["rounds"])
-                js = await wait_or_die(sched.run_job(scheme, rounds=rounds, params=cfg.params,
-                                                     chunk_params=cfg.chunk, compute_s=w["compute_s"],
-                                                     options=o.planner_options(), warmup=w["warmup"],
-                                                     progress=p["model"], staleness=p["staleness"],
-                                                     group=p["group"], compute=w["compute_model"],
-                                                     seed=o.wan["seed"], progress_options=o.progress_options()),
-                                       agents.dead, survive=True, console=console, total=cfg.topo.nodes)
+                run_job = functools.partial(sched.run_job, scheme, rounds=rounds, params=cfg.params,
+                                            chunk_params=cfg.chunk, compute_s=w["compute_s"],
+                                            options=o.planner_options(), warmup=w["warmup"], progress=p["model"],
+                                            staleness=p["staleness"], group=p["group"], compute=w["compute_model"],
+                                            seed=o.wan["seed"], progress_options=o.progress_options())
+                job = session.job(sched, scheme, run_job) if session.job is not None else run_job()
+                js = await wait_or_die(job, agents.dead, survive=True, console=console, total=cfg.topo.nodes)
                 jobs.append(js)
                 summary = summarize(js, cfg)
                 results.write({"type": "job", **summary})
@@ -270,6 +275,8 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
                                  bad_links=summary["guard_bad_links"][:5], reasons=summary["guard_reasons"][:5])
                 for node, st in js.stats.items():
                     results.write({"type": "node_stats", "job": js.job, "scheme": scheme, "node": node, **st})
+            if session.after is not None:
+                await session.after()
         if show_table:
             print_table(console, jobs, cfg)
         return jobs

@@ -29,7 +29,7 @@ from core.dispatch import DISPATCH
 from .loops import DEFAULT_LOOP
 
 SCHEMA = 1
-RUN, SCHEDULER, DEPLOY, AGENT, SIMULATE = "run", "scheduler", "deploy", "agent", "simulate"
+RUN, SCHEDULER, DEPLOY, AGENT, SIMULATE, TRAIN = "run", "scheduler", "deploy", "agent", "simulate", "train"
 LAUNCHERS = (RUN, SCHEDULER, DEPLOY)  # commands that run every scheme (the agent only moves bytes)
 EVERY = (*LAUNCHERS, AGENT)
 WAN = (*EVERY, SIMULATE)  # the WAN's options: the simulator predicts on the same one
@@ -215,13 +215,29 @@ DECLARED: tuple[Opt, ...] = (
     Opt("output", "faults", "--fault", (), FAULT_HELP, action="append", metavar="SPEC", dest="fault"),
     Opt("output", "scenario", "--scenario", None, "TOML file of [[faults]] tables with the fields of --fault",
         metavar="FILE"),
+    Opt("agents", "handoff_dir", "--handoff-dir", None, "serve the hand-off channel a training script attaches by "
+        "(wansync train sets it): a private directory (0700) holding node-N.sock; the run's token in "
+        "$WANSYNC_HANDOFF_TOKEN", (AGENT,), metavar="DIR"),
+    # --- training your own script (wansync train) ---
+    Opt("train", "script", "--script", None, "the training script (wansync train SCRIPT [ARGS...])", (TRAIN,),
+        metavar="SCRIPT"),
+    Opt("train", "args", "--script-arg", (), "an argument of the script (repeatable; or after SCRIPT)", (TRAIN,),
+        action="append", metavar="ARG", dest="script_arg"),
+    Opt("train", "baseline", "--baseline", None, "also run the script with plain torch.distributed on Gloo on the "
+        "same WAN (ddp; --backend tc only: nothing else shapes Gloo's bytes)", (TRAIN,), choices=("ddp",)),
+    Opt("train", "target", "--target-accuracy", None, "time to this accuracy (what the script logs with "
+        "wt.log(accuracy=...)); default: what the baseline reaches, else none", (TRAIN,), float, metavar="A"),
+    Opt("train", "attach_timeout_s", "--attach-timeout", 300.0, "every rank's script must attach within S "
+        "seconds (default 300)", (TRAIN,), float, metavar="S"),
+    Opt("train", "run_timeout_s", "--run-timeout", 3600.0, "a scheme's scripts must end within S seconds "
+        "(default 3600)", (TRAIN,), float, metavar="S"),
     # --- the cluster ---
     Opt("cluster", "name", "--cluster", "wansync", "cluster id agents give (must match the scheduler's; run and "
         "deploy draw a fresh one)", (SCHEDULER, AGENT)),
     Opt("cluster", "register_timeout_s", "--register-timeout", 300.0, "give up if not every node registered "
         "within S seconds (default 300)", (SCHEDULER,), float, metavar="S"),
 )
-GROUPS = ("wan", "workload", "schemes", "progress", "security", "agents", "output", "cluster")
+GROUPS = ("wan", "workload", "schemes", "progress", "security", "agents", "output", "cluster", "train")
 
 
 def _defaults(group: str) -> dict[str, Any]:
@@ -244,6 +260,7 @@ class Options:
     agents: dict[str, Any] = field(default_factory=lambda: _defaults("agents"))
     output: dict[str, Any] = field(default_factory=lambda: _defaults("output"))
     cluster: dict[str, Any] = field(default_factory=lambda: _defaults("cluster"))
+    train: dict[str, Any] = field(default_factory=lambda: _defaults("train"))
 
     # --- building -------------------------------------------------------------------------------------------
     @classmethod
@@ -383,6 +400,9 @@ class Options:
             (a["heartbeat_timeout_s"] > 0, "--heartbeat-timeout must be > 0"),
             (a["scheduler_wait_s"] >= 0, "--scheduler-wait must be >= 0"),
             (self.schemes["k"] >= 1, "--k must be >= 1"),
+            (self.train["attach_timeout_s"] > 0 and self.train["run_timeout_s"] > 0,
+             "--attach-timeout and --run-timeout must be > 0"),
+            (self.train["target"] is None or 0 < self.train["target"] <= 1, "--target-accuracy must be in (0, 1]"),
             (self.schemes["roots"] is None or self.schemes["roots"] >= 1, "--roots must be >= 1"),
             (not (self.wan["trace"] is not None and self.wan["dynamic"]),
              "give --trace or --dynamic/--period (an alias of --trace redraw:PERIOD), not both"),
@@ -435,14 +455,15 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, *, overrides: d
     `Options.from_args` knows which were given). `overrides` changes a help text (flag -> text)."""
     titles = {"wan": "the WAN", "workload": "the workload", "schemes": "schemes and planner options",
               "progress": "the progress model", "security": "security (TLS: all three or none)",
-              "agents": "the agents", "output": "results, faults and the dashboard", "cluster": "the cluster"}
+              "agents": "the agents", "output": "results, faults and the dashboard", "cluster": "the cluster",
+              "train": "your training script"}
     sections = {g: parser.add_argument_group(titles[g]) for g in GROUPS
-                if any(command in o.commands for o in DECLARED if o.group == g)}
+                if any(offers(o, command) for o in DECLARED if o.group == g)}
     parser.add_argument("--options", default=None, metavar="FILE",
                         help="read the run's options from this file (as launchers write it); flags given too "
                              "override it")
     for o in DECLARED:
-        if command not in o.commands:
+        if not offers(o, command):
             continue
         kw: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": o.key,
                               "help": (overrides or {}).get(o.flag, o.help)}
@@ -458,6 +479,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, *, overrides: d
         if o.metavar is not None:
             kw["metavar"] = o.metavar
         sections[o.group].add_argument(o.flag, **kw)
+
+
+def offers(o: Opt, command: str) -> bool:
+    """Does `command` take option `o`? `train` takes every option of `run` and its own."""
+    return command in o.commands or (command == TRAIN and RUN in o.commands)
 
 
 def options_from(args: argparse.Namespace) -> Options:

@@ -1,0 +1,87 @@
+"""The in-band check of a float sum, in memory that does not grow with the model.
+
+A contribution x (P float32 values) carries K = 4 sketch values R x and ||x||_1 after it; summation
+is linear, so a result's trailer holds sum_j w_j R x_j and sum_j w_j ||x_j||_1, and a receiver checks
+|R r - trailer| <= 2 (m + 2) u sum_j w_j ||x_j||_1 per row (u = 2^-24; agents.training derives the
+bound). R's rows are +-1 signs that repeat with period FOLD, a prime: R x = S fold(x), where fold(x)
+sums x's elements with equal index mod FOLD, so the signs take 4 x FOLD doubles (8 MB) whatever P is,
+and a check costs one pass over the result. What it catches is what the full matrix caught: a
+corrupted value, a chunk of another round, and a chunk landed at a wrong offset, because an offset
+moves by a multiple d of the chunk size, and a prime above the chunk sizes divides d only when d is
+FOLD chunks or more.
+
+Beyond the sketch a trailer may hold `flags`: one slot per rank that a contribution sets to say "my
+values were not finite, I sent zeros instead", so every receiver can name who failed a sync.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+U32 = 2.0 ** -24  # float32's unit roundoff
+ROWS = 4
+FOLD = 262_139  # the largest prime below 2^18
+
+
+def trailer_len(flags: int = 0) -> int:
+    """Values after the model: the sketch rows, the L1 norm, then `flags` per-rank slots."""
+    return ROWS + 1 + flags
+
+
+@lru_cache(maxsize=4)
+def signs(period: int, seed: int) -> np.ndarray:
+    """ROWS x period of +-1 as float64 (the same on every worker for a seed)."""
+    rng = np.random.default_rng(10_007 + seed)
+    return (rng.integers(0, 2, (ROWS, period), dtype=np.int8) * 2 - 1).astype(np.float64)
+
+
+def fold(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """x's elements summed by index mod FOLD (float64), and ||x||_1: one pass in blocks of FOLD, so
+    nothing the size of x is allocated. A non-finite x gives a non-finite fold."""
+    n = len(x)
+    if n <= FOLD:
+        return x.astype(np.float64), float(np.abs(x).sum(dtype=np.float64))
+    out = np.zeros(FOLD, np.float64)
+    l1 = 0.0
+    for i in range(0, n, FOLD):
+        block = x[i:i + FOLD]
+        np.add(out[:len(block)], block, out=out[:len(block)])
+        l1 += float(np.abs(block).sum(dtype=np.float64))
+    return out, l1
+
+
+def sketch(x: np.ndarray, seed: int) -> np.ndarray:
+    """R x (ROWS values, float64)."""
+    f, _ = fold(x)
+    return signs(len(f), seed) @ f
+
+
+def trailer(x: np.ndarray, seed: int) -> np.ndarray:
+    """A contribution's sketch and L1 norm (float64; the caller stores them as float32). Non-finite
+    where x is."""
+    f, l1 = fold(x)
+    return np.concatenate([signs(len(f), seed) @ f, [l1]])
+
+
+def tolerance(m: int) -> float:
+    """Elementwise bound factor for m weighted float32 contributions, any order: (m + 1) u."""
+    g = (m + 1) * U32
+    return g / (1 - g)
+
+
+def check(result: np.ndarray, params: int, m: int, seed: int) -> tuple[bool, str]:
+    """The in-band check of a weighted sum of m contributions of `params` values each, the trailer
+    after them (see the module docstring)."""
+    f, _ = fold(result[:params])
+    if not np.all(np.isfinite(f)):
+        return False, "the model holds non-finite values"
+    got = signs(len(f), seed) @ f
+    want = result[params:params + ROWS].astype(np.float64)
+    l1 = float(result[params + ROWS])
+    tol = 2 * tolerance(m + 1) * l1 * 1.001 + 1e-30
+    err = float(np.abs(got - want).max())
+    if not err <= tol:
+        return False, f"sketch of the result is {err:.3g} off the members' sketches (tolerance {tol:.3g})"
+    return True, ""

@@ -1,0 +1,228 @@
+"""Your own PyTorch training through wansync against plain DDP on the same WAN (issue "Your own PyTorch
+training through wansync"): examples/train_digits.py, unchanged but for its flags, under `wansync
+train` on the kernel backend, every scheme and mode against torch.distributed DDP on Gloo.
+
+Pinned setting (--quick, the check's run): 4 workers on hetero (seed 5, 20-155 Mbit/s, delay 0: the
+kernel shapes rate, not delay), every rate times F; an MLP of 1.13 M parameters on scikit-learn's
+digits, torch.set_num_threads(1), SGD lr 0.05 momentum 0.9, batch 32 per rank, the same seed and data
+order for every run. A calibration run of DDP measures its step; the pace (each step computes at
+least this long: a slower device) is then set so that DDP spends about 65 % of a step communicating
+(printed). The target accuracy is what DDP reaches by its last step; each run's clock starts when
+every rank is attached; evaluation time is excluded (the script logs it).
+
+Figures: step_speedup_grad_vs_ddp (DDP's step time over the best wansync grad-mode scheme's: the
+same math), tta_speedup_best_vs_ddp (any mode), outer_vs_gloo_outer (the same DiLoCo loop over Gloo,
+time to target, over wansync's), acc_gap_best_pp, allreduce_err_over_bound (every scheme's result
+against a float64 reference, unshaped loopback), handoff_ms_per_100MB (11.7 M parameters, unshaped
+loopback: the script's copies in and out plus the agent's sealing and delivery, per step, per 100 MB),
+example_lines_changed, ddp_valid (DDP's bytes on the htb counters, its ranks not starved),
+syncs_wrong, live_guard_valid. The full run: 8 workers, 3 seeds, internet2 (delay 0) and hetero.
+
+    python scripts/bench/torchtrain.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import difflib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from emulation.topology import hetero, internet2  # noqa: E402
+from emulation.topotypes import Topology  # noqa: E402
+from wansync.options import Options  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
+from wansync.train import TrainRun, train  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "train_digits.py"
+PLAIN = ROOT / "examples" / "train_digits_plain.py"
+PROBE = ROOT / "scripts" / "bench" / "torch_probe.py"
+HIDDEN = 1024  # 64-1024-1024-10: 1,126,410 parameters
+SUM_SCHEMES = ["ring", "star", "mst", "ktree", "netstorm", "packing", "blink"]
+HANDOFF_PARAMS = 11_700_000  # ResNet-18's
+COMM_SHARE = 0.65  # DDP's share of a step spent communicating, once paced
+
+
+def lines_changed() -> int:
+    """The example against its plain-torch twin: max of lines added and removed (difflib's opcodes)."""
+    a, b = PLAIN.read_text().splitlines(), EXAMPLE.read_text().splitlines()
+    added = removed = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b).get_opcodes():
+        if tag != "equal":
+            removed += i2 - i1
+            added += j2 - j1
+    return max(added, removed)
+
+
+def topo_file(topo: Topology, factor: float, where: Path) -> str:
+    """The topology with delay 0 (the kernel shapes rate only) and every rate times F, as a file."""
+    scaled = topo.with_rates({k: v.rate_mbps * factor for k, v in topo.links.items()})
+    data = scaled.to_dict()
+    for link in data["links"]:
+        link["delay_ms"] = 0.0
+        link.pop("jitter_ms", None)
+    path = where / f"{topo.name}-x{factor:g}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def options(topology: str, nodes: int, schemes: list[str], script: Path, args: list[str], **kw: Any) -> Options:
+    return Options.make(topology=topology, nodes=nodes, schemes=schemes, scale=1.0, no_http=True,
+                        train__script=str(script), train__args=args, chunk="256KB", **kw)
+
+
+def run(opts: Options) -> list[TrainRun]:
+    return asyncio.run(train(resolve(opts), Console(stderr=True, quiet=True)))
+
+
+def loopback_figures(tmp: Path, console: Console) -> dict[str, Any]:
+    """Every full-reduce scheme's sums against float64, and the hand-off's cost per step (unshaped)."""
+    n, steps, nodes = 200_000, 3, 3
+    out = tmp / "sums"
+    out.mkdir()
+    worst = {}
+    for scheme in SUM_SCHEMES:
+        run(options("uniform:1000", nodes, [scheme], PROBE, ["sums", str(out), str(n), str(steps)],
+                    shaping="none"))
+        got = {r: np.load(out / f"r{r}.npy") for r in range(nodes)}
+        err = 0.0
+        for k in range(steps):
+            xs = [np.random.default_rng([r, k, 7]).standard_normal(n).astype(np.float32).astype(np.float64) * (r + 1)
+                  for r in range(nodes)]
+            ref, scale = sum(xs), sum(np.abs(x) for x in xs)
+            bound = (nodes + 1) * 2.0 ** -24
+            err = max(err, max(float(np.max(np.abs(got[r][k] - ref) / scale)) / bound for r in range(nodes)))
+        worst[scheme] = err
+    console.print("sums against float64 (max error / bound): "
+                  + ", ".join(f"{s} {e:.3f}" for s, e in worst.items()), highlight=False)
+    h = tmp / "handoff"
+    h.mkdir()
+    steps = 6
+    runs = run(options("uniform:10000", 2, ["ring"], PROBE, ["handoff", str(h), str(HANDOFF_PARAMS), str(steps)],
+                       shaping="none"))
+    per_rank = []
+    for r in range(2):
+        script = json.loads((h / f"h{r}.json").read_text())
+        agent = runs[0].agents[r]
+        per_rank.append((script["copy_in_s"] + script["copy_out_s"] + agent["seal_s"] + agent["deliver_s"]) / steps)
+        console.print(f"hand-off rank {r}: script copies {1e3 * script['copy_in_s'] / steps:.1f} + "
+                      f"{1e3 * script['copy_out_s'] / steps:.1f} ms, agent seal {1e3 * agent['seal_s'] / steps:.1f} "
+                      f"+ deliver {1e3 * agent['deliver_s'] / steps:.1f} ms per step "
+                      f"({HANDOFF_PARAMS * 4 / 1e6:.0f} MB)",
+                      highlight=False)
+    mb = (HANDOFF_PARAMS + 1) * 4 / 1e8
+    return {"allreduce_err_over_bound": max(worst.values()), "allreduce_err_by_scheme": worst,
+            "handoff_ms_per_100MB": statistics.median(per_rank) * 1e3 / mb}
+
+
+def wan_figures(tmp: Path, topo: Topology, factor: float, schemes: list[str], steps: int, outer_h: int,
+                console: Console) -> dict[str, Any]:
+    """DDP, wansync grad mode under each scheme, and DiLoCo over wansync and over Gloo, on one WAN."""
+    nodes = topo.nodes
+    topology = topo_file(topo, factor, tmp)
+    base_args = ["--hidden", str(HIDDEN), "--eval-every", "10"]
+    calib = run(options(topology, nodes, ["ring"], EXAMPLE, [*base_args, "--steps", "8"], backend="tc",
+                        baseline="ddp"))
+    ddp0 = next(r for r in calib if r.name == "ddp")
+    comm = statistics.median(m["sync_s"] / m["steps"] for ms in ddp0.metrics.values() for m in ms if "sync_s" in m)
+    pace = round(comm * (1 - COMM_SHARE) / COMM_SHARE, 3)
+    console.print(f"{topo.name} x{factor:g}: DDP communicates {comm:.3f} s a step; pace {pace} s per step",
+                  highlight=False)
+    args = [*base_args, "--pace", str(pace), "--steps", str(steps)]
+    grad = run(options(topology, nodes, schemes, EXAMPLE, args, backend="tc", baseline="ddp"))
+    outer_args = [*args, "--mode", "outer", "--sync-every", str(outer_h)]
+    best_grad = min((r for r in grad if r.name != "ddp"), key=lambda r: r.step_s() or float("inf"))
+    outer = run(options(topology, nodes, [best_grad.name], EXAMPLE, outer_args, backend="tc", baseline="ddp"))
+    for r in outer:
+        r.name = ("gloo-outer" if r.name == "ddp" else f"outer/{r.name}")
+    ddp = next(r for r in grad if r.name == "ddp")
+    target = ddp.last()
+    runs = [*grad, *outer]
+    table(console, runs, target)
+    wansync = [r for r in runs if r.name not in ("ddp", "gloo-outer")]
+    tta = {r.name: r.time_to(target) for r in runs}
+    best = min((r for r in wansync if tta[r.name] is not None), key=lambda r: tta[r.name], default=None)
+    gloo_outer = next(r for r in outer if r.name == "gloo-outer")
+    wansync_outer = next(r for r in outer if r.name != "gloo-outer")
+    pairs = [("grad/" + r.name if "/" not in r.name else r.name) for r in wansync
+             if tta[r.name] is not None and r.syncs_wrong == 0]
+    return {
+        "F": factor, "pace_s": pace, "ddp_comm_share": ddp.sync_share(), "target_accuracy": target,
+        "pairs_trained": pairs,
+        "step_speedup_grad_vs_ddp": (ddp.step_s() or 0) / (best_grad.step_s() or float("inf")),
+        "tta_speedup_best_vs_ddp": (tta["ddp"] / tta[best.name]) if best is not None and tta["ddp"] else 0.0,
+        "outer_vs_gloo_outer": ((tta["gloo-outer"] / tta[wansync_outer.name])
+                                if tta["gloo-outer"] and tta[wansync_outer.name] else 0.0),
+        "acc_gap_best_pp": 100 * ((ddp.last() or 0) - ((best.last() or 0) if best is not None else 0)),
+        "syncs_wrong": sum(r.syncs_wrong for r in wansync),
+        "live_guard_valid": all(r.guard_valid is True for r in wansync),
+        "live_guard_verdicts": sorted({r.guard_verdict for r in wansync}),
+        "ddp_valid": ddp.guard_valid is True and gloo_outer.guard_valid is not False,
+        "ddp_verdict": ddp.guard_verdict,
+        "runs": {r.name: {"step_s": r.step_s(), "tta_s": tta[r.name], "final_acc": r.last(),
+                          "sync_share": r.sync_share()} for r in runs},
+    }
+
+
+def table(console: Console, runs: list[TrainRun], target: float | None) -> None:
+    t = Table(title=f"time to accuracy {target:.3f} (DDP's at its last step)" if target else "training")
+    for col in ("run", "step s", "sync share", "time to target s", "final accuracy", "syncs", "wrong", "guard"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in runs:
+        step, share, tt, acc = r.step_s(), r.sync_share(), r.time_to(target), r.last()
+        t.add_row(r.name, f"{step:.3f}" if step else "-", f"{share:.0%}" if share is not None else "-",
+                  f"{tt:.1f}" if tt is not None else "not reached", f"{acc:.3f}" if acc is not None else "-",
+                  str(r.syncs), str(r.syncs_wrong), r.guard_verdict or "-")
+    console.print(t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the check's run: 4 workers on hetero, one seed")
+    ap.add_argument("--factor", type=float, default=1.0, help="rates times F (default 1)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 80 quick, 200 full)")
+    a = ap.parse_args()
+    console = Console()
+    figures: dict[str, Any] = {"example_lines_changed": lines_changed()}
+    with tempfile.TemporaryDirectory(prefix="torchtrain-") as d:
+        tmp = Path(d)
+        figures.update(loopback_figures(tmp, console))
+        steps = a.steps or (80 if a.quick else 200)
+        settings = [(hetero(4, seed=5), [1])] if a.quick else [(hetero(8, seed=s), [s]) for s in (5, 6, 7)] + [
+            (internet2(seed=s), [s]) for s in (1, 2, 3)]
+        per: list[dict[str, Any]] = []
+        for topo, _ in settings:
+            sub = tmp / f"{topo.name}-{len(per)}"
+            sub.mkdir()
+            per.append(wan_figures(sub, topo, a.factor, ["mst", "netstorm"] if a.quick else
+                                   ["ring", "mst", "netstorm", "packing"], steps, 8, console))
+    keys = ("step_speedup_grad_vs_ddp", "tta_speedup_best_vs_ddp", "outer_vs_gloo_outer", "acc_gap_best_pp")
+    for k in keys:
+        vals = [p[k] for p in per]
+        figures[k] = statistics.median(vals)
+        figures[k + "_spread"] = [min(vals), max(vals)]
+    figures["pairs_trained"] = sorted({x for p in per for x in p["pairs_trained"]})
+    figures["syncs_wrong"] = sum(p["syncs_wrong"] for p in per)
+    figures["ddp_valid"] = all(p["ddp_valid"] for p in per)
+    figures["live_guard_valid"] = all(p["live_guard_valid"] for p in per)
+    figures["settings"] = per
+    figures["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                       capture_output=True, text=True).stdout.strip()
+    print(json.dumps(figures, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The script's end of the hand-off channel (overlay.handoff): `Sync` over this rank's wansync agent.
+
+`wansync train` starts the script beside its agent with the socket's path in WANSYNC_CHANNEL and the
+run's token in WANSYNC_HANDOFF_TOKEN (and RANK, WORLD_SIZE, LOCAL_RANK as torchrun does). Attaching
+sends the model's layout and blocks until every rank attached and the scheduler found their models
+alike (else `SyncError` naming the rank that differs); then the agent hands over the shared memory.
+A step writes the flat values into send slot k % 2 (`buffer()`), says `step k`, and blocks until
+`done k`: the sum is in the result region, which `allreduce` returns as a tensor view (no copy).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+
+from overlay import handoff as wire
+
+from .sync import Reduced, SyncError
+
+ATTACH_TIMEOUT_S = 600.0  # every rank must attach: scripts start at different speeds (imports, data)
+
+
+class Channel:
+    """This rank's data plane: its agent, over a Unix socket and a shared memfd."""
+
+    def __init__(self, path: str, token: str, rank: int, layout: dict[str, Any], *,
+                 timeout: float = ATTACH_TIMEOUT_S) -> None:
+        self.rank = rank
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(path)
+        except OSError as exc:
+            raise SyncError(f"rank {rank}: cannot reach its wansync agent at {path}: {exc}") from None
+        hello_layout = {"names": [str(n) for n in layout["names"]],
+                        "shapes": [[int(d) for d in s] for s in layout["shapes"]],
+                        "dtypes": [str(d).removeprefix("torch.") for d in layout["dtypes"]]}
+        self.layout = hello_layout
+        self._send({"t": "hello", "token": token, "rank": rank, "pid": os.getpid(), "layout": hello_layout})
+        welcome, fds = self._recv(with_fd=True)
+        if welcome["t"] == "refused":
+            self.sock.close()
+            raise SyncError(f"rank {rank}: the agent refused to attach: {welcome.get('error')}")
+        if welcome["t"] != "welcome" or len(fds) != 1:
+            raise SyncError(f"rank {rank}: unexpected reply from the agent: {welcome['t']!r}")
+        self.params, self.world = int(welcome["params"]), int(welcome["world"])
+        slot = int(welcome["slot"])
+        try:
+            self.mem = mmap.mmap(fds[0], wire.SLOTS * slot * 4)
+        finally:
+            os.close(fds[0])
+        whole = torch.frombuffer(self.mem, dtype=torch.float32)
+        self.regions = [whole[i * slot:i * slot + self.params] for i in range(wire.SLOTS)]
+        self.sock.settimeout(None)  # a sync waits as long as the slowest rank computes
+        self.step = 0
+        self.closed = False
+        self.sync_s = 0.0  # time spent in allreduce (reported at close: the run's sync vs compute time)
+        self.t_attached = time.perf_counter()
+
+    @classmethod
+    def from_env(cls, layout: Any) -> Channel:
+        """The channel `wansync train` set up for this process; `layout`: a wansync.torch.layout.Layout
+        (its flat vector: parameters, floating buffers, the skip flag) or {names, shapes, dtypes}."""
+        if not isinstance(layout, dict):
+            specs = [*layout.params, *layout.buffers]
+            layout = {"names": [s.name for s in specs] + ["wansync.skip_flag"],
+                      "shapes": [list(s.shape) for s in specs] + [[1]],
+                      "dtypes": [s.dtype for s in specs] + ["float32"]}
+        path = os.environ.get(wire.CHANNEL_ENV)
+        if not path:
+            raise SyncError(f"not started by `wansync train` (no {wire.CHANNEL_ENV}); set WANSYNC_BASELINE=gloo "
+                            "for plain torch.distributed")
+        token = os.environ.get(wire.TOKEN_ENV, "")
+        return cls(path, token, int(os.environ.get("RANK", "0")), layout)
+
+    # --- Sync -------------------------------------------------------------------------------------------------
+    def buffer(self) -> torch.Tensor:
+        return self.regions[self.step % 2]
+
+    def allreduce(self) -> Reduced:
+        k = self.step
+        t = time.perf_counter()
+        self._send({"t": "step", "k": k})
+        msg, _ = self._recv()
+        self.sync_s += time.perf_counter() - t
+        if msg["t"] != "done" or msg.get("k") != k:
+            raise SyncError(f"rank {self.rank}: expected done {k} from the agent, got {msg['t']!r} {msg.get('k')!r}")
+        self.step += 1
+        if not msg.get("ok"):
+            raise SyncError(f"rank {self.rank}: sync {k} failed: {msg.get('error') or 'no reason given'}")
+        return Reduced(self.regions[2], float(msg["weight"]), tuple(int(m) for m in msg["members"]))
+
+    def log(self, **metrics: float) -> None:
+        self._send({"t": "log", "metrics": {k: float(v) for k, v in metrics.items()}})
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.log(steps=self.step, sync_s=self.sync_s, wall_s=time.perf_counter() - self.t_attached)
+            self._send({"t": "bye", "steps": self.step})
+        except SyncError:
+            pass
+        self.sock.close()
+
+    # --- frames -------------------------------------------------------------------------------------------------
+    def _send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.sock.sendall(wire.encode(msg))
+        except OSError as exc:
+            raise SyncError(f"rank {self.rank}: the agent's channel is gone ({exc})") from None
+
+    def _recv(self, with_fd: bool = False) -> tuple[dict[str, Any], list[int]]:
+        fds: list[int] = []
+        buf = b""
+        try:
+            while len(buf) < wire.HEADER.size:
+                want = wire.HEADER.size - len(buf)  # never past this frame: the next one is not ours yet
+                if with_fd and not fds:
+                    got, fds, _, _ = socket.recv_fds(self.sock, want, 1)
+                else:
+                    got = self.sock.recv(want)
+                if not got:
+                    raise SyncError(f"rank {self.rank}: the agent closed the channel (did the job end?)")
+                buf += got
+            n = wire.frame_length(buf[:wire.HEADER.size])
+            while len(buf) < wire.HEADER.size + n:
+                got = self.sock.recv(wire.HEADER.size + n - len(buf))
+                if not got:
+                    raise SyncError(f"rank {self.rank}: the agent closed the channel in a message")
+                buf += got
+        except OSError as exc:
+            raise SyncError(f"rank {self.rank}: the agent's channel failed ({exc})") from None
+        return wire.decode(buf[wire.HEADER.size:]), fds
+
