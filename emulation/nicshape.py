@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .tc import ETH_HDR, MIN_QUEUE_PKTS, htb_class
+from .tc import ETH_HDR, MIN_QUEUE_PKTS, class_bytes, htb_class  # noqa: F401 (class_bytes: re-exported)
 
 # root qdiscs a NIC has when nobody configured it: only these may be replaced (anything else is
 # someone's configuration, and the shaper refuses to overwrite it)
@@ -115,22 +115,6 @@ def check_replaceable(show: str, dev: str) -> None:
         raise ShapeError(f"{dev} already has a {kind} root qdisc (not a kernel default): shaping would replace "
                          f"someone's configuration; remove it (`tc qdisc del dev {dev} root`, or `wansync deploy "
                          "--clean` for a run whose launcher died) or run with --shape app")
-
-
-def class_bytes(show: str) -> dict[str, int]:
-    """classid -> bytes sent, from `tc -s class show dev DEV` (htb classes)."""
-    out: dict[str, int] = {}
-    current = None
-    for line in show.splitlines():
-        m = re.match(r"\s*class htb (\S+) ", line)
-        if m:
-            current = m.group(1)
-            continue
-        m = re.match(r"\s*Sent (\d+) bytes", line)
-        if m and current is not None:
-            out[current] = int(m.group(1))
-            current = None
-    return out
 
 
 def parse_route_dev(route_get: str) -> tuple[str, str | None]:

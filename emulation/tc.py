@@ -80,6 +80,22 @@ def htb_class(rate_mbps: float, mtu: int = 1500) -> str:
     return f"htb rate {wire * 1e6:.0f}bit ceil {wire * 1e6:.0f}bit burst {burst} cburst {burst} quantum {burst}"
 
 
+def class_bytes(show: str) -> dict[str, int]:
+    """classid -> bytes sent, from `tc -s class show dev DEV` (htb classes)."""
+    out: dict[str, int] = {}
+    current = None
+    for line in show.splitlines():
+        m = re.match(r"\s*class htb (\S+) ", line)
+        if m:
+            current = m.group(1)
+            continue
+        m = re.match(r"\s*Sent (\d+) bytes", line)
+        if m and current is not None:
+            out[current] = int(m.group(1))
+            current = None
+    return out
+
+
 def _run(cmd: list[str], stdin: str | None = None, check: bool = True) -> str:
     p = subprocess.run(cmd, input=stdin, text=True, capture_output=True)
     if check and p.returncode != 0:
@@ -330,8 +346,6 @@ class TcNetwork:
     def sent_bytes(self) -> dict[tuple[int, int], int]:
         """Bytes each directed link's htb class has sent so far (wire bytes, the kernel's counters):
         what any process moved across the shaped links, ours or not (a baseline's)."""
-        from .nicshape import class_bytes
-
         out: dict[tuple[int, int], int] = {}
         for (a, b) in self.topo.links:
             show = _run(["tc", "-n", self.netns_of(a), "-s", "class", "show", "dev", self.dev(a, b)])
