@@ -70,6 +70,7 @@ class TrainRun:
     exit_codes: list[int] = field(default_factory=list)
     agents: dict[int, dict[str, Any]] = field(default_factory=dict)  # per node: its agent's hand-off figures
     guard_verdict: str = ""
+    guard_reason: str = ""
 
     def series(self, key: str = "accuracy") -> list[tuple[float, float]]:
         """(seconds since t0, value) of `key` as the lowest rank that logs it reported it."""
@@ -214,7 +215,8 @@ class TrainJobs:
         summary = summarize(js, self.cfg)
         return TrainRun(name, metrics, max(attach, default=js.t0), t_end, link_bytes, len(js.records), wrong,
                         guard_valid=summary["guard_valid"], exit_codes=codes, agents=agents,
-                        guard_verdict=str(summary["guard_verdict"]))
+                        guard_verdict=str(summary["guard_verdict"]),
+                        guard_reason="; ".join(summary["guard_reasons"][:2]))
 
     async def baseline(self) -> TrainRun:
         """The same script on plain torch.distributed (Gloo) across the same shaped links."""
@@ -235,7 +237,8 @@ class TrainJobs:
         starts = [m["t"] for ms in metrics.values() for m in ms if m.get("attached")]
         moved = sum(sent1.get(k, 0) - sent0.get(k, 0) for k in sent1)
         run = TrainRun("ddp", metrics, max(starts, default=t0), time.time(), link_bytes=moved, exit_codes=codes)
-        run.guard_valid, run.guard_verdict = baseline_verdict(run, self.cfg.topo.nodes)
+        run.guard_valid, run.guard_reason = baseline_verdict(run, self.cfg.topo.nodes)
+        run.guard_verdict = {True: "valid", False: "invalid", None: "unjudged"}[run.guard_valid]
         self.runs.append(run)
         return run
 
@@ -264,6 +267,23 @@ def baseline_verdict(run: TrainRun, nodes: int) -> tuple[bool | None, str]:
     if not flat:
         return None, "unjudged: the ranks did not say how many values they sync"
     return True, "valid"
+
+
+def write_runs(path: Path, runs: list[TrainRun], target: float | None) -> None:
+    """Append the runs to the results file: `accuracy` records (what `wansync plot` draws against
+    time) and one `train_run` summary each."""
+    with open(path, "a") as fh:
+        for r in runs:
+            for rank, ms in r.metrics.items():
+                for m in ms:
+                    if "accuracy" in m:
+                        fh.write(json.dumps({"type": "accuracy", "scheme": r.name, "node": rank, "t_rel": m["t"] - r.t0,
+                                             "step": m.get("step"), "accuracy": m["accuracy"]}) + "\n")
+            fh.write(json.dumps({"type": "train_run", "scheme": r.name, "target": target, "time_to_target_s":
+                                 r.time_to(target), "final_accuracy": r.last(), "step_s": r.step_s(),
+                                 "sync_share": r.sync_share(), "link_bytes": r.link_bytes, "syncs": r.syncs,
+                                 "syncs_wrong": r.syncs_wrong, "valid": r.guard_valid, "verdict": r.guard_verdict})
+                     + "\n")
 
 
 def _free_port() -> int:
@@ -326,6 +346,8 @@ async def train(cfg: RunConfig, console: Console | None = None) -> list[TrainRun
         base = next((r for r in jobs.runs if r.name == "ddp"), None)
         target = o.train["target"] if o.train["target"] is not None else (base.last() if base else None)
         table(console, jobs.runs, target)
+        if o.output["out"] is not None:
+            write_runs(Path(o.output["out"]), jobs.runs, target)
         return jobs.runs
     finally:
         jobs.close()

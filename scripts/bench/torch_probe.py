@@ -1,7 +1,7 @@
 """A training script's stand-in for scripts/bench/torchtrain.py, run by `wansync train` on every rank.
 
     sums OUT P STEPS      each step syncs seeded random values (rank r, step k); saves every result
-                          to OUT/r{rank}.npy, so the benchmark checks them against its own float64 sum
+                          to OUT/{scheme}-r{rank}.npy, so the benchmark checks them against its own float64 sum
     handoff OUT P STEPS   a model of P parameters through wansync.torch's layout: times the script's
                           copies into the shared buffer and back out of it, per step (OUT/h{rank}.json)
 """
@@ -39,7 +39,7 @@ def main() -> None:
             buf.zero_()
             buf[:n] = torch.from_numpy(values(rank, k, n))
             got.append(sync.allreduce().result[:n].numpy().copy())
-        np.save(out / f"r{rank}.npy", np.stack(got))
+        np.save(out / f"{os.environ.get('WANSYNC_SCHEME', 'run')}-r{rank}.npy", np.stack(got))
     else:
         params = torch.nn.Parameter(torch.zeros(n))
         params.grad = torch.randn(n)

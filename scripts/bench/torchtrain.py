@@ -6,7 +6,7 @@ Pinned setting (--quick, the check's run): 4 workers on hetero (seed 5, 20-155 M
 kernel shapes rate, not delay), every rate times F; an MLP of 1.13 M parameters on scikit-learn's
 digits, torch.set_num_threads(1), SGD lr 0.05 momentum 0.9, batch 32 per rank, the same seed and data
 order for every run. A calibration run of DDP measures its step; the pace (each step computes at
-least this long: a slower device) is then set so that DDP spends about 65 % of a step communicating
+least this long: a slower device) is then set so that DDP spends about 80 % of a step communicating
 (printed). The target accuracy is what DDP reaches by its last step; each run's clock starts when
 every rank is attached; evaluation time is excluded (the script logs it).
 
@@ -53,7 +53,7 @@ PROBE = ROOT / "scripts" / "bench" / "torch_probe.py"
 HIDDEN = 1024  # 64-1024-1024-10: 1,126,410 parameters
 SUM_SCHEMES = ["ring", "star", "mst", "ktree", "netstorm", "packing", "blink"]
 HANDOFF_PARAMS = 11_700_000  # ResNet-18's
-COMM_SHARE = 0.65  # DDP's share of a step spent communicating, once paced
+COMM_SHARE = 0.8  # DDP's share of a step spent communicating, once paced (the issue allows 50-80 %)
 
 
 def lines_changed() -> int:
@@ -94,10 +94,9 @@ def loopback_figures(tmp: Path, console: Console) -> dict[str, Any]:
     out = tmp / "sums"
     out.mkdir()
     worst = {}
+    run(options("uniform:1000", nodes, SUM_SCHEMES, PROBE, ["sums", str(out), str(n), str(steps)], shaping="none"))
     for scheme in SUM_SCHEMES:
-        run(options("uniform:1000", nodes, [scheme], PROBE, ["sums", str(out), str(n), str(steps)],
-                    shaping="none"))
-        got = {r: np.load(out / f"r{r}.npy") for r in range(nodes)}
+        got = {r: np.load(out / f"{scheme}-r{r}.npy") for r in range(nodes)}
         err = 0.0
         for k in range(steps):
             xs = [np.random.default_rng([r, k, 7]).standard_normal(n).astype(np.float32).astype(np.float64) * (r + 1)
@@ -130,7 +129,9 @@ def loopback_figures(tmp: Path, console: Console) -> dict[str, Any]:
 
 def wan_figures(tmp: Path, topo: Topology, factor: float, schemes: list[str], steps: int, outer_h: int,
                 console: Console) -> dict[str, Any]:
-    """DDP, wansync grad mode under each scheme, and DiLoCo over wansync and over Gloo, on one WAN."""
+    """DDP and wansync's grad mode under each scheme (the same math: step times compare), DiLoCo every
+    2 steps over wansync and over Gloo (the same loop), and rare syncs (DiLoCo every `outer_h`, model
+    averaging every 4) under the two fastest schemes; time to DDP's final accuracy for each."""
     nodes = topo.nodes
     topology = topo_file(topo, factor, tmp)
     base_args = ["--hidden", str(HIDDEN), "--eval-every", "10"]
@@ -143,29 +144,45 @@ def wan_figures(tmp: Path, topo: Topology, factor: float, schemes: list[str], st
                   highlight=False)
     args = [*base_args, "--pace", str(pace), "--steps", str(steps)]
     grad = run(options(topology, nodes, schemes, EXAMPLE, args, backend="tc", baseline="ddp"))
-    outer_args = [*args, "--mode", "outer", "--sync-every", str(outer_h)]
-    best_grad = min((r for r in grad if r.name != "ddp"), key=lambda r: r.step_s() or float("inf"))
-    outer = run(options(topology, nodes, [best_grad.name], EXAMPLE, outer_args, backend="tc", baseline="ddp"))
-    for r in outer:
-        r.name = ("gloo-outer" if r.name == "ddp" else f"outer/{r.name}")
+    table(console, grad, next(r for r in grad if r.name == "ddp").last())
     ddp = next(r for r in grad if r.name == "ddp")
+    ranked = sorted((r for r in grad if r.name != "ddp"), key=lambda r: r.step_s() or float("inf"))
+    best_grad, second = ranked[0], ranked[min(1, len(ranked) - 1)]
+    # DiLoCo with a short outer period over wansync and over Gloo: isolates our gain from local SGD's
+    outer = run(options(topology, nodes, [best_grad.name], EXAMPLE,
+                        [*base_args, "--pace", str(pace), "--steps", str(2 * steps), "--mode", "outer",
+                         "--sync-every", "2"], backend="tc", baseline="ddp"))
+    for r in outer:
+        r.name = "gloo-outer/H=2" if r.name == "ddp" else f"outer/{r.name}/H=2"
+    # rare syncs: DiLoCo every `outer_h` steps, and local SGD's model averaging every 4
+    rare = run(options(topology, nodes, [best_grad.name, second.name], EXAMPLE,
+                       [*base_args, "--pace", str(pace), "--steps", str(3 * steps), "--mode", "outer",
+                        "--sync-every", str(outer_h)], backend="tc"))
+    for r in rare:
+        r.name = f"outer/{r.name}/H={outer_h}"
+    model = run(options(topology, nodes, [best_grad.name, second.name], EXAMPLE,
+                        [*base_args, "--pace", str(pace), "--steps", str(2 * steps), "--mode", "model",
+                         "--sync-every", "4"], backend="tc"))
+    for r in model:
+        r.name = f"model/{r.name}/every=4"
     target = ddp.last()
-    runs = [*grad, *outer]
+    runs = [*grad, *outer, *rare, *model]
     table(console, runs, target)
-    wansync = [r for r in runs if r.name not in ("ddp", "gloo-outer")]
+    wansync = [r for r in runs if r.name != "ddp" and not r.name.startswith("gloo-")]
     tta = {r.name: r.time_to(target) for r in runs}
     best = min((r for r in wansync if tta[r.name] is not None), key=lambda r: tta[r.name], default=None)
-    gloo_outer = next(r for r in outer if r.name == "gloo-outer")
-    wansync_outer = next(r for r in outer if r.name != "gloo-outer")
-    pairs = [("grad/" + r.name if "/" not in r.name else r.name) for r in wansync
-             if tta[r.name] is not None and r.syncs_wrong == 0]
+    gloo_outer = next(r for r in outer if r.name.startswith("gloo-"))
+    wansync_outer = next(r for r in outer if not r.name.startswith("gloo-"))
+    pairs = [("grad/" + r.name if "/" not in r.name else "/".join(r.name.split("/")[:2])) for r in wansync
+             if tta[r.name] is not None and r.syncs_wrong == 0 and r.guard_valid is True]
     return {
         "F": factor, "pace_s": pace, "ddp_comm_share": ddp.sync_share(), "target_accuracy": target,
         "pairs_trained": pairs,
         "step_speedup_grad_vs_ddp": (ddp.step_s() or 0) / (best_grad.step_s() or float("inf")),
+        "best_pair": best.name if best is not None else None,
         "tta_speedup_best_vs_ddp": (tta["ddp"] / tta[best.name]) if best is not None and tta["ddp"] else 0.0,
-        "outer_vs_gloo_outer": ((tta["gloo-outer"] / tta[wansync_outer.name])
-                                if tta["gloo-outer"] and tta[wansync_outer.name] else 0.0),
+        "outer_vs_gloo_outer": ((tta[gloo_outer.name] / tta[wansync_outer.name])
+                                if tta[gloo_outer.name] and tta[wansync_outer.name] else 0.0),
         "acc_gap_best_pp": 100 * ((ddp.last() or 0) - ((best.last() or 0) if best is not None else 0)),
         "syncs_wrong": sum(r.syncs_wrong for r in wansync),
         "live_guard_valid": all(r.guard_valid is True for r in wansync),
@@ -173,42 +190,44 @@ def wan_figures(tmp: Path, topo: Topology, factor: float, schemes: list[str], st
         "ddp_valid": ddp.guard_valid is True and gloo_outer.guard_valid is not False,
         "ddp_verdict": ddp.guard_verdict,
         "runs": {r.name: {"step_s": r.step_s(), "tta_s": tta[r.name], "final_acc": r.last(),
-                          "sync_share": r.sync_share()} for r in runs},
+                          "sync_share": r.sync_share(), "guard": r.guard_verdict, "guard_reason": r.guard_reason}
+                 for r in runs},
     }
 
 
 def table(console: Console, runs: list[TrainRun], target: float | None) -> None:
     t = Table(title=f"time to accuracy {target:.3f} (DDP's at its last step)" if target else "training")
-    for col in ("run", "step s", "sync share", "time to target s", "final accuracy", "syncs", "wrong", "guard"):
-        t.add_column(col, justify="left" if col == "run" else "right")
+    for col in ("run", "s per sync", "sync share", "time to target s", "final accuracy", "syncs", "wrong", "guard"):
+        t.add_column(col, justify="left" if col in ("run", "guard") else "right")
     for r in runs:
         step, share, tt, acc = r.step_s(), r.sync_share(), r.time_to(target), r.last()
+        guard = r.guard_verdict + (f" ({r.guard_reason[:60]})" if r.guard_verdict != "valid" and r.guard_reason else "")
         t.add_row(r.name, f"{step:.3f}" if step else "-", f"{share:.0%}" if share is not None else "-",
                   f"{tt:.1f}" if tt is not None else "not reached", f"{acc:.3f}" if acc is not None else "-",
-                  str(r.syncs), str(r.syncs_wrong), r.guard_verdict or "-")
+                  str(r.syncs), str(r.syncs_wrong), guard or "-")
     console.print(t)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the check's run: 4 workers on hetero, one seed")
-    ap.add_argument("--factor", type=float, default=1.0, help="rates times F (default 1)")
-    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 80 quick, 200 full)")
+    ap.add_argument("--factor", type=float, default=4.0, help="rates times F (default 4: 80-620 Mbit/s)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 40 quick, 120 full)")
     a = ap.parse_args()
     console = Console()
     figures: dict[str, Any] = {"example_lines_changed": lines_changed()}
     with tempfile.TemporaryDirectory(prefix="torchtrain-") as d:
         tmp = Path(d)
         figures.update(loopback_figures(tmp, console))
-        steps = a.steps or (80 if a.quick else 200)
+        steps = a.steps or (40 if a.quick else 120)
         settings = [(hetero(4, seed=5), [1])] if a.quick else [(hetero(8, seed=s), [s]) for s in (5, 6, 7)] + [
             (internet2(seed=s), [s]) for s in (1, 2, 3)]
         per: list[dict[str, Any]] = []
         for topo, _ in settings:
             sub = tmp / f"{topo.name}-{len(per)}"
             sub.mkdir()
-            per.append(wan_figures(sub, topo, a.factor, ["mst", "netstorm"] if a.quick else
-                                   ["ring", "mst", "netstorm", "packing"], steps, 8, console))
+            per.append(wan_figures(sub, topo, a.factor, ["mst", "netstorm", "packing"] if a.quick else
+                                   ["ring", "mst", "netstorm", "packing"], steps, 16, console))
     keys = ("step_speedup_grad_vs_ddp", "tta_speedup_best_vs_ddp", "outer_vs_gloo_outer", "acc_gap_best_pp")
     for k in keys:
         vals = [p[k] for p in per]
