@@ -89,8 +89,10 @@ def ddp(model: torch.nn.Module, *, sync: Sync | None = None, **ddp_kwargs: Any) 
     group = process_group()
     if group is not None:
         ddp_kwargs.setdefault("process_group", group)
-    if "broadcast_buffers" not in ddp_kwargs:
-        ddp_kwargs.setdefault("forward_sync_buffers", False)  # buffers still go out once, at construction
+    if "broadcast_buffers" not in ddp_kwargs and "forward_sync_buffers" not in ddp_kwargs:
+        # buffers still go out once, at construction; torch before 2.13 names the switch broadcast_buffers
+        newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        ddp_kwargs["forward_sync_buffers" if newer else "broadcast_buffers"] = False
     wrapped = DistributedDataParallel(model, **ddp_kwargs)  # broadcasts rank 0's model over the group
     tensors = Tensors.of(model)
     plane = open_sync(tensors, sync)
