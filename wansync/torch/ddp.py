@@ -14,6 +14,7 @@ as under plain DDP where the inf travels in the sum.
 """
 
 # No `from __future__ import annotations`: DDP compares the hook's annotations with the real types.
+import inspect
 from typing import Any
 
 import torch
