@@ -19,13 +19,13 @@ from wansync.cluster import agent_options, agent_options_file
 from wansync.deploy.hosts import Host
 from wansync.deploy.rundir import host_options
 from wansync.inventory import HostSpec
-from wansync.options import DECLARED, SCHEMA, Options, OptionsError, options_from
+from wansync.options import DECLARED, SCHEMA, Options, OptionsError, offers, options_from
 from wansync.remote import Remote
 from wansync.runspec import resolve
 
 pytestmark = pytest.mark.unit
 
-COMMANDS = ("run", "scheduler", "deploy", "agent")
+COMMANDS = ("run", "scheduler", "deploy", "agent", "train")
 # flags that are a process's own, not the run's: they stay on that process's command line (or, for
 # deploy's hosts group, are the launcher's alone); every other flag must be a declared run option
 OWN = {
@@ -34,8 +34,9 @@ OWN = {
     "deploy": {"inventory", "hosts", "known_hosts", "accept_new_host_keys", "identity", "wheelhouse",
                "scheduler_here", "scheduler_address", "shape", "clean", "force"},
     "run": set(),
+    "train": {"script_path"},
 }
-REQUIRED = {"agent": ["--node", "1", "--scheduler", "127.0.0.1:9"], "deploy": ["-H", "a,b,c"]}
+REQUIRED = {"agent": ["--node", "1", "--scheduler", "127.0.0.1:9"], "deploy": ["-H", "a,b,c"], "train": ["s.py"]}
 # options whose value agents get from the launcher, not from the run's flags (each with why)
 SET_BY_LAUNCHER = {"name": "the run's cluster id", "shaping": "the backend's", "trace_file": "the computed trace",
                    "trace": "computed into trace_file", "dynamic": "computed into trace_file",
@@ -68,6 +69,8 @@ def _sample(opt, files: dict[str, str]) -> tuple[list[str], object]:
         "--http": (["127.0.0.1:8123"], "127.0.0.1:8123"), "--cluster": (["c-7"], "c-7"),
         "--tls-cert": (["c.pem"], "c.pem"), "--tls-key": (["k.pem"], "k.pem"), "--tls-ca": (["ca.pem"], "ca.pem"),
         "--out": (["r.jsonl"], "r.jsonl"), "--min-receivers": (["2"], 2), "--eta": (["0.5"], 0.5),
+        "--handoff-dir": (["/run/h"], "/run/h"), "--script": (["t.py"], "t.py"), "--script-arg": (["x"], ["x"]),
+        "--target-accuracy": (["0.9"], 0.9),
     }
     if opt.flag in special:
         return special[opt.flag]
@@ -91,7 +94,7 @@ def _sample(opt, files: dict[str, str]) -> tuple[list[str], object]:
 def _by_dest(command: str) -> dict[str, list]:
     out: dict[str, list] = {}
     for o in DECLARED:
-        if command in o.commands:
+        if offers(o, command):
             out.setdefault(o.key, []).append(o)
     return out
 

@@ -41,7 +41,10 @@ def test_grad_mode_equals_plain_ddp_and_starts_every_rank_from_rank_0(tmp_path):
     for r in out[1:]:
         assert_close(r["final"], out[0]["final"], atol=0)  # BatchNorm running stats averaged alike
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert sorted((m["rank"], m["step"]) for m in lines) == [(r, s) for r in range(3) for s in range(STEPS)]
+    steps = [m for m in lines if "step" in m]
+    assert sorted((m["rank"], m["step"]) for m in steps) == [(r, s) for r in range(3) for s in range(STEPS)]
+    # and what the launcher reads: when each rank attached (its summary comes at exit)
+    assert sorted(m["rank"] for m in lines if m.get("attached")) == [0, 1, 2]
 
 
 def simulate(mode, sync_every=2):
