@@ -45,6 +45,7 @@ from wansync.guard import live_guard  # noqa: E402
 from wansync.options import Options  # noqa: E402
 from wansync.predict import oracle_view, predict  # noqa: E402
 from wansync.runspec import TRACE_HORIZON_S  # noqa: E402
+from wansync.runspec import resolve as resolve_run  # noqa: E402
 
 SEEDS = range(5)
 MODEL, SCALE = "resnet50", 0.05  # the size: ResNet-50 x 0.05 (5.1 MB)
@@ -251,8 +252,8 @@ def dense_sim() -> dict[str, Any]:
 
 def live(topo: Topology, name: str, schemes: list[str], rounds: int, warmup: int,
          trace: Any = None) -> dict[str, JobState]:
-    cfg = resolve(Options.make(topology=name, nodes=topo.nodes, schemes=schemes, workload__model=MODEL, scale=SCALE,
-                               rounds=rounds, warmup=warmup, no_http=True))
+    cfg = resolve_run(Options.make(topology=name, nodes=topo.nodes, schemes=schemes, workload__model=MODEL, scale=SCALE,
+                                   rounds=rounds, warmup=warmup, no_http=True))
     cfg.trace = trace  # drawn here on the scaled topology; the agents load it from the run's trace file
     jobs = asyncio.run(run(cfg, console=Console(file=io.StringIO(), width=150), show_table=False))
     LIVE_JOBS.extend(jobs)
