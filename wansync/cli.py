@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from .options import AGENT, DEPLOY, RUN, SCHEDULER, SIMULATE, TRAIN, Options, OptionsError, add_arguments, options_from
 from .stopping import Stopped, until_signal
@@ -149,28 +150,33 @@ def _secret(options: Options, *, from_env: bool) -> bytes | None:
     return secret
 
 
-def _run(args: argparse.Namespace) -> int:
-    from .cluster import run
+def _local_run(options: Options) -> Any:
+    """What `run` and `train` do before they start anything here: the kernel backend is usable, the
+    run resolves (the cluster secret itself is generated per run unless --secret-file), the loop is
+    chosen and SIGTERM unwinds."""
     from .loops import set_loop
     from .runspec import resolve
 
-    options = options_from(args)
     if options.wan["backend"] == "tc":
         from emulation.tc import unavailable
 
         if reason := unavailable():
             raise CliError(f"--backend tc unavailable here: {reason}")
-    # the cluster secret itself is generated per run (wansync/cluster.py) unless --secret-file
     cfg = resolve(options, secret=_secret(options, from_env=False))
     set_loop(options.agents["loop"])
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    return cfg
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .cluster import run
+
+    cfg = _local_run(options_from(args))
     jobs = asyncio.run(until_signal(run(cfg)))
     return _exit_code(jobs)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .loops import set_loop
-    from .runspec import resolve
     from .train import TrainError, train
 
     options = options_from(args)
@@ -184,14 +190,7 @@ def _train(args: argparse.Namespace) -> int:
     if options.train["baseline"] is not None and options.wan["backend"] != "tc":
         raise CliError("--baseline ddp needs --backend tc: on the application backend nothing shapes Gloo's bytes, "
                        "so the comparison would not be on the same WAN")
-    if options.wan["backend"] == "tc":
-        from emulation.tc import unavailable
-
-        if reason := unavailable():
-            raise CliError(f"--backend tc unavailable here: {reason}")
-    cfg = resolve(options, secret=_secret(options, from_env=False))
-    set_loop(options.agents["loop"])
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    cfg = _local_run(options)
     try:
         runs = asyncio.run(until_signal(train(cfg)))
     except TrainError as exc:
