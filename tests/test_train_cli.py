@@ -46,6 +46,10 @@ def test_the_example_trains_under_every_scheme_from_the_same_start(tmp_path):
     assert len(acc["ring"]) == 2 and acc["ring"] == pytest.approx(acc["mst"], abs=0.02)
     stats = records(out, "node_stats")
     assert {s["node"] for s in stats} == {0, 1, 2} and all(s["training"]["steps"] == 13 for s in stats)
+    # `wansync plot` draws accuracy against time from the same file
+    p = wansync("plot", str(out), "--out-dir", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "results_accuracy.png").exists(), p.stdout
 
 
 def test_a_script_that_fails_is_named_with_its_error(tmp_path):

@@ -43,6 +43,7 @@ from .backend import AppBackend
 from .guard import GUARD_MAX_RUNQ_PER_CPU, GUARD_MAX_RUNQ_PER_RUN_S
 from .procs import reap
 from .report import summarize
+from .results import SCHEMA_VERSION
 from .runspec import RunConfig
 
 ROUNDS = 1 << 40  # a training job has as many rounds as its scripts take steps: it ends when they exit
@@ -273,17 +274,19 @@ def write_runs(path: Path, runs: list[TrainRun], target: float | None) -> None:
     """Append the runs to the results file: `accuracy` records (what `wansync plot` draws against
     time) and one `train_run` summary each."""
     with open(path, "a") as fh:
+        def write(record: dict[str, Any]) -> None:
+            fh.write(json.dumps({"schema": SCHEMA_VERSION, "t": time.time(), **record}) + "\n")
+
         for r in runs:
             for rank, ms in r.metrics.items():
                 for m in ms:
                     if "accuracy" in m:
-                        fh.write(json.dumps({"type": "accuracy", "scheme": r.name, "node": rank, "t_rel": m["t"] - r.t0,
-                                             "step": m.get("step"), "accuracy": m["accuracy"]}) + "\n")
-            fh.write(json.dumps({"type": "train_run", "scheme": r.name, "target": target, "time_to_target_s":
-                                 r.time_to(target), "final_accuracy": r.last(), "step_s": r.step_s(),
-                                 "sync_share": r.sync_share(), "link_bytes": r.link_bytes, "syncs": r.syncs,
-                                 "syncs_wrong": r.syncs_wrong, "valid": r.guard_valid, "verdict": r.guard_verdict})
-                     + "\n")
+                        write({"type": "accuracy", "scheme": r.name, "node": rank, "t_rel": m["t"] - r.t0,
+                               "step": m.get("step"), "accuracy": m["accuracy"]})
+            write({"type": "train_run", "scheme": r.name, "target": target, "time_to_target_s": r.time_to(target),
+                   "final_accuracy": r.last(), "step_s": r.step_s(), "sync_share": r.sync_share(),
+                   "link_bytes": r.link_bytes, "syncs": r.syncs, "syncs_wrong": r.syncs_wrong,
+                   "valid": r.guard_valid, "verdict": r.guard_verdict})
 
 
 def _free_port() -> int:
