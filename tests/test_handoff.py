@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.cluster import Cluster
+from helpers.exact import assert_float_sum
 from helpers.waiting import until
 
 from core.sketch import trailer_len
@@ -102,11 +103,8 @@ async def test_scripts_get_the_sum_of_every_rank(private_dir, tmp_path, scheme):
         await job
     assert all(o[-1].get("done") == STEPS and o[-1]["weight"] == nodes for o in outs), outs
     for k in range(STEPS):
-        xs = [contribution(r, k).astype(np.float64) for r in range(nodes)]
-        ref, scale = sum(xs), sum(np.abs(x) for x in xs)
         for r in range(nodes):
-            got = np.load(tmp_path / f"r{r}.npy")[k].astype(np.float64)
-            assert float(np.max(np.abs(got - ref) / scale)) <= (nodes + 1) * 2.0 ** -24
+            assert_float_sum(np.load(tmp_path / f"r{r}.npy")[k], [contribution(q, k) for q in range(nodes)])
     assert len(js.records) == STEPS and not any(rec.aborted for rec in js.records)
     metrics = [st["training"]["metrics"] for st in js.stats.values()]
     assert all([m["step"] for m in ms if "step" in m] == list(map(float, range(STEPS))) for ms in metrics)

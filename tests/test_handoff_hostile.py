@@ -28,6 +28,7 @@ import msgpack
 import numpy as np
 import pytest
 from helpers.cluster import Cluster
+from helpers.exact import assert_float_sum
 from helpers.waiting import until
 
 import agents.handoff as agent_handoff
@@ -253,11 +254,8 @@ async def sync_works(c: Cluster, d: Path, tmp: Path,
     assert [p.returncode for p in procs] == [0] * NODES
     assert all(o == {"done": STEPS, "weight": NODES} for o in outs), outs
     for k in range(STEPS):
-        xs = [contribution(r, k).astype(np.float64) for r in range(NODES)]
-        ref, scale = sum(xs), sum(np.abs(x) for x in xs)
         for r in range(NODES):
-            got = np.load(tmp / f"r{r}.npy")[k].astype(np.float64)
-            assert float(np.max(np.abs(got - ref) / scale)) <= (NODES + 1) * 2.0 ** -24
+            assert_float_sum(np.load(tmp / f"r{r}.npy")[k], [contribution(q, k) for q in range(NODES)])
 
 
 @pytest.fixture

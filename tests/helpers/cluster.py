@@ -69,7 +69,7 @@ class Cluster:
         self.tasks: list[asyncio.Task] = []  # ...and the tasks running them
         self.procs: dict[int, subprocess.Popen] = {}  # agent processes
         self.logs: dict[int, str] = {}  # every incarnation's stderr so far, drained without blocking
-        self._drainer: asyncio.Task | None = None
+        self._watched: set[int] = set()  # agents' stderr descriptors the loop reads as they write
         self.options_file: Path | None = None
 
     async def start(self, wait_s: float = 30.0) -> Cluster:
@@ -82,17 +82,16 @@ class Cluster:
         else:
             for n in range(self.nodes):
                 self.spawn(n)
-            self._drainer = asyncio.create_task(self._drain_forever())
         await self.sched.wait_agents(wait_s)
         return self
 
     async def close(self) -> None:
         """Shut the scheduler down; the in-process agents end with it, agent processes are reaped."""
-        if self._drainer is not None:
-            self._drainer.cancel()
         await self.sched.shutdown()
         if self.tasks:
             await asyncio.wait_for(asyncio.gather(*self.tasks), 10)
+        for fd in list(self._watched):
+            self._unwatch(fd)
         reap(list(self.procs.values()))
 
     async def __aenter__(self) -> Cluster:
@@ -113,28 +112,36 @@ class Cluster:
         self.procs[node] = subprocess.Popen(cmd, env=env,
                                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         assert self.procs[node].stderr is not None
-        os.set_blocking(self.procs[node].stderr.fileno(), False)
-
-    async def _drain_forever(self) -> None:
-        """Keep reading the agents' stderr: a full pipe would freeze a chatty agent mid-test."""
-        while True:
-            for n in list(self.procs):
-                self.drain(n)
-            await asyncio.sleep(0.2)
+        fd = self.procs[node].stderr.fileno()
+        os.set_blocking(fd, False)
+        # read whenever the agent writes: a full pipe would freeze a chatty agent mid-test
+        asyncio.get_running_loop().add_reader(fd, self._read, node, self.procs[node])
+        self._watched.add(fd)
 
     def drain(self, node: int) -> str:
         """Node's stderr so far (all its incarnations). Read without blocking; also keeps the pipe
         from filling up, which would freeze a chatty agent."""
         p = self.procs.get(node)
-        while p is not None and p.stderr is not None:
+        if p is not None:
+            self._read(node, p)
+        return self.logs.get(node, "")
+
+    def _read(self, node: int, p: subprocess.Popen) -> None:
+        """What this incarnation of node's agent wrote so far (its reader goes at its end of file)."""
+        while p.stderr is not None:
             try:
                 data = os.read(p.stderr.fileno(), 65536)
             except BlockingIOError:
                 break
-            if not data:
+            if not data:  # the agent ended: nothing more to read from this incarnation
+                self._unwatch(p.stderr.fileno())
                 break
             self.logs[node] = self.logs.get(node, "") + data.decode(errors="replace")
-        return self.logs.get(node, "")
+
+    def _unwatch(self, fd: int) -> None:
+        if fd in self._watched:
+            self._watched.discard(fd)
+            asyncio.get_running_loop().remove_reader(fd)
 
     # --- what a test waits for ------------------------------------------------------------------------
     async def when_round_starts(self, rnd: int) -> None:
@@ -225,18 +232,16 @@ class LocalNet:
         await asyncio.gather(*(ov.close() for ov in self.overlays.values()))
 
     async def run_round(self, plan: Plan, job: int = 1, rnd: int = 0, attempt: int = 0,
-                        starts: Mapping[int, float | Callable[[], Awaitable[Any]]] | None = None
+                        starts: Mapping[int, Callable[[], Awaitable[Any]]] | None = None
                         ) -> dict[int, np.ndarray]:
         """Every node with a part in the plan (members, aggregators, replicating nodes) runs it as task
         `rnd`; every receiver must end with the exact (weighted) sum of the members, computed here
         (`exact_sum`). starts: node -> a coroutine function to await before that node begins (an event
-        it waits for, e.g. `lambda: until(...)`), or a delay in seconds. Returns the receivers' results."""
+        it waits for, e.g. `lambda: until(...)`). Returns the receivers' results."""
         async def one(n: int) -> np.ndarray | None:
             gate = (starts or {}).get(n)
-            if callable(gate):
+            if gate is not None:
                 await gate()
-            elif gate:
-                await asyncio.sleep(gate)
             mine = contribution(rnd, attempt, n, plan.params) if n in plan.participants else None
             st = self.engines[n].begin_task(job, rnd, attempt, plan, mine)
             res = await st.done

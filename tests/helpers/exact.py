@@ -90,3 +90,12 @@ def assert_results_exact(path: Path | str) -> int:
     n = assert_records_exact([r for r in recs if r["type"] == "task"], plans)
     assert n > 0, f"{path} holds no round record"
     return n
+
+
+def assert_float_sum(got: np.ndarray, contributions: Iterable[np.ndarray]) -> None:
+    """A float32 sum of m contributions against the float64 reference this computes: the worst
+    element's error, relative to the sum of magnitudes there, within (m + 1) 2^-24 (any order)."""
+    xs = [np.asarray(x, np.float64) for x in contributions]
+    ref, scale = sum(xs), sum(np.abs(x) for x in xs)
+    err = float(np.max(np.abs(np.asarray(got, np.float64) - ref) / scale))
+    assert err <= (len(xs) + 1) * 2.0 ** -24, f"{err:.3g} off the float64 sum, bound {(len(xs) + 1) * 2.0 ** -24:.3g}"
