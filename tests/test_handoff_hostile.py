@@ -74,13 +74,16 @@ s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(float(sys.argv[3]))
 s.connect(sys.argv[1])
 print("uid", os.getuid(), "connected", flush=True)
-s.sendall(bytes.fromhex(sys.argv[2]))
 buf = b""
+try:
+    s.sendall(bytes.fromhex(sys.argv[2]))
+except (ConnectionResetError, BrokenPipeError):
+    pass  # the agent refused us at once, before our hello was all out: its answer waits to be read
 try:
     while got := s.recv(65536):
         buf += got
     print("eof", flush=True)
-except ConnectionResetError:
+except (ConnectionResetError, BrokenPipeError):
     print("eof", flush=True)
 except TimeoutError:
     print("timeout", flush=True)

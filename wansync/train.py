@@ -286,7 +286,7 @@ def write_runs(path: Path, runs: list[TrainRun], target: float | None) -> None:
             write({"type": "train_run", "scheme": r.name, "target": target, "time_to_target_s": r.time_to(target),
                    "final_accuracy": r.last(), "step_s": r.step_s(), "sync_share": r.sync_share(),
                    "link_bytes": r.link_bytes, "syncs": r.syncs, "syncs_wrong": r.syncs_wrong,
-                   "valid": r.guard_valid, "verdict": r.guard_verdict})
+                   "valid": r.guard_valid, "verdict": r.guard_verdict, "reason": r.guard_reason})
 
 
 def _free_port() -> int:
