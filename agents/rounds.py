@@ -210,7 +210,8 @@ class RoundLoop:
                 await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), rnd)
             elif out.ok:
                 self.params -= np.float32(LEARNING_RATE / len(out.plan.participants)) * out.result
-            self._applied = (job, rnd, out.result.copy() if out.ok else None, len(out.plan.participants))
+            # the result's own array (a task's, never written again): no copy of the model per round
+            self._applied = (job, rnd, out.result if out.ok else None, len(out.plan.participants))
             rnd += 1
         if bound:  # the last iterations' contributions still travel: wait until their tasks are done here
             await runner.idle(job)

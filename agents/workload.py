@@ -8,7 +8,6 @@ scheme, tree and relay must produce a bit-identical result, checked with `==` af
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 
 import numpy as np
 
@@ -47,18 +46,27 @@ def chunk_params(scale: float = 1.0, base: int = CHUNK_PARAMS) -> int:
     return max(1024, round(base * scale))
 
 
-@lru_cache(maxsize=4)
-def _basis(params: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-element terms of f, reduced mod 256 (uint8 wraps; 64 divides 256, so `& 63` stays exact)."""
-    i = np.arange(params, dtype=np.int64)
-    return (i * 7 % 256).astype(np.uint8), ((13 + (i >> 5)) % 256).astype(np.uint8)
+PERIOD = 2048  # f repeats every 2048 elements: 7 * 2048 and 2048 >> 5 are both multiples of 64
+# Element i's cell: (7i mod 64) * 64 + ((13 + (i >> 5)) mod 64), over one period. f mod 64 depends on i
+# only through these two residues, so a sum of contributions is a sum of 4096-entry tables, looked up
+# for one period and repeated.
+_I = np.arange(PERIOD, dtype=np.int64)
+_CELLS = (_I * 7 % 64) * 64 + (13 + (_I >> 5)) % 64
 
 
-def _raw(rnd: int, attempt: int, node: int, params: int) -> np.ndarray:
-    """(7i + 13n + 31r + 17a + (i >> 5) n) mod 64, computed in uint8 without any int64 temporaries."""
-    u, v = _basis(params)
-    out = np.multiply(v, np.uint8(node % 256))
-    out += u
+def _spread(table: np.ndarray, params: int) -> np.ndarray:
+    """The values of every element from a table by cell: one period looked up, then repeated."""
+    return np.resize(table[_CELLS], params)
+
+
+_U, _V = (a.ravel() for a in np.meshgrid(np.arange(64, dtype=np.uint8), np.arange(64, dtype=np.uint8), indexing="ij"))
+
+
+def _raw_table(rnd: int, attempt: int, node: int) -> np.ndarray:
+    """(7i + 13n + 31r + 17a + (i >> 5) n) mod 64 for every cell (uint8 wraps; 64 divides 256, so `& 63`
+    stays exact): the contribution's values, by cell."""
+    out = np.multiply(_V, np.uint8(node % 256))
+    out += _U
     out += np.uint8((31 * rnd + 17 * attempt) % 256)
     out &= 63
     return out
@@ -66,24 +74,27 @@ def _raw(rnd: int, attempt: int, node: int, params: int) -> np.ndarray:
 
 def contribution(rnd: int, attempt: int, node: int, params: int) -> np.ndarray:
     """f(r, a, n, i): integer-valued float32 in [-32, 31]."""
-    out = _raw(rnd, attempt, node, params).astype(np.float32)
-    out -= 32
-    return out
+    table = _raw_table(rnd, attempt, node).astype(np.float32)
+    table -= 32
+    return _spread(table, params)
 
 
 def expected(rnd: int, attempt: int, nodes: Iterable[int], params: int,
              weights: Mapping[int, float] | None = None, iters: Mapping[int, int] | None = None) -> np.ndarray:
     """The exact (weighted) sum of the given nodes' contributions, of round `rnd` or each node's own
-    iteration (`iters`: a ready queue groups workers at different iterations)."""
+    iteration (`iters`: a ready queue groups workers at different iterations). Summed per cell (4096
+    of them), in the same order and precision per element as summing the whole contributions."""
     nodes = list(nodes)
     it = {n: (rnd if iters is None else iters.get(n, rnd)) for n in nodes}
     if weights is None or all(weights[n] == 1.0 for n in nodes):
-        total = np.zeros(params, dtype=np.int32)
+        total = np.zeros(_U.size, dtype=np.int32)
         for n in nodes:
-            total += _raw(it[n], attempt, n, params)
+            total += _raw_table(it[n], attempt, n)
         total -= 32 * len(nodes)
-        return total.astype(np.float32)
-    acc = np.zeros(params, dtype=np.float64)
+        return _spread(total.astype(np.float32), params)
+    acc = np.zeros(_U.size, dtype=np.float64)
     for n in nodes:
-        acc += weights[n] * contribution(it[n], attempt, n, params)
-    return acc.astype(np.float32)
+        values = _raw_table(it[n], attempt, n).astype(np.float32)
+        values -= 32
+        acc += weights[n] * values
+    return _spread(acc.astype(np.float32), params)

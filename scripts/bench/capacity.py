@@ -215,6 +215,13 @@ class JobResult:
     view_case: bool = False
     starts: list[dict[int, float]] = field(default_factory=list)  # per measured round: node -> start - first start
     round_times: list[float] = field(default_factory=list)
+    chunk_bytes: int = 0  # the largest chunk of the job's first plan
+    span_s: float = 0.0  # wall time from the job's first round to its last
+
+    @property
+    def launcher_cpu_s(self) -> float:
+        """CPU seconds of the launcher process (scheduler included) while the job ran."""
+        return self.proc.get("launcher_cpu_share", 0.0) * self.span_s
 
     @property
     def valid(self) -> bool:
@@ -241,6 +248,7 @@ class Case:
     model: str = "resnet50"
     view: bool = False  # its jobs count for the view's figures
     nodes: int | None = None  # for hetero and uniform meshes
+    run_options: dict[str, Any] = field(default_factory=dict)  # further options (e.g. seed)
 
 
 def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> list[JobResult]:
@@ -252,7 +260,8 @@ def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> li
                                workload__model=case.model, scale=case.scale, rounds=case.rounds, warmup=case.warmup,
                                out=str(out), backend=case.backend,
                                chunk=None if case.chunk is None else str(case.chunk),
-                               no_http=True, **{f"schemes__{k}": v for k, v in case.options.items()}))
+                               no_http=True, **{f"schemes__{k}": v for k, v in case.options.items()},
+                               **case.run_options))
     quiet = Console(file=io.StringIO(), width=150)
     try:
         with Sampler() as sampler:
@@ -279,6 +288,8 @@ def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> li
                                  sum(st.get("cpu_s", 0.0) for st in stats), sampler.span(t0, t1), err, cov, nlinks,
                                  round_starts(js, measured)))
         results[-1].view_case = case.view
+        results[-1].chunk_bytes = 4 * max((n for _, n in js.plan.layout), default=0)
+        results[-1].span_s = t1 - t0
         if keep_rounds:
             results[-1].round_times = [r.round_s for r in measured]
     return results
