@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from .looplag import IDLE_TICK_S
 from .probes import MIN_PERIOD_S, SAMPLE_S, LinkProbes
 
 TICK_S = 0.01
@@ -62,9 +63,12 @@ class CapProbes:
             self._task = None
 
     async def _ticks(self) -> None:
+        """Every TICK_S while the uplink is busy or a period is open, IDLE_TICK_S while idle (as the
+        loop-lag ticker: an idle agent's ticks were most of its CPU)."""
         with contextlib.suppress(asyncio.CancelledError):
             while True:
-                await asyncio.sleep(TICK_S)
+                idle = self._period is None and self._busy_ticks == 0 and not self.sending()
+                await asyncio.sleep(IDLE_TICK_S if idle else TICK_S)
                 self.tick()
 
     def tick(self) -> None:

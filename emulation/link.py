@@ -270,6 +270,15 @@ class LinkShaper:
                     assert isinstance(self.uplink, Uplink)
                     self.uplink.written(cap, nbytes, up_due + max(0.0, now - due))
 
+    def wrote_run(self, sizes: list[int], ats: list[float], floor: float) -> None:
+        """`wrote` for consecutive pieces written at once, piece j at max(ats[j], floor): one call,
+        the same books (per piece only where the node's uplink keeps books of its own)."""
+        if self._books_uplink:
+            for n, at in zip(sizes, ats, strict=True):
+                self.wrote(n, max(at, floor))
+        else:
+            self._pending += sum(sizes)
+
     def _forget_stale(self, now: float) -> None:
         """Pieces the overlay dropped unwritten (their connection closed) leave the uplink's books."""
         q = self._inflight

@@ -11,9 +11,11 @@ Every delay line of a process shares one timer (`WireClock`): a wake-up writes e
 pieces, and when pieces of many links come due at different moments, wake-ups are at least
 FLUSH_GRAIN_S apart (pieces that came due meanwhile are written in that wake-up, at most
 FLUSH_GRAIN_S late; never earlier than the pacer's `early_s`). A node sending on fifteen links then
-wakes up about as often as one sending on two, and a piece costs a few Python operations, not a
-wake-up. A late write never gives a link more than its rate (the schedule decides it); the
-fidelity books count the lateness at the end of a backlog.
+wakes up about as often as one sending on two. A segment's pieces stay together in the line as one
+run (their due times, where each ends): a wake-up writes the due part of a run as one slice and books
+it in one call, so a piece costs a list entry, not a Python object, a method call and a write of its
+own. A late write never gives a link more than its rate (the schedule decides it); the fidelity
+books count the lateness at the end of a backlog.
 
 On a kernel-shaped link (tc backend: the pacer keeps only delay, `set_kernel_rate` gives the rate
 the kernel shapes to) nothing is paced here, but the queues below the sender's round-robin are
@@ -31,7 +33,9 @@ import heapq
 import math
 import socket
 import weakref
+from bisect import bisect_right
 from collections import deque
+from itertools import accumulate
 from typing import Protocol
 
 from .codec import FrameProtocol
@@ -64,6 +68,20 @@ class Pacer(Protocol):
         `until`, loop time) was through."""
 
     def wrote(self, nbytes: int, at: float | None = None) -> None: ...
+
+
+class _Run:
+    """Consecutive pieces of one segment (or one control frame) for one socket: piece j is
+    seg[ends[j - 1]:ends[j]], piece 0 with `head` (the frame's header) before it, due at dues[j];
+    `booked[j]`: the released piece's bytes for the books (None: a control frame, not booked).
+    `next`: the first piece not yet written."""
+
+    __slots__ = ("conn", "head", "seg", "ends", "dues", "booked", "next")
+
+    def __init__(self, conn: FrameProtocol, head: bytes, seg: memoryview | bytes, ends: list[int],
+                 dues: list[float], booked: list[int] | None) -> None:
+        self.conn, self.head, self.seg, self.ends, self.dues, self.booked = conn, head, seg, ends, dues, booked
+        self.next = 0
 
 
 class WireClock:
@@ -148,9 +166,7 @@ class DelayLine:
         self.bytes = 0  # bytes in the line
         self.space = asyncio.Event()  # set while the line holds no more than cap()
         self.space.set()
-        # (due, bytes, socket, booked): booked = bytes of the released piece this item completes
-        # (0: a control frame, or a segment's header, which is booked with the piece it rides with)
-        self._line: deque[tuple[float, bytes | memoryview, FrameProtocol, int]] = deque()
+        self._line: deque[_Run] = deque()  # runs of pieces in due order (FIFO, even with jitter)
         self._want_t: float | None = None  # when the wire clock is to flush this line (None: not asked)
         self._last_due = 0.0
         self._wire_since: float | None = None  # start of the current backlog on the emulated wire
@@ -193,23 +209,17 @@ class DelayLine:
         step = pacer.max_write
         n = len(seg)
         first = min(n, max(0, step - len(prefix)))
-        sizes = [len(prefix) + first]
-        sizes += [min(step, n - i) for i in range(first, n, step)]
+        ends = [first, *range(first + step, n, step)] if first < n else [first]
+        if ends[-1] != n:
+            ends.append(n)
+        sizes = [len(prefix) + first, *(b - a for a, b in zip(ends, ends[1:], strict=False))]
         offsets = pacer.release_run(sizes)
         now = self._now()
-        if offsets[0] <= pacer.early_s and not self._line:  # due now, nothing ahead of it: write it now
-            conn.write_raw(prefix)
-            if first:
-                conn.write_raw(seg[:first])
-            self._book(now + offsets[0], sizes[0], now)
-        else:
-            due = now + offsets[0]
-            self.append(due, prefix, conn, booked=0 if first else sizes[0])
-            if first:
-                self.append(due, seg[:first], conn, booked=sizes[0])
-        append = self.append
-        for i, size, offset in zip(range(first, n, step), sizes[1:], offsets[1:], strict=True):
-            append(now + offset, seg[i:i + size], conn, booked=size)
+        # FIFO even with jitter: no piece is due before the one ahead of it
+        dues = list(accumulate((now + o for o in offsets), max, initial=self._last_due))[1:]
+        self._put(_Run(conn, prefix, seg, ends, dues, sizes), len(prefix) + n)
+        if dues[0] - now <= pacer.early_s and len(self._line) == 1:  # due now, nothing ahead: write now
+            self._flush(now)
         ahead = offsets[-1] - pacer.delay_s
         if ahead > LOOKAHEAD_S:  # one wake-up per ~LOOKAHEAD_S/2 of wire time, not one per piece
             await asyncio.sleep(ahead - LOOKAHEAD_S / 2)
@@ -225,15 +235,18 @@ class DelayLine:
             self.append(self._now() + self.pacer.delay_s, data, conn, booked=0)
 
     def append(self, due: float, data: bytes | memoryview, conn: FrameProtocol, *, booked: int) -> None:
-        """Queue `data` for the wire at `due` (loop time); `booked`: bytes of a released piece it completes."""
-        due = max(self._last_due, due)  # FIFO even with jitter
-        self._last_due = due
-        line = self._line
-        line.append((due, data, conn, booked))
-        self.bytes += len(data)
-        if len(line) == 1:
+        """Queue `data` alone for the wire at `due` (loop time); `booked`: bytes of a released piece it
+        completes (0: none, a control frame)."""
+        due = max(self._last_due, due)
+        self._put(_Run(conn, b"", data, [len(data)], [due], [booked] if booked else None), len(data))
+
+    def _put(self, run: _Run, nbytes: int) -> None:
+        self._last_due = run.dues[-1]
+        self._line.append(run)
+        self.bytes += nbytes
+        if len(self._line) == 1:
             assert self._clock is not None
-            self._clock.want(self, due - self.pacer.early_s)
+            self._clock.want(self, run.dues[0] - self.pacer.early_s)
 
     def drop(self) -> None:
         """Forget every queued piece (the socket they were for is gone, or the sender closes)."""
@@ -251,22 +264,33 @@ class DelayLine:
 
     # --- the timer -----------------------------------------------------------------------------------
     def _flush(self, now: float) -> None:
-        """Write every piece that is due (a wake-up of the wire clock); a late wake-up catches up
-        instead of idling the wire."""
+        """Write every piece that is due (a wake-up of the wire clock), each run's due part as one
+        slice; a late wake-up catches up instead of idling the wire."""
         conn = self.conn
         line = self._line
         limit = now + self.pacer.early_s
         parts: list[bytes | memoryview] = []
         gone = 0
-        book = self._book
-        while line and line[0][0] <= limit:
-            due, data, owner, booked = line.popleft()
-            gone += len(data)
-            if owner is not conn or conn is None:  # never bytes of a dead socket on a new one
-                continue
-            parts.append(data)
-            if booked:
-                book(due, booked, now)
+        while line:
+            run = line[0]
+            i = run.next
+            if run.dues[i] > limit:
+                break
+            k = bisect_right(run.dues, limit, i)
+            lo = run.ends[i - 1] if i else 0
+            hi = run.ends[k - 1]
+            gone += hi - lo + (len(run.head) if i == 0 else 0)
+            if run.conn is conn and conn is not None:  # never bytes of a dead socket on a new one
+                if i == 0 and run.head:
+                    parts.append(run.head)
+                if hi > lo:
+                    parts.append(run.seg[lo:hi])
+                if run.booked is not None:
+                    self._book(run, i, k, now)
+            if k < len(run.dues):
+                run.next = k
+                break
+            line.popleft()
         self.bytes -= gone
         if parts:
             assert conn is not None
@@ -275,19 +299,29 @@ class DelayLine:
             self.space.set()
         if line:
             assert self._clock is not None
-            self._clock.want(self, line[0][0] - self.pacer.early_s)
+            head = line[0]
+            self._clock.want(self, head.dues[head.next] - self.pacer.early_s)
         else:
+            self._want_t = None  # nothing left: a wake-up asked for earlier has nothing to do
             self.maybe_wire_idle()
 
-    def _book(self, due: float, nbytes: int, now: float) -> None:
-        """The fidelity books: a piece written late crossed late, unless the wire clock's own grain
-        (FLUSH_GRAIN_S, this emulator's choice) is all that delayed it; acks do not extend a backlog."""
+    def _book(self, run: _Run, i: int, k: int, now: float) -> None:
+        """The fidelity books for pieces i..k-1 of a run: a piece written late crossed late, unless the
+        wire clock's own grain (FLUSH_GRAIN_S, this emulator's choice) is all that delayed it; acks do
+        not extend a backlog. One call for the run's pieces where the pacer keeps no per-piece books."""
+        assert run.booked is not None
+        dues, booked = run.dues, run.booked
         if self._wire_since is None:
-            self._wire_since = due
-        at = max(due, now - self._grain)
-        self.pacer.wrote(nbytes, at)
-        self._last_piece = nbytes
-        self._last_write = at
+            self._wire_since = dues[i]
+        floor = now - self._grain
+        wrote_run = getattr(self.pacer, "wrote_run", None)
+        if wrote_run is not None:
+            wrote_run(booked[i:k], dues[i:k], floor)
+        else:
+            for j in range(i, k):
+                self.pacer.wrote(booked[j], max(dues[j], floor))
+        self._last_piece = booked[k - 1]
+        self._last_write = max(dues[k - 1], floor)
 
     # --- sizes ---------------------------------------------------------------------------------------
     def cap(self) -> float:

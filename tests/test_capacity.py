@@ -16,7 +16,7 @@ from core.plan import Plan, make_layout, tree_group
 from emulation.link import MBIT, Backlogs, LinkShaper, LinkSpec
 from emulation.simnet import sim_network
 from emulation.topology import Topology, TopologyError, build
-from overlay.delayline import FLUSH_GRAIN_S, DelayLine, WireClock
+from overlay.delayline import FLUSH_GRAIN_S, DelayLine, WireClock, _Run
 from scheduler.view import KNOWN_S, NetworkView
 from sim import MEASURED, NONE, WanCosts, simulate
 from wansync.guard import GUARD_MIN_RATIO, cpu_forecast, cpu_warning
@@ -179,6 +179,52 @@ def test_the_wire_clock_writes_every_line_on_time_with_few_wake_ups():
     assert clock.wakeups < sum(len(c.writes) for c in conns) / 5
 
 
+def test_a_runs_pieces_leave_on_time_and_are_each_booked():
+    """One segment of 200 pieces as one run (what `send` queues): by any moment the bytes written
+    are at most those due by then (+ early) and at least those due a grain before, the header
+    goes out first with piece 0, and the books hear every piece once."""
+    loop = FakeLoop()
+    clock, [line], [conn] = lines_on(loop, 1)
+    head, seg, step = b"h" * 7, memoryview(bytes(200 * 1500)), 1500
+    ends = list(range(step, len(seg) + 1, step))
+    dues = [0.001 + 0.0015 * k for k in range(len(ends))]
+    booked = [step + len(head), *[step] * (len(ends) - 1)]
+    line._put(_Run(conn, head, seg, ends, dues, booked), len(head) + len(seg))  # type: ignore[arg-type]
+    t = 0.0
+    while t < dues[-1] + 0.01:
+        t += 0.0003
+        loop.run_until(t)
+        written = sum(n for _, n in conn.writes)
+        may = sum(b for b, d in zip(booked, dues, strict=True) if d - FakePacer.early_s <= t + 1e-9)
+        must = sum(b for b, d in zip(booked, dues, strict=True) if d + FLUSH_GRAIN_S < t - 1e-9)
+        assert must <= written <= may, (t, must, written, may)
+    assert sum(n for _, n in conn.writes) == len(head) + len(seg) and line.bytes == 0
+    assert line.pacer.written == sum(booked)  # type: ignore[attr-defined]
+
+
+def test_wrote_run_books_what_one_wrote_per_piece_books():
+    """With and without the node's uplink keeping books of its own."""
+    from emulation.link import Uplink
+
+    for uplinked in (False, True):
+        books = []
+        for batched in (False, True):
+            c = Clock(0.0)
+            up = Uplink(50.0 * MBIT, clock=c) if uplinked else None
+            sh = LinkShaper(LinkSpec(100.0), clock=c, uplink=up)
+            sizes = [sh.max_write] * 12
+            dues = [sh.release_in(n) for n in sizes]
+            c.now = dues[-1] + 0.0005
+            if batched:
+                sh.wrote_run(sizes, dues, c.now - FLUSH_GRAIN_S)
+            else:
+                for n, d in zip(sizes, dues, strict=True):
+                    sh.wrote(n, max(d, c.now - FLUSH_GRAIN_S))
+            sh.wire_busy(dues[0], dues[-1], sizes[-1])
+            books.append((sh.guard(), up.guard() if up is not None else None))
+        assert books[0] == books[1], uplinked
+
+
 def test_a_dropped_line_is_forgotten_by_the_clock():
     loop = FakeLoop()
     clock, [a, b], [ca, cb] = lines_on(loop, 2)
@@ -200,8 +246,9 @@ def test_books_forgive_only_the_wire_clocks_grain():
         line = DelayLine(sh)  # type: ignore[arg-type]
         line._grain = FLUSH_GRAIN_S
         dues = [sh.release_in(n) for _ in range(10)]
-        for k, due in enumerate(dues):
-            line._book(due, n, due + (late if k == len(dues) - 1 else 0.0))
+        for k, due in enumerate(dues):  # each piece a run of its own, booked when written
+            line._book(_Run(None, b"", b"", [n], [due], [n]), 0, 1,  # type: ignore[arg-type]
+                       due + (late if k == len(dues) - 1 else 0.0))
         sh.wire_busy(dues[0], line._last_write, n)
         assert (sh.guard()["achieved_ratio"] >= GUARD_MIN_RATIO) is ok, (late, sh.guard())
 

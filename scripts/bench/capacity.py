@@ -286,8 +286,7 @@ def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> li
                                  g.reasons, wrong == 0, wrong, statistics.median(r.round_s for r in measured),
                                  statistics.median(preds) if preds else None, gb,
                                  sum(st.get("cpu_s", 0.0) for st in stats), sampler.span(t0, t1), err, cov, nlinks,
-                                 round_starts(js, measured)))
-        results[-1].view_case = case.view
+                                 view_case=case.view, starts=round_starts(js, measured)))
         results[-1].chunk_bytes = 4 * max((n for _, n in js.plan.layout), default=0)
         results[-1].span_s = t1 - t0
         if keep_rounds:
@@ -298,10 +297,8 @@ def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> li
 def round_starts(js: Any, records: list[Any]) -> list[dict[int, float]]:
     """Per round, when each agent started it (its TASK_DONE's t_start) after the first one did."""
     out = []
-    for rec in records:
-        task = js.tasks.get(rec.task)
-        done = task.done if task is not None else {}
-        starts = {int(n): float(m.t_start) for n, m in done.items() if getattr(m, "t_start", None) is not None}
+    for rec in records:  # the record's spans: node -> [t_start, t_end] of its TASK_DONE
+        starts = {int(n): float(span[0]) for n, span in rec.spans.items()}
         if starts:
             first = min(starts.values())
             out.append({n: t - first for n, t in starts.items()})
