@@ -209,7 +209,8 @@ class RoundLoop:
                 self.params = trainer.model
                 await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), rnd)
             elif out.ok:
-                self.params -= np.float32(LEARNING_RATE / len(out.plan.participants)) * out.result
+                # off the loop (it relays for others meanwhile), in place: no model-sized temporary
+                await asyncio.to_thread(_step, self.params, -LEARNING_RATE / len(out.plan.participants), out.result)
             # the result's own array (a task's, never written again): no copy of the model per round
             self._applied = (job, rnd, out.result if out.ok else None, len(out.plan.participants))
             rnd += 1
@@ -223,7 +224,7 @@ class RoundLoop:
             self.trainer.undo()
             self.params = self.trainer.model
         elif result is not None and self.params is not None:
-            self.params += np.float32(LEARNING_RATE / n) * result
+            _step(self.params, LEARNING_RATE / n, result)
         self._applied = (-1, -1, None, 1)
 
     def _stats(self, cpu0: float, wall0: float, guard0: dict, meter0: dict, aux0: tuple[int, int]
@@ -254,6 +255,16 @@ async def _first(work: Any, stop: asyncio.Future) -> Any:
         task.cancel()
         return None
     return task.result()
+
+
+def _step(params: np.ndarray, k: float, result: np.ndarray) -> None:
+    """params += k * result, in place, a block at a time: no temporary the size of the model."""
+    block = 1 << 20
+    scratch = np.empty(min(block, params.size), np.float32)
+    for i in range(0, params.size, block):
+        part = scratch[:min(block, params.size - i)]
+        np.multiply(result[i:i + block], np.float32(k), out=part)
+        params[i:i + block] += part
 
 
 def _cpu_s() -> float:

@@ -105,11 +105,13 @@ class TaskPart:
         if self.member:
             if contribution is None or contribution.shape != (plan.params,) or contribution.dtype != np.float32:
                 raise ValueError(f"a member's contribution must be float32 of {plan.params} elements")
-            w = plan.weights[me]
-            self.acc = contribution.copy() if w == 1.0 else (contribution * np.float32(w))
-        else:
-            aggregates = any(r.in_agg for r in self.roles.values())
-            self.acc = np.zeros(plan.params if aggregates else 0, np.float32)
+        # the accumulator starts as the (weighted) contribution, or zeros, one chunk at a time when the
+        # chunk is first touched (agents/taskpart._acc): no model-sized copy on the loop at the start
+        self._weight = plan.weights[me] if self.member else 1.0
+        self._start = contribution if self.member else None
+        aggregates = self.member or any(r.in_agg for r in self.roles.values())
+        self.acc = np.empty(plan.params if aggregates else 0, np.float32)
+        self._acc_ready = bytearray(len(plan.layout))  # per chunk: acc holds its start value
         self.chunk_group = [0] * len(plan.layout)
         self.waiting = [0] * len(plan.layout)  # per chunk: agg children not yet complete
         self.pending = 0  # duties left (see Role.duties); this part is done at 0
@@ -128,6 +130,8 @@ class TaskPart:
         # a member's weighted contribution, sent as is to every other receiver (all-to-all groups)
         self.own: np.ndarray | None = None
         if self.member and any(g.direct for g in plan.groups):  # sent while others' parts add into acc
+            for c in range(len(plan.layout)):
+                self._acc(c)
             self.own = self.acc.copy() if self.receiver else self.acc
         self.started = False
         self.t_begin = t_begin  # when this node began it, on the wire clock (a class's deadline counts from it)
@@ -231,7 +235,8 @@ class TaskPart:
                     raise TaskError(f"chunk {c}: node {origin} sent contributions of non-members")
                 self.contributors[c] |= theirs
             part = np.frombuffer(payload, dtype=np.float32)
-            np.add(self.acc[lo:hi], part, out=self.acc[lo:hi])
+            acc = self._acc(c)[lo - off:hi - off]
+            np.add(acc, part, out=acc)
             got += h["nbytes"]
             self.agg_bytes[(c, origin)] = got
             if got == n * 4:
@@ -252,16 +257,35 @@ class TaskPart:
     def _complete_agg(self, c: int) -> None:
         role = self.roles[self.chunk_group[c]]
         off, n = self.plan.layout[c]
+        if not role.agg_children and self._weight == 1.0 and self._start is not None and not self._acc_ready[c]:
+            value = self._start[off:off + n]  # a leaf's own values, as they are: nothing summed into them
+        else:
+            value = self._acc(c)
         if role.parent is not None:
-            self._send(c, "agg", self.acc[off:off + n], self.contributors[c], role.parent)
+            self._send(c, "agg", value, self.contributors[c], role.parent)
             self._duty_done()
             return
         if self.contributors[c] != self.everyone:
             self.end(TaskError(f"chunk {c}: root {self.host.node} aggregated {self.contributors[c]:#x}, "
                                f"expected {self.everyone:#x}"))
             return
-        self.result[off:off + n] = self.acc[off:off + n]
+        self.result[off:off + n] = value
         self._final(c)
+
+    def _acc(self, c: int) -> np.ndarray:
+        """Chunk c of the accumulator, holding its start value (the weighted contribution, or zeros)
+        from the first time it is asked for."""
+        off, n = self.plan.layout[c]
+        view = self.acc[off:off + n]
+        if not self._acc_ready[c]:
+            self._acc_ready[c] = 1
+            if self._start is None:
+                view.fill(0.0)
+            elif self._weight == 1.0:
+                view[:] = self._start[off:off + n]
+            else:
+                np.multiply(self._start[off:off + n], np.float32(self._weight), out=view)
+        return view
 
     def _final(self, c: int) -> None:
         role = self.roles[self.chunk_group[c]]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
+import zlib
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -37,8 +37,9 @@ def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0,
 
 
 def digest_of(result: np.ndarray) -> str:
-    """What agents report for a result: hex blake2b-128 of its float32 bytes."""
-    return hashlib.blake2b(np.ascontiguousarray(result, dtype=np.float32).tobytes(), digest_size=16).hexdigest()
+    """What agents report for a result: hex of CRC-32 then Adler-32 (big-endian) of its float32 bytes."""
+    data = np.ascontiguousarray(result, dtype=np.float32).tobytes()
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
 
 
 @lru_cache(maxsize=256)
