@@ -163,7 +163,7 @@ def _local_run(options: Options) -> Any:
         if reason := unavailable():
             raise CliError(f"--backend tc unavailable here: {reason}")
     cfg = resolve(options, secret=_secret(options, from_env=False))
-    set_loop(options.agents["loop"])
+    set_loop(options.agents["loop"], options.wan["backend"])
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     return cfg
 
@@ -225,7 +225,7 @@ def _scheduler(args: argparse.Namespace) -> int:
         host, port = parse_hostport(args.listen)
     except ValueError as exc:
         raise CliError(f"--listen: {exc}") from None
-    set_loop(options.agents["loop"])
+    set_loop(options.agents["loop"], options.wan["backend"])
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     console = Console(stderr=True)
     agents = ExternalAgents(control_lines=args.control_lines)
@@ -338,7 +338,7 @@ def _agent(args: argparse.Namespace) -> int:
     if not host or not port.isdigit() or not (lport or "0").isdigit():
         raise CliError(f"--scheduler {args.scheduler!r} / --listen {args.listen!r}: expected HOST:PORT")
     a = options.agents
-    set_loop(a["loop"])
+    set_loop(a["loop"], options.wan["backend"])
     secret, tls = _secret(options, from_env=True), tls_of(options)
     advertise = None
     if args.advertise is not None:
@@ -359,8 +359,17 @@ def _agent(args: argparse.Namespace) -> int:
                   hold_budget=int(a["hold_budget_mb"] * (1 << 20)), scheduler_wait_s=a["scheduler_wait_s"],
                   advertise=advertise, handoff=handoff)
     gcpolicy.apply(a["gc"])  # the agent is built: what exists now lives as long as the process
+    prof = None
+    if os.environ.get("WANSYNC_PROFILE"):
+        import cProfile
+        import time as _t
+        prof = cProfile.Profile(_t.thread_time)
+        prof.enable()
     try:
         asyncio.run(until_signal(agent.run()))
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(f"{os.environ['WANSYNC_PROFILE']}/agent-{args.node}.prof")
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why
         raise CliError(str(exc), 1) from None
     except OSError as exc:  # the data port: in use, or an address this host does not have

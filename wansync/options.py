@@ -26,7 +26,7 @@ from typing import Any
 
 from core.dispatch import DISPATCH
 
-from .loops import DEFAULT_LOOP
+from .loops import DEFAULT_LOOP, LOOPS
 
 SCHEMA = 1
 RUN, SCHEDULER, DEPLOY, AGENT, SIMULATE, TRAIN = "run", "scheduler", "deploy", "agent", "simulate", "train"
@@ -179,8 +179,8 @@ DECLARED: tuple[Opt, ...] = (
     Opt("security", "tls_ca", "--tls-ca", None, "TLS: CA that signs every node's certificate", EVERY,
         metavar="PEM"),
     # --- the agents ---
-    Opt("agents", "loop", "--loop", DEFAULT_LOOP, "event loop (default asyncio: as fast as uvloop on one link here, "
-        "half its CPU when shaping)", EVERY, choices=("asyncio", "uvloop")),
+    Opt("agents", "loop", "--loop", DEFAULT_LOOP, "event loop: auto (default: uvloop on the tc backend, where the "
+        "kernel shapes; asyncio where the agents shape), asyncio or uvloop", EVERY, choices=LOOPS),
     Opt("agents", "gc", "--agent-gc", "tuned", "garbage collector of every agent: tuned (startup objects frozen, "
         "young generation collected every 10,000 allocations) or Python's default", EVERY,
         choices=("tuned", "default"), dest="agent_gc"),

@@ -19,6 +19,7 @@ from emulation.topology import Topology, TopologyError, build
 from emulation.trace import Trace, TraceError
 from overlay.auth import SecretError, TlsFiles
 
+from .loops import resolve_loop
 from .options import ONE_SOURCE_PROGRESS, Options, OptionsError
 
 TRACE_HORIZON_S = 6 * 3600.0
@@ -216,7 +217,8 @@ def run_record(cfg: RunConfig, cluster: str) -> dict[str, Any]:
     return {"type": "run", "topology": cfg.topo.name, "nodes": cfg.topo.nodes, "schemes": cfg.schemes,
             "model": o.workload["model"], "params": cfg.params, "chunk_params": cfg.chunk,
             "scale": o.wan["scale"], "chunk_override": o.workload["chunk"] is not None,
-            "rounds": o.workload["rounds"], "warmup": o.workload["warmup"], "loop": o.agents["loop"],
+            "rounds": o.workload["rounds"], "warmup": o.workload["warmup"],
+            "loop": resolve_loop(o.agents["loop"], o.wan["backend"]),
             "seed": o.wan["seed"], "dynamic": o.wan["dynamic"], "links": cfg.topo.to_dict()["links"],
             "trace": None if cfg.trace is None else cfg.trace.spec,
             "faults": [f.describe() for f in cfg.faults], "cluster": cluster, "options": o.to_dict()}

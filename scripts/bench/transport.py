@@ -37,7 +37,7 @@ from bench_common import commit, cpu_s, die_with_parent, exit_on_sigterm, reap, 
 from emulation.link import LinkShaper, LinkSpec
 from overlay.link import SEGMENT_BYTES
 from overlay.peers import Overlay
-from wansync.loops import DEFAULT_LOOP
+from wansync.loops import DEFAULT_LOOP, resolve_loop
 
 MIB = 1 << 20
 FRAMES = (1 * MIB, 4 * MIB)
@@ -382,7 +382,7 @@ def report(base: Pair, ours: list[Pair], ratios: dict[str, dict[int, list[float]
         return "asyncio"
 
     # the headline is what agents run: the default loop and the default segment size
-    head = default = by_seg[SEGMENT_BYTES][DEFAULT_LOOP]
+    head = default = by_seg[SEGMENT_BYTES][resolve_loop(DEFAULT_LOOP, "app")]
     loop = best_loop(SEGMENT_BYTES)
     for seg, cands in by_seg.items():
         txt = ", ".join(f"{lp} {summary[p.name]:.3f}" for lp, p in cands.items())

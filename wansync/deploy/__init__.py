@@ -84,7 +84,7 @@ def main(args: argparse.Namespace, options: Options) -> int:
     if cfg.topo.nodes != len(specs):
         raise OptionsError(f"the topology has {cfg.topo.nodes} nodes but {len(specs)} hosts are given "
                            "(one agent per host, node i on the i-th)")
-    set_loop(options.agents["loop"])
+    set_loop(options.agents["loop"], options.wan["backend"])
     dep = Deployment(cfg, specs, console, out=None if out_dir is None else Path(out_dir), shape=args.shape,
                      scheduler_here=args.scheduler_here, scheduler_address=args.scheduler_address,
                      known_hosts=args.known_hosts, accept_new_host_keys=args.accept_new_host_keys,
