@@ -217,9 +217,14 @@ class DelayLine:
         now = self._now()
         # FIFO even with jitter: no piece is due before the one ahead of it
         dues = list(accumulate((now + o for o in offsets), max, initial=self._last_due))[1:]
-        self._put(_Run(conn, prefix, seg, ends, dues, sizes), len(prefix) + n)
-        if dues[0] - now <= pacer.early_s and len(self._line) == 1:  # due now, nothing ahead: write now
-            self._flush(now)
+        run = _Run(conn, prefix, seg, ends, dues, sizes)
+        if dues[0] - now <= pacer.early_s and not self._line:  # due now, nothing ahead: write now, no timer
+            self._last_due = dues[-1]
+            self._line.append(run)
+            self.bytes += len(prefix) + n
+            self._flush(now)  # what is due goes now; the clock is asked for the rest
+        else:
+            self._put(run, len(prefix) + n)
         ahead = offsets[-1] - pacer.delay_s
         if ahead > LOOKAHEAD_S:  # one wake-up per ~LOOKAHEAD_S/2 of wire time, not one per piece
             await asyncio.sleep(ahead - LOOKAHEAD_S / 2)
