@@ -28,9 +28,10 @@ MAX_HEADER = 64 * 1024
 # that is not a segment. One frame at a time per connection is all a peer can make us buffer.
 MAX_PAYLOAD = 8 << 20
 # Frame heads are read into this buffer, with whatever payload bytes follow them in the same read;
-# those are then copied into the payload's own buffer. 16 KiB: a 200 KB segment lands with 8 % of its
-# bytes copied once more (at 256 KiB: all of them), while a run of acks still comes in one read.
-SCRATCH = 16 * 1024
+# those are then copied into the payload's own buffer. 64 KiB: at most a third of a 200 KB segment
+# lands twice (at 256 KiB: all of it), while a run of small frames (acks, 16 KB chunks) still comes
+# in a few reads.
+SCRATCH = 64 * 1024
 # Python >= 3.12's selector transport writes a list of parts with one sendmsg; 3.11 joins them first
 VECTORED_WRITES = sys.version_info >= (3, 12)
 JOIN_BELOW = 64 * 1024  # write_many on 3.11: parts smaller than this are joined, larger go as they are

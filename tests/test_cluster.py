@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -94,6 +95,23 @@ def test_wansync_run_end_to_end_reaps_its_processes(tmp_path, loop):
     assert all("guard_valid" in j for j in jobs)
     assert all(r["prediction_s"] > 0 for r in rounds)  # the simulator's prediction rides along
     assert agents_of(tag) == []  # every agent process was reaped
+
+
+def test_agents_write_their_profiles_where_wansync_profile_says(tmp_path):
+    """The data plane's profiling aid: every agent of a local run leaves a cProfile file that pstats
+    reads, in which the agent's frame handling appears."""
+    import pstats
+
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    cmd = [sys.executable, "-m", "wansync.cli", "run", "--topology", "uniform", "--nodes", "3", "--schemes", "ring",
+           "--scale", "0.002", "--rounds", "1", "--warmup", "0", "--no-http"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "WANSYNC_PROFILE": str(prof)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.name for p in prof.iterdir()) == ["agent-0.prof", "agent-1.prof", "agent-2.prof"]
+    stats = pstats.Stats(str(prof / "agent-1.prof"))
+    assert any(fn == "buffer_updated" and path.endswith("codec.py") for path, _, fn in stats.stats)  # type: ignore[attr-defined]
 
 
 def test_ctrl_c_reaps_every_agent(tmp_path):

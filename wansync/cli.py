@@ -327,6 +327,7 @@ def _agent(args: argparse.Namespace) -> int:
     from agents.agent import Agent
 
     from .loops import set_loop
+    from .profiling import profiled
     from .runspec import dispatch_of, tls_of, wan_of
 
     options = options_from(args)
@@ -359,17 +360,9 @@ def _agent(args: argparse.Namespace) -> int:
                   hold_budget=int(a["hold_budget_mb"] * (1 << 20)), scheduler_wait_s=a["scheduler_wait_s"],
                   advertise=advertise, handoff=handoff)
     gcpolicy.apply(a["gc"])  # the agent is built: what exists now lives as long as the process
-    prof = None
-    if os.environ.get("WANSYNC_PROFILE"):
-        import cProfile
-        import time as _t
-        prof = cProfile.Profile(_t.thread_time)
-        prof.enable()
     try:
-        asyncio.run(until_signal(agent.run()))
-        if prof is not None:
-            prof.disable()
-            prof.dump_stats(f"{os.environ['WANSYNC_PROFILE']}/agent-{args.node}.prof")
+        with profiled(f"agent-{args.node}"):  # only with $WANSYNC_PROFILE (wansync.profiling)
+            asyncio.run(until_signal(agent.run()))
     except ConnectionError as exc:  # refused, unauthenticated, or no scheduler: one line on why
         raise CliError(str(exc), 1) from None
     except OSError as exc:  # the data port: in use, or an address this host does not have

@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import random
@@ -54,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -127,14 +127,15 @@ def closed_form(rnd: int, node: int, params: int) -> np.ndarray:
 
 def exact_digest(rnd: int, members: Iterable[int], params: int, weights: Mapping[int, int] | None = None,
                  iters: Mapping[int, int] | None = None) -> str:
-    """Hex blake2b-128 of the float32 bytes of the members' exact (integer-)weighted sum: summed in
-    int64, where nothing rounds, then stored as float32 (exact: every value is below 2^24). `iters`:
-    the iteration each member's contribution comes from (default `rnd`)."""
+    """Hex CRC-32 then Adler-32 (what agents report) of the float32 bytes of the members' exact
+    (integer-)weighted sum: summed in int64, where nothing rounds, then stored as float32 (exact: every
+    value is below 2^24). `iters`: the iteration each member's contribution comes from (default `rnd`)."""
     total = np.zeros(params, dtype=np.int64)
     for n in members:
         total += int((weights or {}).get(n, 1)) * closed_form((iters or {}).get(n, rnd), n, params)
     assert np.abs(total).max(initial=0) < 2**24
-    return hashlib.blake2b(total.astype(np.float32).tobytes(), digest_size=16).hexdigest()
+    data = total.astype(np.float32).tobytes()
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
 
 
 # --- what is asked ---------------------------------------------------------------------------------
