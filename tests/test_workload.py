@@ -12,6 +12,8 @@ from helpers.exact import closed_form, exact_sum
 
 from agents.workload import contribution, expected
 
+pytestmark = pytest.mark.unit
+
 SIZES = (1, 31, 2047, 2048, 2049, 70_001)
 
 
