@@ -23,8 +23,9 @@ IDLE_TICK_S = 0.1
 
 
 class LoopLag:
-    """How late the event loop wakes a 10 ms sleeper (100 ms while idle; a CPU-starved process shows it first), how much
-    of a core the loop's thread used, and how long it waited for a CPU (the machine's run queue).
+    """How late the event loop wakes a sleeper of 10 ms (100 ms while the node is idle: a CPU-starved
+    process shows it first), how much of a core the loop's thread used, and how long it waited for a
+    CPU (the machine's run queue).
 
     Lag is also kept apart for the ticks during which `busy()` held (this node had traffic): only
     then does a late loop distort what a run measures."""
