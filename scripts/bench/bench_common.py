@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+import zlib
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,10 @@ def mem_available_mib() -> float:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) / 1024
     return float("inf")
+
+
+def result_digest(values: Any) -> str:
+    """What agents report for a result (agents/tasks.py's digest), computed here: hex CRC-32 then
+    Adler-32, big-endian, of the float32 bytes; the benchmarks compare it with their own exact sums."""
+    data = memoryview(values).cast("B")
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"

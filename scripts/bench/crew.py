@@ -58,7 +58,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench_common import spawn_agent  # noqa: E402
+from bench_common import result_digest, spawn_agent  # noqa: E402
 
 from core.compute import ComputeModel  # noqa: E402
 from core.plan import Job, Plan  # noqa: E402
@@ -115,8 +114,7 @@ def exact_digest(members: Iterable[int], iters: dict[int, int], params: int) -> 
     total = np.zeros(params, dtype=np.int64)
     for n in members:
         total += (7 * i + 13 * n + 31 * iters[n] + (i >> 5) * n) % 64 - 32
-    data = total.astype(np.float32).tobytes()
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+    return result_digest(total.astype(np.float32))
 
 
 # --- workloads ----------------------------------------------------------------------------------------

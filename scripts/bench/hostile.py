@@ -79,7 +79,6 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -93,7 +92,14 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import commit, die_with_parent, exit_on_sigterm, mem_available_mib, rss_mib  # noqa: E402
+from bench_common import (  # noqa: E402
+    commit,
+    die_with_parent,
+    exit_on_sigterm,
+    mem_available_mib,
+    result_digest,
+    rss_mib,
+)
 from hostile_logs import LogAttacks, agent_log_records, stop_runs, summarize_phases  # noqa: E402
 
 from agents.workload import chunk_params, expected, model_params  # noqa: E402
@@ -913,8 +919,7 @@ class Hostile:
             key = (rec.round, tuple(plan.participants), tuple(sorted(plan.weights.items())))
             if key not in cache:
                 total = expected(rec.round, 0, plan.participants, self.params, plan.weights)
-                data = memoryview(total).cast("B")  # what agents report: CRC-32 then Adler-32, big-endian
-                cache[key] = f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+                cache[key] = result_digest(total)
             return cache[key]
         return want
 

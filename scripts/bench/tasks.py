@@ -53,7 +53,6 @@ import statistics
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -66,7 +65,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench_common import spawn_agent  # noqa: E402
+from bench_common import result_digest, spawn_agent  # noqa: E402
 
 from agents.workload import chunk_params, model_params  # noqa: E402
 from core.compute import ComputeModel  # noqa: E402
@@ -134,8 +133,7 @@ def exact_digest(rnd: int, members: Iterable[int], params: int, weights: Mapping
     for n in members:
         total += int((weights or {}).get(n, 1)) * closed_form((iters or {}).get(n, rnd), n, params)
     assert np.abs(total).max(initial=0) < 2**24
-    data = total.astype(np.float32).tobytes()
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+    return result_digest(total.astype(np.float32))
 
 
 # --- what is asked ---------------------------------------------------------------------------------
