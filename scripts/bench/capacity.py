@@ -286,14 +286,14 @@ def run_case(case: Case, *, views: bool = True, keep_rounds: bool = False) -> li
                                  g.reasons, wrong == 0, wrong, statistics.median(r.round_s for r in measured),
                                  statistics.median(preds) if preds else None, gb,
                                  sum(st.get("cpu_s", 0.0) for st in stats), sampler.span(t0, t1), err, cov, nlinks,
-                                 view_case=case.view, starts=round_starts(js, measured),
+                                 view_case=case.view, starts=round_starts(measured),
                                  chunk_bytes=4 * max((n for _, n in js.plan.layout), default=0), span_s=t1 - t0))
         if keep_rounds:
             results[-1].round_times = [r.round_s for r in measured]
     return results
 
 
-def round_starts(js: Any, records: list[Any]) -> list[dict[int, float]]:
+def round_starts(records: list[Any]) -> list[dict[int, float]]:
     """Per round, when each agent started it (its TASK_DONE's t_start) after the first one did."""
     out = []
     for rec in records:  # the record's spans: node -> [t_start, t_end] of its TASK_DONE
