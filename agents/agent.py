@@ -42,6 +42,7 @@ from overlay.messages import (
     Job,
     JobEnd,
     Peers,
+    Probe,
     Rates,
     Record,
     Register,
@@ -55,6 +56,7 @@ from overlay.peers import Overlay
 from .capprobes import CapProbes
 from .engine import ChunkEngine
 from .handoff import Handoff, socket_path
+from .linkprobe import ProbeSender
 from .looplag import LoopLag
 from .probes import LinkProbes
 from .rounds import RoundLoop
@@ -115,6 +117,7 @@ class Agent:
                                downlink=self.wan.downlink, host=host, on_sample=self._on_sample,
                                clock=self.clock.now, secret=secret, tls=tls)
         self.engine.overlay = self.overlay
+        self.prober = ProbeSender(node, self.overlay, self._send)
         self.wan.bind(self.overlay)
         self.plans: dict[int, Plan] = {}
         self.engine.plans = self.plans
@@ -140,6 +143,7 @@ class Agent:
             JobEnd: lambda msg: self.runner.end_job(msg.job), Task: self._on_task, AuxUpdate: self._on_aux_update,
             Rates: self._on_rates, Emu: self._on_emu, Abort: self._on_abort,
             Go: lambda msg: self.runner.on_go(msg.job, msg.upto), Attached: self._on_attached,
+            Probe: self.prober.order,
             Drop: lambda msg: self.runner.on_drop(msg.job, msg.task, msg.attempt, msg.node,
                                                    bool(msg.replicates))}
 
@@ -186,6 +190,7 @@ class Agent:
             self.rounds.cancel()
             self.lag.stop()
             self.caps.stop()
+            self.prober.stop()
             self.wan.stop()
             await self.overlay.close()
             if ctl is not None:
@@ -352,9 +357,9 @@ class Agent:
             except ConnectionError:
                 pass
 
-    def _on_sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
-        """A chunk arrived: evidence of its link and of this node's downlink cap."""
-        self.probes.sample(src, dst, nbytes, seconds)
+    def _on_sample(self, src: int, dst: int, nbytes: int, seconds: float, probe: bool = False) -> None:
+        """A chunk (or an active probe's) arrived: evidence of its link and of this node's downlink cap."""
+        self.probes.sample(src, dst, nbytes, seconds, probe)
         self.caps.chunk(src, dst, nbytes, seconds)
 
     def _flush_samples(self) -> None:

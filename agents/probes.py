@@ -42,6 +42,7 @@ from overlay.messages import Report
 MIN_PERIOD_S = 0.010  # shorter busy periods are dropped (ms-grain flushes and wake-ups)
 MIN_SAMPLE_S = 0.040  # a sample covers at least this much busy time (its periods added up)
 SAMPLE_S = 0.25  # a long busy period is cut into samples this long, so the view follows rate changes
+ACC_MAX_AGE_S = 2.0  # short periods add up into one sample only within this long (older ones are dropped)
 # A chunk continues the busy period if its sender stamped it (t_send: when it picked the chunk's first
 # segment) no later than the previous chunk arrived here: one that waited behind the previous chunk
 # was picked while that one still had pieces and the link's delay to go; one picked after the link
@@ -59,6 +60,8 @@ class _Period:
     nbytes: int = 0  # bytes the link delivered since the first chunk's arrival
     probes: float = 0.0  # probes after the first chunk: one per chunk of probe_bytes, smaller ones pro rata
     base: int = 0  # the receive meter at the first chunk's arrival
+    probed: bool = False  # an active probe's chunks kept the link busy (scheduler/prober.py)
+    pace: float = 0.0  # how far apart its chunks come: the longest gap so far, or the first chunk's transit
 
 
 class LinkProbes:
@@ -77,11 +80,14 @@ class LinkProbes:
         self.contiguous_s = contiguous_s
         self.samples: list[list[float]] = []  # not yet reported
         self._periods: dict[tuple[int, int], _Period] = {}
-        self._acc: dict[tuple[int, int], list[float]] = {}  # per link: bytes, seconds, probes not yet a sample
+        # per link: bytes, seconds, probes, probed?, and when: busy periods not yet a sample
+        self._acc: dict[tuple[int, int], list[float]] = {}
 
-    def sample(self, src: int, dst: int, nbytes: int, seconds: float) -> None:
+    def sample(self, src: int, dst: int, nbytes: int, seconds: float, probe: bool = False) -> None:
         """One chunk fully arrived over src->dst `seconds` after its sender's t_send (the overlay's
-        on_sample): it continues the link's busy period, or ends it and starts the next one."""
+        on_sample): it continues the link's busy period, or ends it and starts the next one. A chunk of
+        an active probe counts as one whole probe whatever its size: the scheduler sized the probe to
+        make one sample."""
         if nbytes <= 0:
             return
         now = self.now()
@@ -89,36 +95,43 @@ class LinkProbes:
         meter = self.rx_bytes(src) if self.rx_bytes is not None else 0
         p = self._periods.get(key)
         if p is not None and now - seconds <= p.last + self.contiguous_s and now >= p.last:
+            p.pace = max(p.pace, now - p.last)
             p.last = now
             p.nbytes = meter - p.base if self.rx_bytes is not None else p.nbytes + nbytes
-            p.probes += min(1.0, nbytes / self.probe_bytes) if self.probe_bytes > 0 else 1.0
+            p.probes += 1.0 if probe or self.probe_bytes <= 0 else min(1.0, nbytes / self.probe_bytes)
+            p.probed = p.probed or probe
             if p.last - p.start >= self.sample_s:  # long: report this much, go on from here
                 self._emit(key, p)
-                self._periods[key] = _Period(now, now, base=meter)
+                self._periods[key] = _Period(now, now, base=meter, probed=probe, pace=p.pace)
             return
         if p is not None:
             self._emit(key, p)
-        self._periods[key] = _Period(now, now, base=meter)
+        self._periods[key] = _Period(now, now, base=meter, probed=probe, pace=seconds)
 
     def _emit(self, key: tuple[int, int], p: _Period) -> None:
         """A busy period ended (or was cut): add it to the link's evidence; enough makes a sample."""
         seconds = p.last - p.start
         if seconds < MIN_PERIOD_S or p.nbytes <= 0:
             return
-        acc = self._acc.setdefault(key, [0.0, 0.0, 0.0])
+        acc = self._acc.get(key)
+        if acc is None or p.start - acc[4] > ACC_MAX_AGE_S:  # evidence that old may describe another rate
+            acc = self._acc[key] = [0.0, 0.0, 0.0, 0, p.start]
         acc[0] += p.nbytes
         acc[1] += seconds
         acc[2] += p.probes
+        acc[3] = acc[3] or int(p.probed)
         if acc[1] >= self.min_sample_s and acc[2] >= self.probe_num - 1e-9:
-            self.samples.append([key[0], key[1], int(acc[0]), acc[1]])
+            self.samples.append([key[0], key[1], int(acc[0]), acc[1], *([1] if acc[3] else [])])
             del self._acc[key]
 
     def flush(self) -> None:
         """End every busy period that has been quiet for a while (the next chunk would start anew):
-        their samples go out now instead of with the link's next traffic."""
+        their samples go out now instead of with the link's next traffic. Quiet means longer than
+        twice its chunks' pace: on a slow link big chunks come 100 ms apart, and a period cut between
+        two of them would only ever hold one (each period's first chunk does not count)."""
         now = self.now()
         for key, p in list(self._periods.items()):
-            if now - p.last > max(self.min_sample_s, 2 * self.contiguous_s):
+            if now - p.last > max(self.min_sample_s, 2 * self.contiguous_s, 2 * p.pace):
                 self._emit(key, p)
                 del self._periods[key]
 

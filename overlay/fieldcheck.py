@@ -93,9 +93,12 @@ def text(limit: int = MAX_TEXT) -> Check:
 
 
 def sample(v: Any) -> None:
-    """[src, dst, bytes, seconds] of one chunk transfer: bytes > 0, seconds finite and > 0."""
-    if not isinstance(v, list | tuple) or len(v) != 4:
-        raise Bad(f"sample {v!r} is not [src, dst, bytes, seconds]")
+    """[src, dst, bytes, seconds(, probed)] of a link's busy time: bytes > 0, seconds finite and > 0,
+    probed 1 where a probe kept the link busy (0 or absent: a plan's chunks)."""
+    if not isinstance(v, list | tuple) or len(v) not in (4, 5):
+        raise Bad(f"sample {v!r} is not [src, dst, bytes, seconds(, probed)]")
+    if len(v) == 5 and (v[4] not in (0, 1) or isinstance(v[4], float)):
+        raise Bad(f"sample's probed flag {v[4]!r} is not 0 or 1")
     node(v[0])
     node(v[1])
     if not is_int(v[2]) or v[2] <= 0:

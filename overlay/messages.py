@@ -95,6 +95,8 @@ class Msg(enum.StrEnum):
     EMU = "EMU"
     ATTACH = "ATTACH"
     ATTACHED = "ATTACHED"
+    PROBE = "PROBE"
+    PROBE_DONE = "PROBE_DONE"
     CHUNK = "CHUNK"
     ACK = "ACK"
 
@@ -447,6 +449,47 @@ class Rates(Record):
     rates: list[Any] = f(fc.list_of(fc.edge_rate, "rates"))
 
 
+# An active probe of one idle link (scheduler/prober.py): real bytes through the link's shaper and kernel
+# queues, discarded by the receiver (never held, never summed); bounded so an order cannot ask much.
+MAX_PROBE_BYTES = 64 * 1024 * 1024
+MAX_PROBE_CHUNKS = 64
+MAX_PROBE_CHUNK_BYTES = 8 * 1024 * 1024
+PROBE_JOB = 0  # the job id probe frames carry: no real job has it (the scheduler counts jobs from 1)
+
+
+@message
+class Probe(Record):
+    """Send `size` bytes of probe data to neighbour `dst`, as `chunks` back-to-back chunks (scheduler -> agent)."""
+
+    T = Msg.PROBE
+    id: int = _count()
+    dst: int = _node()
+    size: int = f(lo=4, hi=MAX_PROBE_BYTES + 1)  # not `nbytes`: that field announces a frame's payload
+    chunks: int = f(lo=1, hi=MAX_PROBE_CHUNKS + 1)
+
+    @staticmethod
+    def cross_check(h: dict[str, Any], peer: object) -> None:
+        if h["size"] // h["chunks"] > MAX_PROBE_CHUNK_BYTES:
+            raise ProtocolError(f"chunks over {MAX_PROBE_CHUNK_BYTES} bytes", field="chunks", peer=peer,
+                                msg_type="PROBE")
+
+
+@message
+class ProbeDone(Record):
+    """A probe's every chunk was acknowledged (ok), or it could not be sent (ok false, `error` says why):
+    seconds from its first byte queued to its last ack, on the sender's clock (agent -> scheduler)."""
+
+    T = Msg.PROBE_DONE
+    SPEAKS_FOR = True
+    node: int = _node()
+    id: int = _count()
+    dst: int = _node()
+    sent: int = _count()  # probe bytes it sent
+    seconds: float = f(lo=0)
+    ok: bool = f()
+    error: str | None = f(fc.text(MAX_TEXT), optional=True)
+
+
 @message
 class Abort(Record):
     T = Msg.ABORT
@@ -542,6 +585,9 @@ class Chunk(Record):
             raise ProtocolError("segment outside the chunk", field="off", peer=peer, msg_type="CHUNK")
         if h["nbytes"] % 4 or h["off"] % 4 or h["total"] % 4:
             raise ProtocolError("not a whole number of float32", field="nbytes", peer=peer, msg_type="CHUNK")
+        if h["kind"] == "probe" and (len(path) != 2 or h["total"] > MAX_PROBE_CHUNK_BYTES or h["job"] != PROBE_JOB):
+            raise ProtocolError(f"a probe crosses one link, job {PROBE_JOB}, at most {MAX_PROBE_CHUNK_BYTES} bytes "
+                                "a chunk", field="path", peer=peer, msg_type="CHUNK")
 
 
 @message

@@ -24,7 +24,7 @@ from .budget import MemoryBudget
 from .burstlog import BurstLog
 from .codec import DISCARD, MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol, _Discard
 from .link import SEGMENT_BYTES, Blocks, LinkSender, Pacer, Transfer
-from .messages import ProtocolError, ack_for, chunk_key
+from .messages import MAX_PROBE_CHUNKS, ChunkKey, ProtocolError, ack_for, chunk_key
 
 log = logging.getLogger("wansync.overlay")
 
@@ -80,7 +80,7 @@ class InMeter:
     chunks: int = 0
 
 
-Sample = Callable[[int, int, int, float], None]  # src, dst, bytes, seconds
+Sample = Callable[..., None]  # src, dst, bytes, seconds (, True: an active probe's chunk)
 
 
 class Overlay:
@@ -118,6 +118,7 @@ class Overlay:
         self.errors: deque[ProtocolError] = deque(maxlen=ERRORS_KEPT)  # the latest, for logs and tests
         self.error_count = 0  # every protocol error and refusal since start
         self._rx: dict[tuple, _Rx] = {}
+        self._probes: dict[int, dict[tuple, _Rx]] = {}  # per peer: its probe chunks not yet whole
         self._in_transit: dict[tuple[int, ...], int] = {}
         self._done: dict[tuple[int, int], set[tuple]] = {}
         self._server: asyncio.AbstractServer | None = None
@@ -271,7 +272,7 @@ class Overlay:
         """Duplicate detection only needs keys of tasks still in flight: those of tasks before `task`
         (over everywhere), and their transfers never acknowledged, are of no use to anyone now."""
         def old(k: tuple) -> bool:
-            return (k[0], k[1]) < (job, task)
+            return (k[0], k[1]) < (job, task) and k[5] != "probe"  # probes belong to no task
         for jt in [jt for jt in self._done if jt < (job, task)]:
             del self._done[jt]
         for key in [k for k in self._rx if old(k)]:
@@ -338,6 +339,7 @@ class Overlay:
             del self._conns[peer]
             self._connected[peer].clear()
         # partly received chunks keep their state: the resend from the start drops what we have
+        self._probes.pop(peer, None)  # a probe's resend starts over and is timed anew
         self.senders[peer].detach(proto)
 
     def _on_chunk_header(self, peer: int, h: dict[str, Any]) -> tuple[str, Any]:
@@ -346,6 +348,15 @@ class Overlay:
             raise ProtocolError(f"path {path} at hop {hop} does not lead from {peer} to {self.node}",
                                 field="path", peer=peer, msg_type="CHUNK")
         key = chunk_key(h)
+        if h["kind"] == "probe":  # measures the link, then dropped: never held, relayed or summed
+            open_ = self._probes.setdefault(peer, {})
+            rx = open_.get(key)
+            if rx is None or rx.total != h["total"] or h["off"] != rx.got:  # a resend starts over
+                if rx is None and len(open_) >= MAX_PROBE_CHUNKS:
+                    raise ProtocolError(f"more than {MAX_PROBE_CHUNKS} probe chunks open at once", field="chunk",
+                                        peer=peer, msg_type="CHUNK")
+                rx = open_[key] = _Rx(h["total"])
+            return "probe", (key, rx, DISCARD, 0)
         if key in self._done.get((h["job"], h["task"]), ()):
             return "dup", key
         rx = self._rx.get(key)
@@ -431,6 +442,9 @@ class Overlay:
                 self.senders[peer].send_control(ack_for(info))  # our ack may have been lost
             return
         key, rx, _, skip = info
+        if kind == "probe":
+            self._probe_segment(peer, h, key, rx)
+            return
         assert payload is not None
         if self._rx.get(key) is not rx:  # its task was aborted or forgotten while these bytes arrived
             return
@@ -460,6 +474,23 @@ class Overlay:
             self.senders[peer].send_control(ack_for(key))
             if self.on_sample is not None:
                 self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"])
+
+
+    def _probe_segment(self, peer: int, h: dict[str, Any], key: ChunkKey, rx: _Rx) -> None:
+        """A probe's segment was read past: it counts as the link's bytes like any chunk's (so the
+        passive probes time it) and is acknowledged once whole; its bytes are gone."""
+        open_ = self._probes.get(peer, {})
+        if open_.get(key) is not rx:
+            return
+        rx.got += h["nbytes"]
+        meter = self.meters_in[peer]
+        meter.bytes += h["nbytes"]
+        if rx.got >= rx.total:
+            meter.chunks += 1
+            del open_[key]
+            self.senders[peer].send_control(ack_for(key))
+            if self.on_sample is not None:
+                self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"], True)
 
 
 def _receive_pacer(proto: FrameProtocol, limiter: ReceiveLimiter) -> Callable[[int], None]:
@@ -612,7 +643,7 @@ class _PeerConn:
         disp = self._disp = self.overlay._on_chunk_header(self.peer, header)
         if disp[0] == "dup":
             return DISCARD
-        return disp[1][2]  # None: allocated as the bytes arrive (relayed or held for later)
+        return disp[1][2]  # None: allocated as the bytes arrive (relayed or held); DISCARD: a probe
 
     def on_frame(self, header: dict[str, Any], payload: memoryview | None) -> None:
         t = header["t"]

@@ -15,6 +15,7 @@ from overlay.messages import (
     Attach,
     Counters,
     Heartbeat,
+    ProbeDone,
     ProtocolError,
     Ready,
     Record,
@@ -28,6 +29,7 @@ from .attach import Attachments
 from .control import ModelControl
 from .events import Observed
 from .failures import Failures
+from .prober import Prober
 from .records import Records
 from .registry import AgentInfo, Registry
 from .tasks import JobState
@@ -46,6 +48,7 @@ class Host(Observed, Protocol):
     job_id: int  # never below what an agent saw from an earlier scheduler
     errors: list[str]
     link_bytes: dict[tuple[int, int], int]
+    prober: Prober  # active probes of idle links: PROBE_DONE frees a probe's slot
 
 
 class Handlers:
@@ -77,6 +80,7 @@ class Handlers:
                 Report: registered(self.on_report), TaskDone: registered(self.on_task_done),
                 Stats: registered(self.on_stats), Counters: registered(self.on_counters),
                 Heartbeat: registered(self.on_heartbeat),
+                ProbeDone: registered(lambda a, msg: self.host.prober.done(a.node, msg)),
                 **({Attach: registered(self.attachments.on_attach)} if self.attachments is not None else {})}
 
     def connection_closed(self, a: AgentInfo) -> None:
@@ -127,12 +131,12 @@ class Handlers:
         self.control.barrier_ready(js, rnd, a.node, set(msg.have or ()))
 
     def on_report(self, a: AgentInfo, msg: Report) -> None:
-        for src, dst, _, _ in msg.samples:  # the schema checked shapes and values
+        for src, dst, *_ in msg.samples:  # the schema checked shapes and values
             if dst != a.node or src not in a.neighbors:  # samples are taken by the receiver of a link
                 raise ProtocolError(f"sample of link {src}->{dst}, not a link into node {a.node}",
                                     field="samples", msg_type=msg.T)
-        for src, dst, nbytes, seconds in msg.samples:
-            self.view.observe(src, dst, nbytes, seconds)
+        for src, dst, nbytes, seconds, *probed in msg.samples:
+            self.view.observe(src, dst, nbytes, seconds, probed=bool(probed and probed[0]))
         for kind, nbytes, seconds in msg.caps or ():  # the node's own caps (a big switch's ports)
             self.view.observe_cap(a.node, ("up", "down")[int(kind)], int(nbytes), seconds)
         for kind, mbps in zip(("up", "down"), msg.declared or (), strict=False):

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from core.plan import Plan
 
 from .service import Scheduler
+from .view import describe
 
 Link = tuple[int, int]
 Listener = Callable[[str, dict[str, Any]], None]
@@ -202,9 +203,10 @@ class LiveState:
         now = time.time()
         out = []
         for a, b, e in sorted(g.edges(data=True)):
+            how = describe(e)
             out.append({"src": a, "dst": b, "throughput_mbps": round(self.current_mbps.get((a, b), 0.0), 3),
                         "bytes_total": self.sched.link_bytes.get((a, b), 0), "rate_mbps": round(e["rate"], 3),
-                        "measured": e["measured"], "samples": e["n"],
+                        "measured": e["measured"], "samples": e["n"], "how": how["how"], "spread": how["spread"],
                         "age_s": round(now - e["t"], 3) if e["measured"] else None})
         return out
 
@@ -230,7 +232,7 @@ class LiveState:
     def view(self) -> dict[str, Any]:
         v = self.sched.view
         return {"nodes": v.nodes, "links": self.links(), "coverage": v.coverage(), "samples": v.samples,
-                "nominal_mbps": v.nominal}
+                "nominal_mbps": v.nominal, "probes": self.sched.prober.as_json()}
 
     def plan(self, version: int | None = None) -> dict[str, Any] | None:
         """The current plan (or one by version) as drawn: trees, aux routes, multicast; chunk layout omitted."""

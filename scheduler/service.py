@@ -31,6 +31,7 @@ from core.plan import Job, Plan, check_sharing
 from overlay.auth import TlsFiles
 from overlay.messages import Job as JobMsg
 from overlay.messages import JobEnd, Record, Shutdown
+from overlay.routing import Routes
 
 from . import planners
 from . import progress as progress_models
@@ -40,6 +41,8 @@ from .events import Event
 from .failures import Failures
 from .handlers import Handlers
 from .liveness import Liveness
+from .prober import BUDGET as PROBE_BUDGET
+from .prober import Prober, plans_in_force
 from .records import Predict, Records
 from .registry import AgentInfo, Registry
 from .server import ControlServer
@@ -56,13 +59,14 @@ class Scheduler:
     def __init__(self, cluster: str, nodes: int, *, update_rate: float = 0.1, update_time: float = 0.0,
                  on_event: Event | None = None, predict: Predict | None = None,
                  heartbeat_timeout: float = 1.5, secret: bytes | None = None,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, probe: bool = True, probe_budget: float = PROBE_BUDGET) -> None:
         """predict(plan, seconds since the job's t0) -> predicted round time: the simulator on the
         configured network, where the caller knows it (scheduler/ never sees the emulator itself).
         update_rate: re-plan only if some link's rate moved by more than this (relative); update_time:
         ... and at most this often (seconds; NetStorm's UPDATE_TIME). secret: the cluster secret agents
         must prove they hold (overlay.auth); None = no authentication (--insecure, trusted networks and
-        in-process tests only). tls: serve TLS."""
+        in-process tests only). tls: serve TLS. probe: probe the links no plan keeps busy (prober.py), each
+        node for at most `probe_budget` of its time."""
         self.cluster = cluster
         self.expected = nodes
         self.on_event = on_event or (lambda kind, data: None)
@@ -94,6 +98,10 @@ class Scheduler:
         self.server = ControlServer(cluster, secret, may_connect=self.registry.may_connect,
                                     handlers=self.handlers.table(), on_closed=self.handlers.connection_closed,
                                     ssl=tls.server_context() if tls else None)
+        self.prober = Prober(self.view, send=self._send_probe, alive=self.alive,
+                             running=lambda: plans_in_force(self.current, self.versions.plans),
+                             route=lambda: Routes({n: a.neighbors for n, a in self.registry.agents.items()}).route,
+                             enabled=probe, budget=probe_budget)
         self._watch: asyncio.Task | None = None
 
     # the parts' state, as the launcher, dashboard and tests read it
@@ -136,6 +144,7 @@ class Scheduler:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         port = await self.server.start(host, port)
         self._watch = asyncio.get_running_loop().create_task(self.liveness.watch())
+        self.prober.start()
         return port
 
     @property
@@ -157,6 +166,7 @@ class Scheduler:
 
     async def shutdown(self) -> None:
         self.failures.closing = True
+        self.prober.stop()
         self.registry.broadcast(Shutdown())
         await asyncio.sleep(0.05)  # the SHUTDOWN lines leave before the sockets close
         if self._watch is not None:
@@ -299,6 +309,10 @@ class Scheduler:
         self.versions.push_aux(self.current, plan, nodes)
 
     # --- what the watchdog (liveness.Watched), tests and tools may ask ------------------------------
+    def _send_probe(self, node: int, msg: Record) -> bool:
+        a = self.registry.agents.get(node)
+        return a is not None and self.registry.send(a, msg)
+
     def alive(self) -> list[int]:
         return self.control.alive()
 

@@ -20,7 +20,12 @@ KNOWN_S of busy time arrived and most of that time agrees within AGREE; until th
 nominal guess and the view says so (`known`, `coverage`, `coverage_of`): one short sample, or samples
 that disagree, are no knowledge. The estimate is the duration-weighted
 median of the link's latest KEEP samples: a sample whose ends a late event loop moved by a few ms (too
-fast or too slow) does not move it, and after a change of rate the newer samples take over.
+fast or too slow) does not move it, and after a change of rate the newer samples take over: at
+once when the two newest agree with each other and both lie beyond MOVED of the estimate (`_moved`).
+
+Samples come from a plan's own chunks (passive) or from the scheduler's probes of links no plan
+keeps busy (scheduler/prober.py); the view says which (`how`), with the newest sample's time and
+the samples' spread, so a reader knows what each estimate rests on.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ KNOWN_S = 0.05  # busy time a link's samples must cover before its estimate is t
 KNOWN_SAMPLES = 2  # ... in at least this many samples (or one of twice KNOWN_S)
 AGREE = 0.10  # ... at least half of whose busy time lies within this of their median (else: unknown yet)
 KEEP = 7  # latest samples per link the estimate is the (duration-weighted) median of
+MOVED = 2 * AGREE  # two agreeing newest samples this far from the estimate: the rate changed (_moved)
 CAP_QUANTILE = 0.75  # a cap's estimate: this quantile of its latest samples (aggregates only reach it binding)
 
 
@@ -131,13 +137,18 @@ class NetworkView:
         e = self.caps.get((node, kind))
         return e is not None and bool(e["measured"])
 
-    def observe(self, src: int, dst: int, nbytes: int, seconds: float, now: float | None = None) -> None:
-        """One passive sample: the link delivered nbytes over `seconds` of continuous busy time."""
+    def observe(self, src: int, dst: int, nbytes: int, seconds: float, now: float | None = None, *,
+                probed: bool = False) -> None:
+        """One sample: the link delivered nbytes over `seconds` of continuous busy time, while a plan's
+        chunks kept it busy (passive) or a probe did (probed: scheduler/prober.py)."""
         if not (math.isfinite(seconds) and seconds > 0 and nbytes > 0) or not self.g.has_edge(src, dst):
             return  # the wire refuses such samples; nothing else may poison a rate either
         e = self.g.edges[src, dst]
         recent = e["recent"] = (*e["recent"][-(KEEP - 1):], (nbytes * 8 / seconds / 1e6, seconds))
+        if e["measured"] and _moved(recent, e["rate"]):
+            recent = e["recent"] = recent[-2:]  # the rate changed: the older samples describe the past
         e["busy_s"] += seconds
+        e["how"] = "probed" if probed else "passive"
         rate = _weighted_median(recent)
         if e["measured"]:
             e["rate"] = rate
@@ -152,6 +163,10 @@ class NetworkView:
     def known(self, a: int, b: int) -> bool:
         """Is link a->b measured well enough to be trusted (KNOWN_S of busy time), not the nominal guess?"""
         return self.g.has_edge(a, b) and bool(self.g.edges[a, b]["measured"])
+
+    def how(self, a: int, b: int) -> dict:
+        """How link a->b is known (describe): nominal, passive or probed; when; how sure."""
+        return describe(self.g.edges[a, b])
 
     def coverage_of(self, links: Iterable[tuple[int, int]]) -> float:
         """Share of these directed links the view knows (1.0 for none): what a plan over them rests on."""
@@ -241,6 +256,31 @@ class NetworkView:
         now = self.snapshot()
         return any(abs(now[k] - old.get(k, self.nominal)) > threshold * max(old.get(k, self.nominal), 1e-9)
                    for k in now)
+
+
+def _moved(samples: tuple[tuple[float, float], ...], rate: float) -> bool:
+    """Did the link's rate change? Its two newest samples, each of KNOWN_S of busy time at least, agree
+    with each other within AGREE and both lie beyond MOVED of the estimate, on the same side (one
+    sample a late loop timed badly never does; a trace that halves a link does at its second sample)."""
+    if len(samples) < 3:
+        return False
+    (a, wa), (b, wb) = samples[-2:]
+    if min(wa, wb) < KNOWN_S or abs(a - b) > AGREE * max(a, b):
+        return False
+    return (min(a, b) > rate * (1 + MOVED)) or (max(a, b) < rate * (1 - MOVED))
+
+
+def describe(e: dict) -> dict:
+    """How the view knows one link's (or cap's) rate: from what (nominal, passive, probed), how long ago
+    (`t`, the newest sample's time), and how sure: its samples' count and relative spread (the
+    duration-weighted inter-quartile range over the median of the latest KEEP)."""
+    recent = e.get("recent", ())
+    spread = None
+    if len(recent) >= 2:
+        mid = _weighted_quantile(recent, 0.5)
+        spread = (_weighted_quantile(recent, 0.75) - _weighted_quantile(recent, 0.25)) / mid if mid > 0 else None
+    return {"how": e.get("how", "passive") if e["measured"] else "nominal", "t": e["t"], "samples": e["n"],
+            "spread": None if spread is None else round(spread, 4)}
 
 
 def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:

@@ -70,7 +70,7 @@ def _sample(opt, files: dict[str, str]) -> tuple[list[str], object]:
         "--tls-cert": (["c.pem"], "c.pem"), "--tls-key": (["k.pem"], "k.pem"), "--tls-ca": (["ca.pem"], "ca.pem"),
         "--out": (["r.jsonl"], "r.jsonl"), "--min-receivers": (["2"], 2), "--eta": (["0.5"], 0.5),
         "--handoff-dir": (["/run/h"], "/run/h"), "--script": (["t.py"], "t.py"), "--script-arg": (["x"], ["x"]),
-        "--target-accuracy": (["0.9"], 0.9),
+        "--target-accuracy": (["0.9"], 0.9), "--probe-budget": (["0.5"], 0.5),
     }
     if opt.flag in special:
         return special[opt.flag]

@@ -48,7 +48,7 @@ class ClassSink:
 
 
 def send_class(ov, tree: int | None, *, weight=1.0, prio=0, deadline=NO_DEADLINE, path=(0, 1), rate_Bps=None,
-               chunks=CHUNKS, first=0, kind="probe"):
+               chunks=CHUNKS, first=0, kind="agg"):
     data = memoryview(bytearray(CHUNK))
     extra = {} if tree is None else {"cls": [tree, weight, prio, deadline]}
     return [ov.send_chunk(header(chunk=first + i, task=0 if tree is None else tree, kind=kind, **extra), data, path,

@@ -201,9 +201,12 @@ class Session:
     after: Callable[[], Awaitable[None]] | None = None  # after every scheme, before anything is torn down
 
 
-async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True) -> list[JobState]:
+async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True,
+              job: Callable[[Scheduler, str, Callable[..., Any]], Awaitable[JobState]] | None = None,
+              after: Callable[[], Awaitable[None]] | None = None) -> list[JobState]:
     """Start a scheduler here and one agent process per node, run every scheme in turn, and reap
-    everything on the way out, whatever the way out."""
+    everything on the way out, whatever the way out. job, after: Session's hooks (a benchmark that
+    watches the scheduler while its jobs run)."""
     console = console or Console(stderr=True)
     cluster = "run-" + secrets.token_hex(4)
     secret, agent_env = run_secret(cfg)
@@ -219,7 +222,8 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
         cfg.trace.write(trace_file)
     agents = LocalAgents(cfg, cluster, agent_env, backend, trace_file)
     try:
-        return await conduct(cfg, Session(cluster, secret, agents, backend), console, show_table=show_table)
+        return await conduct(cfg, Session(cluster, secret, agents, backend, job=job, after=after), console,
+                             show_table=show_table)
     finally:
         if trace_file is not None:
             trace_file.unlink(missing_ok=True)
@@ -235,7 +239,8 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
     predictor = RoundPredictor(cfg.topo, cfg.trace, dispatch=dispatch_of(o))
     sched = Scheduler(session.cluster, cfg.topo.nodes, predict=predictor.round_s,
                       update_time=o.schemes["update_time_s"] * o.wan["scale"], update_rate=o.schemes["update_rate"],
-                      secret=session.secret, tls=cfg.tls, heartbeat_timeout=o.agents["heartbeat_timeout_s"])
+                      secret=session.secret, tls=cfg.tls, heartbeat_timeout=o.agents["heartbeat_timeout_s"],
+                      probe=o.schemes["probe"] == "on", probe_budget=o.schemes["probe_budget"])
     live = LiveState(sched)
     Recorder(results, sched, live)
     progress = RunProgress(console, sched, live)

@@ -155,6 +155,10 @@ DECLARED: tuple[Opt, ...] = (
         "full scale (default 5)", type=float),
     Opt("schemes", "update_rate", "--update-rate", 0.1, "UPDATE_RATE: re-plan only if a link's rate moved by more "
         "than this (default 0.1)", type=float),
+    Opt("schemes", "probe", "--probe", "on", "probe the links no plan keeps busy, so the view knows every link "
+        "(on, default; off: passive samples only)", choices=("on", "off")),
+    Opt("schemes", "probe_budget", "--probe-budget", 0.25, "share of each node's time it may spend probing "
+        "(default 0.25)", type=float),
     # --- the progress model ---
     Opt("progress", "model", "--progress", "bsp", PROGRESS_HELP, choices=PROGRESS),
     Opt("progress", "staleness", "--staleness", 2, "SSP's bound s (default 2)", type=int, metavar="S"),
@@ -400,6 +404,7 @@ class Options:
             (a["heartbeat_timeout_s"] > 0, "--heartbeat-timeout must be > 0"),
             (a["scheduler_wait_s"] >= 0, "--scheduler-wait must be >= 0"),
             (self.schemes["k"] >= 1, "--k must be >= 1"),
+            (0 < self.schemes["probe_budget"] <= 1, "--probe-budget must be in (0, 1]"),
             (self.train["attach_timeout_s"] > 0 and self.train["run_timeout_s"] > 0,
              "--attach-timeout and --run-timeout must be > 0"),
             (self.train["target"] is None or 0 < self.train["target"] <= 1, "--target-accuracy must be in (0, 1]"),

@@ -51,8 +51,9 @@ class Recorder:
                 data["prediction_err_pct"] = 100.0 * (data["round_s"] - data["prediction_s"]) / data["prediction_s"]
             write(data)
         elif kind == "samples":
-            for src, dst, nbytes, seconds in data["samples"]:
-                write({"type": "link_sample", "src": src, "dst": dst, "bytes": nbytes, "seconds": seconds})
+            for src, dst, nbytes, seconds, *probed in data["samples"]:
+                write({"type": "link_sample", "src": src, "dst": dst, "bytes": nbytes, "seconds": seconds,
+                       "how": "probed" if probed and probed[0] else "passive"})
         elif kind == "plan":
             write({"type": "plan", "version": data["version"], "scheme": data["scheme"],
                    "plan": data["plan"].to_wire()})

@@ -358,7 +358,8 @@ function drawTaskChart() {
 function drawTable() {
   const tb = document.querySelector("#links-table tbody");
   tb.innerHTML = S.links.map((l) => `<tr data-link="${l.src}-${l.dst}"><td>${l.src} → ${l.dst}</td>` +
-    `<td class="tp">${fmt(l.throughput_mbps, 2)}</td><td>${fmt(l.rate_mbps)}</td><td>${l.measured ? "yes" : "no"}</td>` +
+    `<td class="tp">${fmt(l.throughput_mbps, 2)}</td><td>${fmt(l.rate_mbps)}</td><td>${l.how || (l.measured ? "passive" : "nominal")}</td>` +
+    `<td>${l.age_s == null ? "–" : fmt(l.age_s, 1)}</td><td>${l.spread == null ? "–" : fmt(100 * l.spread, 1)}</td>` +
     `<td>${fmt(l.bytes_total / 1e6, 2)}</td></tr>`).join("");
 }
 

@@ -44,8 +44,9 @@ class Cluster:
     def __init__(self, name: str, topo: Topology | None = None, *, processes: RunConfig | None = None,
                  on_event: Callable[[str, dict], None] | None = None, shaped: bool = False,
                  secret: bytes | None = SECRET, tls: Any = None, heartbeat_timeout: float = 1.5,
-                 **agent_kw: Any) -> None:
-        """secret=None: --insecure; tls: overlay.auth.TlsFiles; agent_kw: more `Agent` arguments."""
+                 probe: bool = True, **agent_kw: Any) -> None:
+        """secret=None: --insecure; tls: overlay.auth.TlsFiles; probe: the scheduler probes idle links (as
+        `wansync run` does by default); agent_kw: more `Agent` arguments."""
         if (topo is None) == (processes is None):
             raise ValueError("a cluster of in-process agents needs topo; one of agent processes, processes")
         if processes is not None and secret is None:
@@ -63,7 +64,7 @@ class Cluster:
             if self._on_event is not None:
                 self._on_event(kind, data)
         self.sched = Scheduler(name, self.nodes, on_event=record, secret=secret, tls=tls,
-                               heartbeat_timeout=heartbeat_timeout)
+                               heartbeat_timeout=heartbeat_timeout, probe=probe)
         self.port = 0
         self.agents: list[Agent] = []  # in-process agents
         self.tasks: list[asyncio.Task] = []  # ...and the tasks running them

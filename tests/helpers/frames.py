@@ -13,7 +13,7 @@ from overlay.messages import bitmap, chunk_key
 
 def header(**kw) -> dict:  # noqa: ANN003
     """A CHUNK header as the overlay's senders write it (before path/hop/offsets), with `kw` on top."""
-    h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "probe",
+    h = {"t": "CHUNK", "job": 1, "task": 0, "attempt": 0, "version": 1, "chunk": 0, "kind": "agg",
          "origin": 0, "contributors": bitmap([0]), "t_send": 0.0}
     h.update(kw)
     return h

@@ -1,0 +1,291 @@
+"""Active probes of the links no plan keeps busy, so the view knows every link (NetStorm explores idle links).
+
+The passive view learns only links a plan keeps busy; a link no plan uses (or one a tree feeds at
+its children's pace) stays at the nominal guess, so no planner can see that it became the best one.
+Every TICK_S this prober orders short probes (agents/linkprobe.py: real chunks through the link's
+shaper and kernel queues, discarded by the receiver) on links:
+
+- that no running plan keeps busy: a plan link whose load takes at least BUSY_SHARE of the time its
+  bottleneck link's load takes (at the view's rates) is busy, and never probed while the plan runs
+  (so a plan's bottleneck, which such a link is by definition, never is);
+- unknown first, then those whose estimate is older than `refresh_s` (oldest first), and at once a
+  link whose newest sample disagreed with its estimate (it may have changed: the view needs a second
+  agreeing sample to move, scheduler/view.py `_moved`);
+- at most one probe per node at a time (as sender or receiver: where node caps exist a second one
+  would share the cap), at most `at_once` in the cluster, and no node probing for more than `budget`
+  of the last WINDOW_S seconds (counting the probe about to start, at the view's rate of its link).
+
+A probe is sized to give the view one sample it trusts alone: PROBE_S of the link's busy time at its
+estimated rate (the known links' median for a first guess; twice the last size while a probe left the
+link unknown), REPROBE_S on a link already known, in PROBE_CHUNKS chunks (each counts as one of
+NetStorm's probes, agents/probes.py).
+The prober never reads a progress model or a planner: a plan is links and bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.plan import Plan
+from overlay.messages import MAX_PROBE_BYTES, Probe, ProbeDone
+from overlay.routing import NoRoute
+
+from .view import AGREE, NetworkView
+
+log = logging.getLogger("wansync.scheduler")
+
+TICK_S = 0.1
+PROBE_S = 0.15  # busy time a probe aims at: one sample of 2 x KNOWN_S the view trusts alone, with margin
+REPROBE_S = 0.08  # ... on a known link: one sample of KNOWN_S, enough to confirm it or show it moved
+PROBE_CHUNKS = 8  # chunks per probe: the first only opens the receiver's busy period (agents/probes.py)
+MIN_PROBE_BYTES = 32 * 1024
+BUSY_SHARE = 0.5  # a plan link loaded for this share of its bottleneck's time is busy: never probed
+REFRESH_S = 5.0  # a link's estimate older than this is probed again
+WINDOW_S = 5.0  # the budget's window
+BUDGET = 0.25  # share of the window a node may spend in probes (sending or receiving)
+AT_ONCE = 2  # probes in flight in the whole cluster
+HISTORY = 100_000  # orders kept for whoever audits them (the view benchmark)
+ORDER_TIMEOUT_S = 70.0  # a probe with no PROBE_DONE by then is given up (its agent lost meanwhile)
+MBIT = 1e6 / 8
+
+
+def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]]) -> dict[tuple[int, int], float]:
+    """Bytes a plan moves over each directed link per round: every tree edge's chunks along its route
+    (auxiliary routes counted as if they carried the edge's whole share: an upper bound), and every
+    multicast source's parameters to each receiver."""
+    loads: dict[tuple[int, int], float] = {}
+
+    def add(path: Iterable[int], nbytes: float) -> None:
+        p = tuple(path)
+        for hop in zip(p, p[1:], strict=False):
+            loads[hop] = loads.get(hop, 0.0) + nbytes
+
+    def along(a: int, b: int, nbytes: float) -> None:
+        with contextlib.suppress(NoRoute):
+            add(route(a, b), nbytes)
+
+    for g in plan.groups:
+        nbytes = 4.0 * sum(plan.layout[c][1] for c in g.chunks)
+        for child, parent in g.parent.items():
+            if parent is not None:
+                along(child, parent, nbytes)
+        for node, kids in g.children.items():
+            for kid in kids:
+                along(node, kid, nbytes)
+        for routes in g.aux.values():
+            for r in routes:
+                add(r, nbytes)
+    for src, receivers in (plan.multicast or {}).items():
+        for r in receivers:
+            along(src, r, 4.0 * plan.params)
+    return loads
+
+
+def busy_links(plans: Iterable[Plan], view: NetworkView, route: Callable[[int, int], tuple[int, ...]],
+               share: float = BUSY_SHARE) -> set[tuple[int, int]]:
+    """Links some plan keeps busy: loaded for at least `share` of its bottleneck link's time (at the
+    view's rates; a link the view lacks counts at its nominal rate)."""
+    out: set[tuple[int, int]] = set()
+    for plan in plans:
+        times = {k: b / (max(view.rate(*k) if view.g.has_edge(*k) else view.nominal, 1e-9) * MBIT)
+                 for k, b in link_loads(plan, route).items()}
+        if times:
+            top = max(times.values())
+            out.update(k for k, t in times.items() if t >= share * top)
+    return out
+
+
+@dataclass
+class _Order:
+    id: int
+    src: int
+    dst: int
+    nbytes: int
+    t: float
+
+
+@dataclass
+class ProbeStats:
+    """What probing cost and did, for /api/view and the results file."""
+
+    ordered: int = 0
+    done: int = 0
+    failed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    by_link: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+class Prober:
+    def __init__(self, view: NetworkView, *, send: Callable[[int, Any], bool],
+                 alive: Callable[[], Iterable[int]], running: Callable[[], list[Plan]],
+                 route: Callable[[], Callable[[int, int], tuple[int, ...]]], enabled: bool = True,
+                 budget: float = BUDGET, at_once: int = AT_ONCE, refresh_s: float = REFRESH_S) -> None:
+        """send(node, msg): to an agent (False if it is gone); alive(): nodes that may probe; running():
+        the plans now in force; route(): the agents' min-hop router."""
+        self.view, self.send, self.alive, self.running, self.route = view, send, alive, running, route
+        self.enabled, self.budget, self.at_once, self.refresh_s = enabled, budget, at_once, refresh_s
+        self.inflight: dict[int, _Order] = {}
+        self.spent: dict[int, list[tuple[float, float]]] = {}  # node -> (start, end) of its recent probes
+        self.size: dict[tuple[int, int], int] = {}  # next probe's bytes per link, where a probe taught us
+        self.last_probe: dict[tuple[int, int], float] = {}  # when each link was last ordered a probe
+        self.stats = ProbeStats()
+        self.history: deque[tuple[float, int, int, int]] = deque(maxlen=HISTORY)  # (t, src, dst, bytes) ordered
+        self._next_id = 1
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.enabled and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._ticks())
+
+    def set_enabled(self, on: bool) -> None:
+        """Probing on or off from now (probes in flight finish)."""
+        self.enabled = on
+        if on:
+            self.start()
+        else:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _ticks(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.tick(time.time())
+            except Exception:  # a bug here must not end probing, nor anything else
+                log.exception("prober")
+
+    # --- choosing ---------------------------------------------------------------------------------------
+    def tick(self, now: float) -> list[_Order]:
+        """Give up orders long unanswered, then order what the budget allows."""
+        for oid, o in list(self.inflight.items()):
+            if now - o.t > ORDER_TIMEOUT_S:
+                del self.inflight[oid]
+                self.stats.failed += 1
+        if len(self.inflight) >= self.at_once:
+            return []
+        busy_nodes = {n for o in self.inflight.values() for n in (o.src, o.dst)}
+        alive = set(self.alive())
+        free = {n for n in alive if n not in busy_nodes and self._spent(n, now) < self.budget * WINDOW_S}
+        if len(free) < 2:
+            return []
+        busy = busy_links(self.running(), self.view, self.route())
+        ordered = []
+        for link in self.candidates(now, free, busy):
+            if len(self.inflight) >= self.at_once:
+                break
+            a, b = link
+            if a not in free or b not in free:
+                continue
+            nbytes = self.probe_bytes(a, b)
+            takes = nbytes / (max(self.view.rate(a, b), 1e-6) * MBIT)  # as the view sees the link now
+            if all(self._spent(n, now) + takes <= self.budget * WINDOW_S for n in link):
+                o = self._order(a, b, now, nbytes)
+                if o is not None:
+                    ordered.append(o)
+                    free -= {a, b}
+        return ordered
+
+    def candidates(self, now: float, free: set[int], busy: set[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Links that may be probed now, most wanted first: unknown ones, then those whose newest sample
+        disagreed with the estimate, then the stalest beyond refresh_s."""
+        ranked = []
+        for a, b, e in self.view.g.edges(data=True):
+            if a not in free or b not in free or (a, b) in busy:
+                continue
+            probed = self.last_probe.get((a, b), -math.inf)  # among equals, the one probed longest ago
+            if not e["measured"]:
+                ranked.append((0, probed, (a, b)))
+                continue
+            recent = e["recent"]
+            if recent and abs(recent[-1][0] - e["rate"]) > 2 * AGREE * e["rate"] and now - probed >= 2 * TICK_S:
+                ranked.append((1, probed, (a, b)))
+            elif now - max(e["t"], probed) >= self.refresh_s:
+                ranked.append((2, max(e["t"], probed), (a, b)))
+        return [k for *_, k in sorted(ranked)]
+
+    def _spent(self, node: int, now: float) -> float:
+        """Seconds of the last WINDOW_S this node spent in probes."""
+        spans = self.spent.get(node)
+        if not spans:
+            return 0.0
+        spans[:] = [(s, e) for s, e in spans if e > now - WINDOW_S]
+        return sum(min(e, now) - max(s, now - WINDOW_S) for s, e in spans)
+
+    def probe_bytes(self, a: int, b: int) -> int:
+        """PROBE_S at the link's estimated rate (REPROBE_S once it is known), or what its previous probe
+        taught while it is not; whole chunks of float32."""
+        if self.view.known(a, b):
+            want = self.view.rate(a, b) * MBIT * REPROBE_S
+        else:  # a first guess: the links known so far (a nominal 100 Mbit/s is 5x off on a 20 Mbit/s link)
+            want = self.size.get((a, b), self._typical_mbps() * MBIT * PROBE_S)
+        per = max(MIN_PROBE_BYTES // PROBE_CHUNKS, int(want) // PROBE_CHUNKS) // 4 * 4
+        return min(per * PROBE_CHUNKS, MAX_PROBE_BYTES // PROBE_CHUNKS // 4 * 4 * PROBE_CHUNKS)
+
+    def _typical_mbps(self) -> float:
+        rates = sorted(r for _, _, r in self.view.g.edges(data="rate") if r is not None)
+        known = sorted(e["rate"] for *_, e in self.view.g.edges(data=True) if e["measured"])
+        return known[len(known) // 2] if known else (rates[len(rates) // 2] if rates else self.view.nominal)
+
+    def _order(self, a: int, b: int, now: float, nbytes: int) -> _Order | None:
+        o = _Order(self._next_id, a, b, nbytes, now)
+        self._next_id += 1
+        if not self.send(a, Probe(id=o.id, dst=b, size=o.nbytes, chunks=PROBE_CHUNKS)):
+            return None
+        self.inflight[o.id] = o
+        self.last_probe[(a, b)] = now
+        self.history.append((now, a, b, o.nbytes))
+        self.stats.ordered += 1
+        self.stats.by_link[(a, b)] = self.stats.by_link.get((a, b), 0) + 1
+        return o
+
+    # --- what agents say ----------------------------------------------------------------------------------
+    def done(self, node: int, msg: ProbeDone, now: float | None = None) -> None:
+        """A probe's sender says it is over: its slot frees, and its time counts against both ends' budget.
+        The next probe of the link is sized from what this one showed."""
+        o = self.inflight.get(msg.id)
+        if o is None or o.src != node or o.dst != msg.dst:
+            return  # not ours (given up, or a stranger's id): nothing to free
+        del self.inflight[msg.id]
+        now = time.time() if now is None else now
+        for n in (o.src, o.dst):
+            self.spent.setdefault(n, []).append((o.t, now))
+        if not msg.ok:
+            self.stats.failed += 1
+            return
+        self.stats.done += 1
+        self.stats.bytes += msg.sent
+        self.stats.seconds += msg.seconds
+        if not self.view.known(o.src, o.dst):  # too short to make a sample the view trusts: longer next time
+            shown = msg.sent / max(msg.seconds, 1e-6) * PROBE_S  # a lower bound: the seconds hold delays and acks
+            self.size[(o.src, o.dst)] = int(max(shown, 2 * o.nbytes))
+
+    def as_json(self) -> dict[str, Any]:
+        s = self.stats
+        return {"enabled": self.enabled, "budget": self.budget, "at_once": self.at_once, "ordered": s.ordered,
+                "done": s.done, "failed": s.failed, "bytes": s.bytes, "seconds": round(s.seconds, 3),
+                "in_flight": [[o.src, o.dst] for o in self.inflight.values()]}
+
+
+def plans_in_force(current: Any, plans: Mapping[int, Plan]) -> list[Plan]:
+    """The plans a job now runs: its current plan, and the versions of its tasks that started and are not over."""
+    if current is None or current.finished.is_set():
+        return []
+    out = {id(current.plan): current.plan}
+    for t in current.tasks.values():
+        if t.started_t is not None and t.recorded_t is None and t.version in plans:
+            p = plans[t.version]
+            out[id(p)] = p
+    return list(out.values())

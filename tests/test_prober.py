@@ -1,0 +1,366 @@
+"""Active probes of idle links: which links the scheduler probes, within what budget, that the view learns
+them (and re-learns a changed one), and that a probe's bytes never reach a task, let alone a sum."""
+
+import asyncio
+import dataclasses
+
+import pytest
+from helpers.exact import assert_job_exact
+from helpers.topologies import line
+from helpers.waiting import until
+
+from core.plan import Plan, make_layout, tree_group
+from emulation.link import LinkSpec
+from emulation.topology import Topology, uniform
+from overlay.messages import (
+    MAX_PROBE_BYTES,
+    MAX_PROBE_CHUNK_BYTES,
+    MAX_PROBE_CHUNKS,
+    PROBE_JOB,
+    ProtocolError,
+    validate,
+)
+from overlay.peers import Overlay
+from scheduler import prober as prober_mod
+from scheduler.prober import Prober, busy_links, link_loads
+from scheduler.view import KNOWN_S, NetworkView
+
+MBIT = 1e6 / 8
+
+
+def star_plan(nodes: int, root: int, params: int = 1000, chunk: int = 250) -> Plan:
+    """Every node's chunks straight to `root` and back: a plan over the 2(n-1) links at `root`."""
+    parent = {n: (None if n == root else root) for n in range(nodes)}
+    layout = make_layout(params, chunk)
+    return Plan(1, "star", tuple(range(nodes)), {n: 1.0 for n in range(nodes)}, layout,
+                (tree_group(range(len(layout)), root, parent),))
+
+
+def direct(a: int, b: int) -> tuple[int, ...]:
+    return (a, b)
+
+
+# --- which links a plan keeps busy ------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_link_loads_count_each_tree_edge_once_per_direction():
+    plan = star_plan(4, root=0, params=1000)
+    loads = link_loads(plan, direct)
+    # 1000 float32 up every child's edge and down again, written out here
+    assert loads == {(n, 0): 4000.0 for n in (1, 2, 3)} | {(0, n): 4000.0 for n in (1, 2, 3)}
+
+
+@pytest.mark.unit
+def test_busy_links_are_those_near_the_plans_bottleneck_at_the_views_rates():
+    view = NetworkView(uniform(4, rate_mbps=100.0).links)
+    for (a, b) in view.links():
+        view.g.edges[a, b].update(rate=100.0, measured=True)
+    view.g.edges[3, 0]["rate"] = 10.0  # node 3's uplink to the root: the bottleneck
+    view.g.edges[1, 0]["rate"] = 25.0  # 40 % of the bottleneck's time: not busy (BUSY_SHARE 0.5)
+    view.g.edges[2, 0]["rate"] = 15.0  # 67 %: busy
+    busy = busy_links([star_plan(4, 0)], view, direct)
+    assert busy == {(3, 0), (2, 0)}
+
+
+# --- what the prober orders -------------------------------------------------------------------------------------
+class Orders:
+    """What the prober sent to which agent (instead of a wire)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, object]] = []
+        self.down: set[int] = set()
+
+    def send(self, node: int, msg: object) -> bool:
+        if node in self.down:
+            return False
+        self.sent.append((node, msg))
+        return True
+
+
+def make_prober(view: NetworkView, plans: list[Plan] | None = None, **kw) -> tuple[Prober, Orders]:
+    orders = Orders()
+    p = Prober(view, send=orders.send, alive=lambda: view.nodes, running=lambda: plans or [],
+               route=lambda: direct, **kw)
+    return p, orders
+
+
+def done(p: Prober, order, seconds: float = 0.1, ok: bool = True, now: float = 0.0):
+    from overlay.messages import ProbeDone
+    p.done(order.src, ProbeDone(node=order.src, id=order.id, dst=order.dst, sent=order.nbytes, seconds=seconds,
+                                ok=ok), now=now)
+
+
+@pytest.mark.unit
+def test_a_running_plans_busy_links_are_never_probed_and_unknown_links_come_first():
+    view = NetworkView(uniform(4).links)
+    for k in [(1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3)]:  # the star's links: known, loaded
+        view.g.edges[k].update(rate=100.0, measured=True, t=0.0)
+    p, orders = make_prober(view, [star_plan(4, 0)], at_once=100, budget=1.0)
+    seen = set()
+    now = 0.0
+    for _ in range(50):
+        now += 0.2
+        for o in p.tick(now):
+            seen.add((o.src, o.dst))
+            assert (o.src, o.dst) not in {(1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3)}
+            done(p, o, now=now)
+    assert seen == {(a, b) for a in (1, 2, 3) for b in (1, 2, 3) if a != b}  # every idle link, none busy
+
+
+@pytest.mark.unit
+def test_one_probe_per_node_at_a_time_and_at_most_at_once():
+    view = NetworkView(uniform(8).links)
+    p, _ = make_prober(view, at_once=3, budget=1.0)
+    orders = p.tick(1.0)
+    assert len(orders) == 3
+    ends = [n for o in orders for n in (o.src, o.dst)]
+    assert len(ends) == len(set(ends))  # no node twice
+    assert p.tick(1.1) == []  # all slots taken until a PROBE_DONE frees one
+    done(p, orders[0], now=1.2)
+    again = p.tick(1.3)
+    assert len(again) == 1 and {again[0].src, again[0].dst}.isdisjoint({n for o in orders[1:] for n in (o.src, o.dst)})
+
+
+@pytest.mark.unit
+def test_the_budget_holds_each_node_to_its_share_of_the_window():
+    view = NetworkView(uniform(2).links)
+    p, _ = make_prober(view, budget=0.25, at_once=1, refresh_s=0.0)  # it would probe without pause
+    now, busy = 0.0, 0.0
+    while now < 60.0:
+        for o in p.tick(now):
+            takes = o.nbytes / (view.rate(o.src, o.dst) * MBIT)  # as long as the link's rate says
+            now += takes
+            busy += takes
+            view.observe(o.src, o.dst, o.nbytes, takes, now=now, probed=True)
+            done(p, o, seconds=takes, now=now)
+        now += prober_mod.TICK_S
+    # nodes 0 and 1 take part in every probe: no 5 s window holds more than a quarter of probing
+    assert busy <= 0.25 * 60.0 + 1e-6
+    assert busy >= 0.25 * 60.0 * 0.8  # and the budget is used, not wasted
+
+
+@pytest.mark.unit
+def test_a_link_whose_newest_sample_disagrees_is_probed_before_stale_ones():
+    view = NetworkView(uniform(3).links)
+    for k in view.links():
+        view.g.edges[k].update(rate=100.0, measured=True, t=0.0, recent=((100.0, 0.1),))
+    view.g.edges[1, 2]["recent"] = ((100.0, 0.1), (50.0, 0.1))  # it may have halved
+    p, _ = make_prober(view, at_once=1, budget=1.0, refresh_s=5.0)
+    assert p.candidates(10.0, {0, 1, 2}, set())[0] == (1, 2)
+    assert p.candidates(1.0, {0, 1, 2}, set()) == [(1, 2)]  # nothing else is stale yet
+
+
+@pytest.mark.unit
+def test_probe_size_follows_the_estimate_and_grows_while_the_link_stays_unknown():
+    view = NetworkView(uniform(2).links)
+    view.g.edges[0, 1].update(rate=80.0, measured=True)
+    p, _ = make_prober(view)
+    assert p.probe_bytes(0, 1) == pytest.approx(80 * MBIT * prober_mod.REPROBE_S, rel=0.01)
+    (o,) = [o for o in p.tick(0.0) if (o.src, o.dst) == (1, 0)]  # unknown: sized by the known links' rate
+    assert o.nbytes == pytest.approx(80 * MBIT * prober_mod.PROBE_S, rel=0.01)
+    done(p, o, seconds=0.01, now=0.1)  # it did not make the link known: twice as long next time
+    assert p.probe_bytes(1, 0) >= 2 * o.nbytes - 4 * prober_mod.PROBE_CHUNKS
+    assert p.probe_bytes(1, 0) <= MAX_PROBE_BYTES
+
+
+@pytest.mark.unit
+def test_a_stranger_done_or_a_failed_probe_frees_nothing_it_should_not():
+    view = NetworkView(uniform(2).links)
+    p, _ = make_prober(view, at_once=1)
+    (o,) = p.tick(0.0)
+    other = dataclasses.replace(o, src=o.dst, dst=o.src)
+    done(p, other, now=0.1)  # the other end claims it: not its probe
+    assert o.id in p.inflight
+    done(p, o, ok=False, now=0.2)
+    assert not p.inflight and p.stats.failed == 1 and p.stats.done == 0
+
+
+# --- the view: how it knows, and a change it follows ----------------------------------------------------------
+@pytest.mark.unit
+def test_the_view_says_how_it_knows_a_link():
+    view = NetworkView([(0, 1)])
+    assert view.how(0, 1)["how"] == "nominal"
+    view.observe(0, 1, int(50 * MBIT * 0.2), 0.2, now=1.0, probed=True)
+    assert view.known(0, 1) and view.how(0, 1)["how"] == "probed" and view.how(0, 1)["t"] == 1.0
+    view.observe(0, 1, int(50 * MBIT * 0.2), 0.2, now=2.0)
+    h = view.how(0, 1)
+    assert h["how"] == "passive" and h["samples"] == 2 and h["spread"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.unit
+def test_two_agreeing_samples_far_off_move_the_estimate_at_once_one_does_not():
+    view = NetworkView([(0, 1)])
+    for t in range(5):
+        view.observe(0, 1, int(100 * MBIT * 0.1), 0.1, now=t)
+    view.observe(0, 1, int(50 * MBIT * 0.1), 0.1, now=5)
+    assert view.rate(0, 1) == pytest.approx(100.0)  # one sample may be a late loop's
+    view.observe(0, 1, int(50 * MBIT * 0.1), 0.1, now=6)
+    assert view.rate(0, 1) == pytest.approx(50.0)  # two that agree: the rate changed
+    short = KNOWN_S / 4  # ... but not from samples too short to trust
+    view.observe(0, 1, int(200 * MBIT * short), short, now=7)
+    view.observe(0, 1, int(200 * MBIT * short), short, now=8)
+    assert view.rate(0, 1) == pytest.approx(50.0)
+
+
+# --- the wire's bounds on probes --------------------------------------------------------------------------------
+@pytest.mark.unit
+@pytest.mark.parametrize("fields, field", [
+    ({"size": MAX_PROBE_BYTES + 1}, "size"),
+    ({"chunks": 0}, "chunks"),
+    ({"chunks": MAX_PROBE_CHUNKS + 1}, "chunks"),
+    ({"size": MAX_PROBE_CHUNK_BYTES * 2 + 8, "chunks": 2}, "chunks"),
+])
+def test_a_probe_order_beyond_the_wires_bounds_is_refused(fields, field):
+    ok = {"t": "PROBE", "id": 1, "dst": 2, "size": 1 << 20, "chunks": 8}
+    validate(ok)
+    with pytest.raises(ProtocolError) as e:
+        validate({**ok, **fields})
+    assert e.value.field == field
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change", [{"path": [0, 1, 2]}, {"job": 5}, {"total": MAX_PROBE_CHUNK_BYTES + 4}])
+def test_a_probe_frame_crosses_one_link_of_the_probe_job_within_its_size(change):
+    h = {"t": "CHUNK", "job": PROBE_JOB, "task": 1, "attempt": 0, "version": 0, "chunk": 0, "kind": "probe",
+         "origin": 0, "contributors": b"\0", "t_send": 0.0, "path": [0, 1], "hop": 0, "off": 0, "total": 1024,
+         "nbytes": 1024}
+    validate(h)
+    with pytest.raises(ProtocolError):
+        validate({**h, **change})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("sample", [[0, 1, 100, 0.1, 2], [0, 1, 100, 0.1, 0.5], [0, 1, 100, 0.1, 1, 1]])
+def test_a_reports_probed_flag_is_0_or_1(sample):
+    validate({"t": "REPORT", "node": 1, "samples": [[0, 1, 100, 0.1, 1]]})
+    with pytest.raises(ProtocolError):
+        validate({"t": "REPORT", "node": 1, "samples": [sample]})
+
+
+# --- a probe's bytes never reach a task ------------------------------------------------------------------------
+class Sink:
+    """A chunk sink that records every call: a probe must make none."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def chunk_buffer(self, h):
+        self.calls.append(f"buffer {h['kind']}")
+        return None
+
+    def chunk_segment(self, h, payload):
+        self.calls.append(f"segment {h['kind']}")
+
+    def admit_relay(self, h, peer):
+        self.calls.append(f"relay {h['kind']}")
+
+
+@pytest.mark.loopback
+async def test_probe_frames_are_counted_timed_and_acknowledged_but_never_reach_the_sink():
+    from agents.linkprobe import ProbeSender
+    from overlay.messages import Probe
+
+    sinks = [Sink(), Sink()]
+    samples = []
+    ovs = [Overlay(n, "t", sinks[n], neighbors=[1 - n], on_sample=lambda *s: samples.append(s)) for n in (0, 1)]
+    replies = []
+    try:
+        ports = [await o.listen() for o in ovs]
+        for n, o in enumerate(ovs):
+            o.connect({1 - n: ("127.0.0.1", ports[1 - n])})
+        await ovs[0].wait_connected(10)
+        sender = ProbeSender(0, ovs[0], replies.append)
+        sender.order(Probe(id=7, dst=1, size=8 * 40_000, chunks=8))
+        await until(lambda: replies, "the probe's PROBE_DONE")
+        (r,) = replies
+        assert r.ok and r.sent == 8 * 40_000 and r.id == 7
+        assert ovs[1].meters_in[0].bytes == 8 * 40_000 and ovs[1].meters_in[0].chunks == 8
+        assert len(samples) == 8 and all(s[4] is True for s in samples)  # timed, marked as a probe's
+        assert sinks[1].calls == []  # never offered to a task, so never summed
+        sender.order(Probe(id=8, dst=5, size=1024, chunks=1))  # not a neighbour: said at once
+        assert not replies[-1].ok and "not a neighbour" in replies[-1].error
+    finally:
+        for o in ovs:
+            await o.close()
+
+
+@pytest.mark.loopback
+async def test_a_peer_may_hold_only_so_many_probe_chunks_open():
+    ov = Overlay(1, "t", Sink(), neighbors=[0])
+    h = {"t": "CHUNK", "job": PROBE_JOB, "task": 1, "attempt": 0, "version": 0, "kind": "probe", "origin": 0,
+         "contributors": b"\0", "t_send": 0.0, "path": [0, 1], "hop": 0, "off": 0, "total": 1024, "nbytes": 4}
+    for c in range(MAX_PROBE_CHUNKS):
+        assert ov._on_chunk_header(0, {**h, "chunk": c})[0] == "probe"
+    with pytest.raises(ProtocolError):
+        ov._on_chunk_header(0, {**h, "chunk": MAX_PROBE_CHUNKS})
+    await ov.close()
+
+
+# --- live: idle links become known, a changed one is re-learnt, every round stays exact -------------------------
+def two_speed_mesh() -> Topology:
+    """Four nodes, every link shaped to 20 Mbit/s except 0->1 and 1->0 at 80: a ring over them leaves
+    most links idle (rates an in-process cluster, four agents on one event loop, keeps up with)."""
+    topo = uniform(4, rate_mbps=20.0, delay_s=0.0)
+    links = dict(topo.links)
+    for k in ((0, 1), (1, 0)):
+        links[k] = LinkSpec(80.0, 0.0)
+    return dataclasses.replace(topo, links=links)
+
+
+@pytest.mark.loopback
+async def test_idle_links_are_probed_and_known_and_rounds_stay_exact(cluster_of):
+    topo = two_speed_mesh()
+    # NetStorm's probe size follows the chunk (as `wansync run` sets it): the ring's own chunks are samples too
+    c = await cluster_of(topo, "probe1", shaped=True, probe_bytes=10_000)
+    sched = c.sched
+    job = asyncio.create_task(sched.run_job("ring", rounds=1000, params=50_000, chunk_params=5_000))
+    try:
+        await until(lambda: sched.view.coverage() == 1.0, "every link known", timeout=60)
+        ring = set(link_loads(sched.current.plan, direct))
+        idle = [k for k in topo.links if k not in ring]
+        assert len(idle) == 8
+        for k in idle:  # learnt from probes alone, and right
+            assert sched.view.how(*k)["how"] == "probed", k
+            assert sched.view.rate(*k) == pytest.approx(topo.links[k].rate_mbps, rel=0.15), k
+        assert sched.prober.stats.done > 0 and not sched.prober.stats.failed
+        js = await c.stop(job)
+    finally:
+        job.cancel()
+    assert_job_exact(sched, js)  # probes beside the ring's chunks (and their acks) changed no sum
+
+
+@pytest.mark.loopback
+async def test_an_idle_link_whose_rate_changes_is_relearnt(cluster_of):
+    from overlay.messages import Emu
+
+    topo = dataclasses.replace(line(3, rate=60.0), links={**line(3, rate=60.0).links, (0, 2): LinkSpec(60.0, 0.0),
+                                                           (2, 0): LinkSpec(60.0, 0.0)})
+    c = await cluster_of(topo, "probe2", shaped=True)
+    sched = c.sched
+    await until(lambda: sched.view.known(0, 2), "link 0->2 probed while idle", timeout=60)
+    assert sched.view.rate(0, 2) == pytest.approx(60.0, rel=0.1)
+    for node in (0, 2):  # the link's shaper at its sender (and its receiver's view of it) run at 20 now
+        sched.registry.send_to(node, Emu(op="rate", src=0, dst=2, mbps=20.0))
+    await until(lambda: abs(sched.view.rate(0, 2) - 20.0) <= 2.0, "the view to follow 0->2 down to 20 Mbit/s",
+                timeout=60)
+    assert sched.view.how(0, 2)["how"] == "probed"
+
+
+@pytest.mark.unit
+def test_a_slow_links_big_chunks_make_a_sample_though_reports_flush_between_them():
+    """Chunks 94 ms apart (234 KB at 20 Mbit/s) with the agent's report flushing every 0.25 s: each
+    flush falls between two chunks, yet the busy period goes on (a flush waits twice its pace)."""
+    from agents.probes import LinkProbes
+
+    clock, meter = [0.0], [0]
+    probes = LinkProbes(lambda: clock[0], 10_000, 4, rx_bytes=lambda _src: meter[0])
+    gap, size = 0.094, 234_372
+    for i in range(8):
+        clock[0] = 1.0 + i * gap
+        meter[0] += size
+        probes.sample(0, 2, size, gap + 0.01, True)  # sent before the previous one arrived: contiguous
+        clock[0] += gap / 2
+        probes.flush()  # the report loop runs between two chunks
+    assert probes.samples, "no sample from a probe whose chunks came 94 ms apart"
+    src, dst, nbytes, seconds, probed = probes.samples[0]
+    assert (src, dst, probed) == (0, 2, 1)
+    assert nbytes * 8 / seconds / 1e6 == pytest.approx(size * 8 / gap / 1e6, rel=0.01)
