@@ -25,7 +25,9 @@ once when the two newest agree with each other and both lie beyond MOVED of the 
 
 Samples come from a plan's own chunks (passive) or from the scheduler's probes of links no plan
 keeps busy (scheduler/prober.py); the view says which (`how`), with the newest sample's time and
-the samples' spread, so a reader knows what each estimate rests on.
+the samples' spread, so a reader knows what each estimate rests on. Where both are among a link's
+latest samples the probed ones decide: a probe keeps its link backlogged by design, while a plan's
+chunks on a link it does not keep busy (a tree's inner link, fed at its children's pace) read low.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class NetworkView:
             return  # known, and out of planning while suspected dead or while an end is lost
         for u, v in ((a, b), (b, a)):
             if not self.g.has_edge(u, v):
-                self.g.add_edge(u, v, rate=self.nominal, measured=False, t=0.0, n=0, busy_s=0.0, recent=())
+                self.g.add_edge(u, v, rate=self.nominal, measured=False, t=0.0, n=0, busy_s=0.0, recent=(),
+                                probed=())
 
     @property
     def nodes(self) -> list[int]:
@@ -145,15 +148,19 @@ class NetworkView:
             return  # the wire refuses such samples; nothing else may poison a rate either
         e = self.g.edges[src, dst]
         recent = e["recent"] = (*e["recent"][-(KEEP - 1):], (nbytes * 8 / seconds / 1e6, seconds))
+        flags = e["probed"] = (*e.get("probed", ())[-(KEEP - 1):], probed)
         if e["measured"] and _moved(recent, e["rate"]):
-            recent = e["recent"] = recent[-2:]  # the rate changed: the older samples describe the past
+            recent, flags = e["recent"], e["probed"] = recent[-2:], flags[-2:]  # the older ones describe the past
         e["busy_s"] += seconds
-        e["how"] = "probed" if probed else "passive"
-        rate = _weighted_median(recent)
+        # a probe kept the link backlogged by design; a plan's chunks may have fed it at their upstream's
+        # pace (a tree's inner link), which reads low: where both are among the latest, the probes decide
+        pool = [x for x, f in zip(recent, flags, strict=True) if f] if any(flags) else recent
+        e["how"] = "probed" if any(flags) else "passive"
+        rate = _weighted_median(pool)
         if e["measured"]:
             e["rate"] = rate
         elif e["busy_s"] >= KNOWN_S - 1e-12 and (seconds >= 2 * KNOWN_S or (
-                e["n"] + 1 >= KNOWN_SAMPLES and _agreeing(recent, rate) >= 0.5)):
+                e["n"] + 1 >= KNOWN_SAMPLES and _agreeing(pool, rate) >= 0.5)):
             e["rate"] = rate  # from now on the link is known (its estimate follows its samples)
             e["measured"] = True
         e["t"] = time.time() if now is None else now

@@ -179,11 +179,11 @@ def test_a_stranger_done_or_a_failed_probe_frees_nothing_it_should_not():
 def test_the_view_says_how_it_knows_a_link():
     view = NetworkView([(0, 1)])
     assert view.how(0, 1)["how"] == "nominal"
-    view.observe(0, 1, int(50 * MBIT * 0.2), 0.2, now=1.0, probed=True)
-    assert view.known(0, 1) and view.how(0, 1)["how"] == "probed" and view.how(0, 1)["t"] == 1.0
-    view.observe(0, 1, int(50 * MBIT * 0.2), 0.2, now=2.0)
+    view.observe(0, 1, int(50 * MBIT * 0.2), 0.2, now=1.0)
+    assert view.known(0, 1) and view.how(0, 1)["how"] == "passive" and view.how(0, 1)["t"] == 1.0
+    view.observe(0, 1, int(50 * MBIT * 0.2), 0.2, now=2.0, probed=True)
     h = view.how(0, 1)
-    assert h["how"] == "passive" and h["samples"] == 2 and h["spread"] == pytest.approx(0.0, abs=1e-9)
+    assert h["how"] == "probed" and h["samples"] == 2 and h["spread"] == pytest.approx(0.0, abs=1e-9)
 
 
 @pytest.mark.unit
@@ -199,6 +199,18 @@ def test_two_agreeing_samples_far_off_move_the_estimate_at_once_one_does_not():
     view.observe(0, 1, int(200 * MBIT * short), short, now=7)
     view.observe(0, 1, int(200 * MBIT * short), short, now=8)
     assert view.rate(0, 1) == pytest.approx(50.0)
+
+
+@pytest.mark.unit
+def test_where_a_link_has_probed_and_passive_samples_the_probes_decide():
+    view = NetworkView([(0, 1)])
+    for t in range(4):  # a tree's inner link fed at 20 Mbit/s by its children: reads 20
+        view.observe(0, 1, int(20 * MBIT * 0.1), 0.1, now=t)
+    assert view.rate(0, 1) == pytest.approx(20.0)
+    view.observe(0, 1, int(80 * MBIT * 0.15), 0.15, now=5, probed=True)  # a probe kept it backlogged: 80
+    assert view.rate(0, 1) == pytest.approx(80.0) and view.how(0, 1)["how"] == "probed"
+    view.observe(0, 1, int(20 * MBIT * 0.1), 0.1, now=6)  # the plan's pace again: not the link's rate
+    assert view.rate(0, 1) == pytest.approx(80.0)
 
 
 # --- the wire's bounds on probes --------------------------------------------------------------------------------

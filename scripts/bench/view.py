@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import math
@@ -59,21 +60,21 @@ from wansync.runspec import resolve  # noqa: E402
 
 TOPOLOGIES = (("hetero", 8), ("geo:aws10:x=0.02", None))
 SCALES = (0.005, 0.01, 0.05)
-SCHEMES = ("netstorm", "packing")  # NetStorm first: its live round is close to the simulator's
+SCHEMES = ("packing", "netstorm")
 COVER_AT_S = 30.0  # coverage and error are read this long after the first job started
 TOGGLE_S = 2.0  # probing alternates on/off this often (the slowdown's two halves)
 DRAIN_S = 0.5  # a round counts as "off" only if it started this long after probing went off
-JOB_S = 12.0  # the first scheme's job aims at this long; the second gets what is left of COVER_AT_S
-# live round over the simulator's on this machine (measured: packing's many small chunks cost CPU)
-LIVE_FACTOR = {"packing": 4.0, "netstorm": 1.5}
-MIN_ROUNDS = 8
-CHANGE_S = 8.0  # the idle-link trace changes this long after the job starts (the view knows every link by then)
+JOB_S = 14.0  # the first scheme runs this long; the second what is left of COVER_AT_S
+MIN_ROUNDS = 6  # rounds per job: a scheme runs jobs of this many back to back until its time is up
+FIRST_ROUNDS = 3  # ... the first one shorter (how long a round takes live is known only once it ran)
+CHANGE_S = 10.0  # the idle-link trace changes this long after the job starts (the view knows every link by then)
 DETECT_WITHIN = 0.10
-DETECT_GIVE_UP_S = 20.0
+DETECT_GIVE_UP_S = 16.0  # the goal is 15 s: later is a miss (reported as not detected)
 
 
 # --- exact sums, written out again from the workload's definition (agents/workload.py) -----------------------
-def exact_digest(rnd: int, attempt: int, members: list[int], params: int) -> str:
+@functools.lru_cache(maxsize=512)
+def exact_digest(rnd: int, attempt: int, members: tuple[int, ...], params: int) -> str:
     """Digest (CRC-32 then Adler-32 of the float32 bytes) of the members' exact sum of
     f(r, a, n, i) = ((7i + 13n + 31r + 17a + (i >> 5) n) mod 64) - 32, summed in int64."""
     i = np.arange(params, dtype=np.int64)
@@ -89,7 +90,7 @@ def rounds_wrong(js: Any) -> int:
     for r in js.records:
         if r.aborted:
             continue
-        want = exact_digest(r.round, r.attempt, sorted(r.members), r.bytes // 4)
+        want = exact_digest(r.round, r.attempt, tuple(sorted(r.members)), r.bytes // 4)
         if not r.digests or any(d != want for d in r.digests.values()):
             wrong += 1
     return wrong
@@ -133,16 +134,7 @@ def bottlenecks(plan: Any, topo: Topology, route: Any) -> set[tuple[int, int]]:
     return {k for k, t in times.items() if t >= 0.99 * top}
 
 
-def round_guess(topology: str, nodes: int | None, scale: float, seed: int) -> dict[str, float]:
-    """Each scheme's live round as this machine runs it: the simulator's round on the oracle view x LIVE_FACTOR."""
-    cfg = resolve(Options.make(topology=topology, nodes=nodes, seed=seed, schemes=list(SCHEMES), scale=scale,
-                               no_http=True))
-    return {p.scheme: max(p.prediction.round_s, 1e-3) * LIVE_FACTOR[p.scheme]
-            for p in predict(cfg.topo, None, list(SCHEMES), cfg.params, cfg.chunk)}
-
-
 def one_run(topology: str, nodes: int | None, scale: float, backend: str, seed: int) -> RunOut:
-    guess = round_guess(topology, nodes, scale, seed)
     fd, name = tempfile.mkstemp(prefix="wansync-view-", suffix=".jsonl")
     os.close(fd)
     cfg = resolve(Options.make(topology=topology, nodes=nodes, seed=seed, schemes=list(SCHEMES), scale=scale,
@@ -171,15 +163,24 @@ def one_run(topology: str, nodes: int | None, scale: float, backend: str, seed: 
                          f"({view.how(a, b)['how']})")
 
     async def job(sched: Any, scheme: str, run_job: Any) -> Any:
-        """The first job runs about JOB_S, the second until about COVER_AT_S (rounds from the guess)."""
+        """The first scheme runs about JOB_S, the second until about COVER_AT_S: jobs of MIN_ROUNDS rounds
+        back to back until then (how long a round takes live is known only once it ran)."""
         if "snap" not in state:
             state["sched"], state["t0"] = sched, time.time()
             state["toggle"] = asyncio.create_task(toggle(sched))
             state["snap"] = asyncio.create_task(snapshot(sched, state["t0"]))
-            budget = JOB_S
+            until = state["t0"] + JOB_S
         else:
-            budget = state["t0"] + COVER_AT_S - time.time()
-        return await run_job(rounds=max(MIN_ROUNDS, math.ceil(budget / guess[scheme])))
+            until = state["t0"] + COVER_AT_S
+        rounds = FIRST_ROUNDS
+        while True:
+            js = await run_job(rounds=rounds)
+            jobs.append(js)
+            per = statistics.median(r.round_s for r in js.records) + 0.05  # and a barrier's worth
+            left = until - time.time()
+            if left < 2 * per:  # a job is a warm-up round and one more at least
+                return js
+            rounds = max(1, min(MIN_ROUNDS, int(left / per) - 1))
 
     async def after() -> None:
         state["toggle"].cancel()
@@ -187,8 +188,9 @@ def one_run(topology: str, nodes: int | None, scale: float, backend: str, seed: 
         await state["snap"]  # the cluster stays up (probing) until the 30 s mark
 
     quiet = Console(file=io.StringIO(), width=150)
+    jobs: list[Any] = []
     try:
-        jobs = asyncio.run(run(cfg, console=quiet, show_table=False, job=job, after=after))
+        asyncio.run(run(cfg, console=quiet, show_table=False, job=job, after=after))
     finally:
         Path(name).unlink(missing_ok=True)
     sched = state["sched"]
@@ -199,18 +201,16 @@ def one_run(topology: str, nodes: int | None, scale: float, backend: str, seed: 
     out.wrong = sum(rounds_wrong(js) for js in jobs)
     out.probes = sched.prober.stats.ordered
     out.probe_mb = sched.prober.stats.bytes / 1e6
+    on: dict[str, list[float]] = {}
+    off: dict[str, list[float]] = {}
+    tops: dict[int, set[tuple[int, int]]] = {}  # plan version -> its bottleneck links
     for js in jobs:
         recs = sorted((r for r in js.records if not r.warmup), key=lambda r: r.t_start)
         out.rounds += len(recs)
-        on, off = [], []
         for r in recs:
             st = _probing_at(toggles, r.t_start)
-            if st is True:
-                on.append(r.round_s)
-            elif st is False:
-                off.append(r.round_s)
-        if on and off:
-            out.ratios[js.scheme] = (statistics.median(on), statistics.median(off), len(on), len(off))
+            if st is not None:
+                (on if st else off).setdefault(js.scheme, []).append(r.round_s)
         if recs:
             t_end = max(r.t_end for r in recs)
             for t, a, b, _ in sched.prober.history:
@@ -218,8 +218,16 @@ def one_run(topology: str, nodes: int | None, scale: float, backend: str, seed: 
                     continue
                 before = [r for r in recs if r.t_start <= t]
                 plan = sched.plans.get(before[-1].version) if before else js.plan
-                if plan is not None and (a, b) in bottlenecks(plan, cfg.topo, route):
+                if plan is None:
+                    continue
+                if plan.version not in tops:
+                    tops[plan.version] = bottlenecks(plan, cfg.topo, route)
+                if (a, b) in tops[plan.version]:
                     out.on_bottleneck += 1
+    for scheme in SCHEMES:
+        if on.get(scheme) and off.get(scheme):
+            out.ratios[scheme] = (statistics.median(on[scheme]), statistics.median(off[scheme]), len(on[scheme]),
+                                  len(off[scheme]))
     return out
 
 
@@ -249,7 +257,7 @@ def change_run(backend: str, seed: int) -> tuple[float | None, str]:
     Path(trace).write_text("time,src,dst,rate\n" + "".join(
         f"{CHANGE_S / scale},{a},{b},{r}\n" for (a, b), r in new.items()))
     t_round = predict(cfg0.topo, None, ["ring"], cfg0.params, cfg0.chunk)[0].prediction.round_s
-    rounds = max(10, math.ceil((CHANGE_S + 12.0) / max(t_round, 1e-3)))  # the cluster stays up longer if need be
+    rounds = max(10, math.ceil((CHANGE_S + 8.0) / max(t_round, 1e-3)))  # the cluster stays up longer if need be
     cfg = resolve(Options.make(topology=topology, nodes=nodes, seed=seed, schemes=["ring"], scale=scale, rounds=rounds,
                                warmup=1, backend=backend, no_http=True, trace=f"csv:{trace}"))
     found: dict[str, float] = {}
