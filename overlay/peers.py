@@ -475,7 +475,6 @@ class Overlay:
             if self.on_sample is not None:
                 self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"])
 
-
     def _probe_segment(self, peer: int, h: dict[str, Any], key: ChunkKey, rx: _Rx) -> None:
         """A probe's segment was read past: it counts as the link's bytes like any chunk's (so the
         passive probes time it) and is acknowledged once whole; its bytes are gone."""
