@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.classes import MBIT
 from core.plan import Plan
 from overlay.messages import MAX_PROBE_BYTES, Probe, ProbeDone
 from overlay.routing import NoRoute
@@ -54,7 +55,6 @@ BUDGET = 0.25  # share of the window a node may spend in probes (sending or rece
 AT_ONCE = 2  # probes in flight in the whole cluster
 HISTORY = 100_000  # orders kept for whoever audits them (the view benchmark)
 ORDER_TIMEOUT_S = 70.0  # a probe with no PROBE_DONE by then is given up (its agent lost meanwhile)
-MBIT = 1e6 / 8
 
 
 def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]]) -> dict[tuple[int, int], float]:
@@ -114,7 +114,7 @@ class _Order:
 
 @dataclass
 class ProbeStats:
-    """What probing cost and did, for /api/view and the results file."""
+    """What probing cost and did (/api/view; the results file's `view` records)."""
 
     ordered: int = 0
     done: int = 0

@@ -91,6 +91,12 @@ def test_wansync_run_end_to_end_reaps_its_processes(tmp_path, loop):
     assert all(r["ok"] and r["versions_agree"] for r in rounds)
     assert assert_results_exact(out) == 2 * 3  # every node's digest is that of the exact sum
     assert any(r["type"] == "link_sample" for r in recs)
+    views = [r for r in recs if r["type"] == "view"]  # the view at each job's end: how each link is known
+    assert [v["scheme"] for v in views] == ["star", "ring"]
+    assert {(lk["src"], lk["dst"]) for lk in views[-1]["links"]} == {(a, b) for r in recs if r["type"] == "run"
+                                                                       for a, b in ((x["src"], x["dst"])
+                                                                                    for x in r["links"])}
+    assert all(lk["how"] in ("nominal", "passive", "probed") for v in views for lk in v["links"])
     jobs = [r for r in recs if r["type"] == "job"]
     assert all("guard_valid" in j for j in jobs)
     assert all(r["prediction_s"] > 0 for r in rounds)  # the simulator's prediction rides along

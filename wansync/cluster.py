@@ -275,6 +275,7 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
                 jobs.append(js)
                 summary = summarize(js, cfg)
                 results.write({"type": "job", **summary})
+                results.write({"type": "view", "job": js.job, "scheme": scheme, **live.view()})
                 sched.note_event("guard", scheme=scheme, job=js.job, valid=summary["guard_valid"],
                                  verdict=summary["guard_verdict"], worst_ratio=summary["guard_worst_ratio"],
                                  bad_links=summary["guard_bad_links"][:5], reasons=summary["guard_reasons"][:5])
