@@ -24,7 +24,8 @@ from .budget import MemoryBudget
 from .burstlog import BurstLog
 from .codec import DISCARD, MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol, _Discard
 from .link import SEGMENT_BYTES, Blocks, LinkSender, Pacer, Transfer
-from .messages import MAX_PROBE_CHUNKS, ChunkKey, ProtocolError, ack_for, chunk_key
+from .messages import ProtocolError, ack_for, chunk_key
+from .probeframes import ProbeFrames
 
 log = logging.getLogger("wansync.overlay")
 
@@ -118,7 +119,7 @@ class Overlay:
         self.errors: deque[ProtocolError] = deque(maxlen=ERRORS_KEPT)  # the latest, for logs and tests
         self.error_count = 0  # every protocol error and refusal since start
         self._rx: dict[tuple, _Rx] = {}
-        self._probes: dict[int, dict[tuple, _Rx]] = {}  # per peer: its probe chunks not yet whole
+        self._probe_frames = ProbeFrames()  # probes: counted and timed, their bytes read past
         self._in_transit: dict[tuple[int, ...], int] = {}
         self._done: dict[tuple[int, int], set[tuple]] = {}
         self._server: asyncio.AbstractServer | None = None
@@ -339,7 +340,7 @@ class Overlay:
             del self._conns[peer]
             self._connected[peer].clear()
         # partly received chunks keep their state: the resend from the start drops what we have
-        self._probes.pop(peer, None)  # a probe's resend starts over and is timed anew
+        self._probe_frames.drop(peer)
         self.senders[peer].detach(proto)
 
     def _on_chunk_header(self, peer: int, h: dict[str, Any]) -> tuple[str, Any]:
@@ -349,14 +350,7 @@ class Overlay:
                                 field="path", peer=peer, msg_type="CHUNK")
         key = chunk_key(h)
         if h["kind"] == "probe":  # measures the link, then dropped: never held, relayed or summed
-            open_ = self._probes.setdefault(peer, {})
-            rx = open_.get(key)
-            if rx is None or rx.total != h["total"] or h["off"] != rx.got:  # a resend starts over
-                if rx is None and len(open_) >= MAX_PROBE_CHUNKS:
-                    raise ProtocolError(f"more than {MAX_PROBE_CHUNKS} probe chunks open at once", field="chunk",
-                                        peer=peer, msg_type="CHUNK")
-                rx = open_[key] = _Rx(h["total"])
-            return "probe", (key, rx, DISCARD, 0)
+            return "probe", (key, self._probe_frames.header(peer, h, key), DISCARD, 0)
         if key in self._done.get((h["job"], h["task"]), ()):
             return "dup", key
         rx = self._rx.get(key)
@@ -443,7 +437,14 @@ class Overlay:
             return
         key, rx, _, skip = info
         if kind == "probe":
-            self._probe_segment(peer, h, key, rx)
+            nbytes, whole = self._probe_frames.segment(peer, h, key, rx)
+            meter = self.meters_in[peer]
+            meter.bytes += nbytes
+            if whole:  # acknowledged and timed like any chunk (the meter holds its bytes first)
+                meter.chunks += 1
+                self.senders[peer].send_control(ack_for(key))
+                if self.on_sample is not None:
+                    self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"], True)
             return
         assert payload is not None
         if self._rx.get(key) is not rx:  # its task was aborted or forgotten while these bytes arrived
@@ -474,23 +475,6 @@ class Overlay:
             self.senders[peer].send_control(ack_for(key))
             if self.on_sample is not None:
                 self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"])
-
-    def _probe_segment(self, peer: int, h: dict[str, Any], key: ChunkKey, rx: _Rx) -> None:
-        """A probe's segment was read past: it counts as the link's bytes like any chunk's (so the
-        passive probes time it) and is acknowledged once whole; its bytes are gone."""
-        open_ = self._probes.get(peer, {})
-        if open_.get(key) is not rx:
-            return
-        rx.got += h["nbytes"]
-        meter = self.meters_in[peer]
-        meter.bytes += h["nbytes"]
-        if rx.got >= rx.total:
-            meter.chunks += 1
-            del open_[key]
-            self.senders[peer].send_control(ack_for(key))
-            if self.on_sample is not None:
-                self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"], True)
-
 
 def _receive_pacer(proto: FrameProtocol, limiter: ReceiveLimiter) -> Callable[[int], None]:
     """Downlink cap: stop reading while the node's receive bucket is in debt (TCP pushes back)."""
