@@ -376,3 +376,29 @@ def test_a_slow_links_big_chunks_make_a_sample_though_reports_flush_between_them
     src, dst, nbytes, seconds, probed = probes.samples[0]
     assert (src, dst, probed) == (0, 2, 1)
     assert nbytes * 8 / seconds / 1e6 == pytest.approx(size * 8 / gap / 1e6, rel=0.01)
+
+
+@pytest.mark.unit
+def test_short_busy_periods_add_up_only_with_recent_ones():
+    """Evidence older than ACC_MAX_AGE_S may describe another rate: it is not mixed into a new sample."""
+    from agents.probes import ACC_MAX_AGE_S, LinkProbes
+
+    clock, meter = [0.0], [0]
+    probes = LinkProbes(lambda: clock[0], 40_000, 4, rx_bytes=lambda _src: meter[0])  # a 10 KB chunk: 1/4 probe
+
+    def period(start: float, mbps: float) -> None:
+        step = 10_000 * 8 / (mbps * 1e6)
+        for i in range(12):  # 10 KB chunks back to back: 11 count, 2.75 probes
+            clock[0] = start + i * step
+            meter[0] += 10_000
+            probes.sample(0, 1, 10_000, 1.5 * step)
+        clock[0] += 1.0
+        probes.flush()
+
+    period(0.0, 40.0)  # at 40 Mbit/s: not a sample yet (2.75 of 4 probes)
+    assert not probes.samples
+    period(10.0 + ACC_MAX_AGE_S, 10.0)  # much later, at 10 Mbit/s
+    period(11.5 + ACC_MAX_AGE_S, 10.0)  # ... and soon after: together one sample, not a 40/10 blend
+    assert len(probes.samples) == 1
+    _, _, nbytes, seconds = probes.samples[0]
+    assert nbytes * 8 / seconds / 1e6 == pytest.approx(10.0, rel=0.02)
