@@ -4,7 +4,7 @@ A probe is `chunks` back-to-back chunks of kind "probe" to one neighbour, throug
 shaper and kernel queues as every chunk (so it measures what a plan's chunks would get), under the
 cluster's authentication. It is its own traffic class of weight PROBE_WEIGHT: where a plan's chunks
 share the link it takes a sliver and the plan the rest. The receiver reads its bytes past without
-keeping them (overlay.peers): it never meets a task, so it can never enter a sum. The receiver times
+keeping them (overlay/probeframes.py): it never meets a task, so it can never enter a sum. The receiver times
 it like any chunk (agents/probes.py); this node reports when every chunk was acknowledged
 (PROBE_DONE), which frees the probe's slot at the scheduler. One probe at a time: a second order
 while one runs is answered at once with ok=false.
@@ -33,7 +33,6 @@ class ProbeSender:
         self.node, self.overlay, self.send = node, overlay, send
         self._zeros = memoryview(b"")
         self._task: asyncio.Task | None = None
-        self.sent_bytes = 0  # every probe byte this node sent (its cost, for the results)
 
     def order(self, msg: Probe) -> None:
         """The scheduler's PROBE: start it, or say at once why not."""
@@ -68,7 +67,6 @@ class ProbeSender:
             self.overlay.senders[msg.dst].cancel(lambda k: k[0] == PROBE_JOB and k[1] == msg.id and k[5] == "probe")
         elif any(f.cancelled() for f in got):
             error = "dropped by the link sender"
-        self.sent_bytes += size * msg.chunks
         self._reply(msg, time.monotonic() - t0, error, size * msg.chunks)
 
     def _reply(self, msg: Probe, seconds: float, error: str | None, sent: int = 0) -> None:
