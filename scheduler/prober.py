@@ -31,7 +31,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from core.classes import MBIT
@@ -121,7 +121,6 @@ class ProbeStats:
     failed: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    by_link: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class Prober:
@@ -235,9 +234,9 @@ class Prober:
         return min(per * PROBE_CHUNKS, MAX_PROBE_BYTES // PROBE_CHUNKS // 4 * 4 * PROBE_CHUNKS)
 
     def _typical_mbps(self) -> float:
-        rates = sorted(r for _, _, r in self.view.g.edges(data="rate") if r is not None)
+        """The median rate of the links known so far (an unknown link's rate is the nominal one)."""
         known = sorted(e["rate"] for *_, e in self.view.g.edges(data=True) if e["measured"])
-        return known[len(known) // 2] if known else (rates[len(rates) // 2] if rates else self.view.nominal)
+        return known[len(known) // 2] if known else self.view.nominal
 
     def _order(self, a: int, b: int, now: float, nbytes: int) -> _Order | None:
         o = _Order(self._next_id, a, b, nbytes, now)
@@ -248,7 +247,6 @@ class Prober:
         self.last_probe[(a, b)] = now
         self.history.append((now, a, b, o.nbytes))
         self.stats.ordered += 1
-        self.stats.by_link[(a, b)] = self.stats.by_link.get((a, b), 0) + 1
         return o
 
     # --- what agents say ----------------------------------------------------------------------------------
