@@ -57,10 +57,11 @@ HISTORY = 100_000  # orders kept for whoever audits them (the view benchmark)
 ORDER_TIMEOUT_S = 70.0  # a probe with no PROBE_DONE by then is given up (its agent lost meanwhile)
 
 
-def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]]) -> dict[tuple[int, int], float]:
+def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]], *, aux: bool = True
+               ) -> dict[tuple[int, int], float]:
     """Bytes a plan moves over each directed link per round: every tree edge's chunks along its route
-    (auxiliary routes counted as if they carried the edge's whole share: an upper bound), and every
-    multicast source's parameters to each receiver."""
+    (auxiliary routes, unless aux=False, counted as if they carried the edge's whole share: an upper
+    bound), and every multicast source's parameters to each receiver."""
     loads: dict[tuple[int, int], float] = {}
 
     def add(path: Iterable[int], nbytes: float) -> None:
@@ -80,7 +81,7 @@ def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]]) -> dict
         for node, kids in g.children.items():
             for kid in kids:
                 along(node, kid, nbytes)
-        for routes in g.aux.values():
+        for routes in g.aux.values() if aux else ():
             for r in routes:
                 add(r, nbytes)
     for src, receivers in (plan.multicast or {}).items():

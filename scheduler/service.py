@@ -167,6 +167,7 @@ class Scheduler:
     async def shutdown(self) -> None:
         self.failures.closing = True
         self.prober.stop()
+        self.versions.close()
         self.registry.broadcast(Shutdown())
         await asyncio.sleep(0.05)  # the SHUTDOWN lines leave before the sockets close
         if self._watch is not None:
@@ -199,10 +200,10 @@ class Scheduler:
     def _open(self, scheme: str, *, rounds: int, params: int, chunk_params: int, compute_s: float,
               options: dict[str, Any] | None, warmup: int, t0: float | None, mode: str, ahead: int,
               progress: Any = None, compute: str | None = None, seed: int = 1,
-              compute_scale: float = 1.0, workload: str | None = None) -> JobState:
+              compute_scale: float = 1.0, workload: str | None = None, multicasts: bool = False) -> JobState:
         """A new job on every agent: its first plan published, JOB sent."""
         self.cap_sharing.clear()  # an earlier job's tasks share nothing with this one's
-        spec = planners.resolve(scheme)
+        spec = planners.resolve(scheme).for_progress(multicasts)
         self.job_id += 1
         job = Job(params, chunk_params, tuple(sorted(self.agents)), {**(options or {}), **spec.options})
         memory: dict[str, Any] = {}  # what the planner keeps between its plans for this job
@@ -212,6 +213,7 @@ class Scheduler:
                       view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
                       t0=time.time() if t0 is None else t0, last_plan_t=time.time(), avoid=self.view.unusable(),
                       mode=mode, progress=progress)
+        self.versions.tell(js)
         self.current = js
         js.job_msg = JobMsg(job=js.job, scheme=scheme, rounds=js.rounds, params=params, compute_s=compute_s,
                             t0=js.t0, warmup=warmup, ahead=ahead, mode=mode,
@@ -240,7 +242,7 @@ class Scheduler:
         synthetic integers; a spec of agents.training: real training). Returns the job with its records."""
         model = (progress_models.resolve(progress, staleness=staleness, group=group, **(progress_options or {}))
                  if isinstance(progress, str) else progress)
-        one_source = planners.resolve(scheme).one_source
+        one_source = planners.resolve(scheme).for_progress(model.multicasts).one_source
         if one_source and not model.multicasts:
             raise ValueError(f"{scheme} plans one worker's multicast: it fits progress ssp (a multicast per "
                              f"worker and iteration), not {model.name} (reduces of several workers)")
@@ -249,7 +251,8 @@ class Scheduler:
         ahead = model.ahead(self.expected)
         js = self._open(scheme, rounds=rounds, params=params, chunk_params=chunk_params, compute_s=compute_s,
                         options=options, warmup=warmup, t0=t0, mode="rounds", ahead=ahead, progress=model,
-                        compute=compute, seed=seed, compute_scale=compute_scale, workload=workload)
+                        compute=compute, seed=seed, compute_scale=compute_scale, workload=workload,
+                        multicasts=model.multicasts)
         model.start(self.control, js)
         await js.finished.wait()
         return js

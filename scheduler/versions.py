@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
@@ -34,6 +37,20 @@ log = logging.getLogger("wansync.scheduler")
 # one machine, all of them), and a dense mesh's packing LP takes 0.2-0.5 s where UPDATE_TIME may be 0.25 s
 REPLAN_CPU_SHARE = 0.1
 TASK_OPTIONS = ("weights", "max_attempts", "sharing")  # a formed task's options that are not the planner's
+SOLVER_NICE = 10  # off-loop solves yield the CPU to the agents (on one machine, all of them)
+
+
+def _nice_solver() -> None:
+    """Lower this solver thread's priority (Linux threads have their own nice value)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SOLVER_NICE)
+    except (OSError, AttributeError):  # not Linux, or not allowed: the solve runs at normal priority
+        pass
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("an off-loop re-plan failed: %s", fut.exception())
 
 
 class Unplannable(DisconnectedView):
@@ -59,6 +76,14 @@ class Versions:
         self.plans: dict[int, Plan] = {}
         self.version = 0
         self.policy_bytes = 0  # size of every published plan, as sent to one agent
+        self._solver: ThreadPoolExecutor | None = None  # off-loop solves, one at a time, niced
+
+    def tell(self, js: JobState) -> None:
+        """What a planner said about its decisions (memory["events"]: `auto`'s candidates and choice)
+        goes on the timeline, for the dashboard, /api and the results file."""
+        for e in js.memory.pop("events", []):
+            kind = e.pop("kind", "planner")
+            self.obs.note_event(kind, job=js.job, version=js.plan.version, **e)
 
     def publish(self, plan: Plan) -> Plan:
         plan.validate(self.view.links())
@@ -101,6 +126,7 @@ class Versions:
                 js.policy_s += js.replan_s
                 if not new.same_policy(js.plan):
                     js.plan = self.publish(new)
+                self.tell(js)
         t.version = js.plan.version
         return t.version
 
@@ -111,10 +137,17 @@ class Versions:
         assert js.planner is not None
         planner, view, spec, memory = js.planner, self.view.copy(), js.spec, js.memory
 
-        def solve() -> tuple[Plan, float]:
-            start = time.perf_counter()
-            return planner.plan(view, spec, memory), time.perf_counter() - start
-        js.replanning = asyncio.get_running_loop().run_in_executor(None, solve)
+        def solve() -> tuple[Plan, float]:  # the solve's CPU: a niced thread's wall time is mostly waiting
+            start = time.thread_time()
+            return planner.plan(view, spec, memory), time.thread_time() - start
+        if self._solver is None:
+            self._solver = ThreadPoolExecutor(1, thread_name_prefix="solver", initializer=_nice_solver)
+        js.replanning = asyncio.get_running_loop().run_in_executor(self._solver, solve)
+        js.replanning.add_done_callback(_retrieved)  # a job that ends first never adopts it: not an error
+
+    def close(self) -> None:
+        if self._solver is not None:
+            self._solver.shutdown(wait=False, cancel_futures=True)
 
     def _adopt_replan(self, js: JobState) -> None:
         fut, js.replanning = js.replanning, None
@@ -128,6 +161,7 @@ class Versions:
         js.replan_s = seconds
         if new.participants == js.plan.participants and not new.same_policy(js.plan):
             js.plan = self.publish(new)
+        self.tell(js)
 
     def _plan_task(self, js: JobState, t: Task) -> int:
         """A formed task's plan: its live members (those lost are dropped), its receivers, aggregators
@@ -144,7 +178,7 @@ class Versions:
         options = planners.for_living(options, agents, members)
         spec = dataclasses.replace(js.spec, participants=members, options=options)
         start = time.perf_counter()
-        plan = js.planner.plan(self.view, spec, {})
+        plan = js.planner.plan(self.view, spec, {"job": js.memory})  # a task plans afresh; it may read the job's
         js.policy_s += time.perf_counter() - start
         weights = t.options.get("weights")
         if weights is not None or receivers is not None:
@@ -166,6 +200,7 @@ class Versions:
         js.policy_s += time.perf_counter() - start
         js.spec, js.avoid, js.memory = spec, avoid, memory
         js.plan = self.publish(plan)
+        self.tell(js)
         js.replanning = None  # an off-loop solve under way planned for the old members and links: dropped
         js.replans += 1
         js.view_at_plan = self.view.snapshot()

@@ -434,7 +434,7 @@ def test_cli_errors_are_clear_before_anything_starts(tmp_path):
     res = wansync("run", "--secret-file", str(weak), "--no-http")
     assert res.returncode != 0 and "at least 16" in res.stderr
     res = wansync("run", "--help")
-    assert "star,ring,mst,ktree,netstorm" in res.stdout and "parameter count" in res.stdout
+    assert "star,ring,mst,ktree,netstorm,packing,auto" in res.stdout and "parameter count" in res.stdout
 
 
 @pytest.mark.loopback

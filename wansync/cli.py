@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -17,7 +18,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .options import AGENT, DEPLOY, RUN, SCHEDULER, SIMULATE, TRAIN, Options, OptionsError, add_arguments, options_from
+from .options import (
+    ADVISE,
+    AGENT,
+    DEPLOY,
+    RUN,
+    SCHEDULER,
+    SIMULATE,
+    TRAIN,
+    Options,
+    OptionsError,
+    add_arguments,
+    options_from,
+)
 from .stopping import Stopped, until_signal
 
 DEPLOY_OUT_HELP = "results directory: results.jsonl and logs/ (default ./wansync-deploy-DATE-TIME)"
@@ -90,6 +103,17 @@ def parser() -> argparse.ArgumentParser:
                    help="agents (default): our data plane's per-chunk costs (sim/costs.py); none: links alone "
                         "(GPU clusters, whose endpoints are not our agents)")
     _verbose(m)
+
+    adv = sub.add_parser("advise", help="rank the schemes auto chooses among on a WAN, with predicted round times "
+                                        "and the LP bound, without agents")
+    add_arguments(adv, ADVISE)
+    adv.add_argument("--from", dest="from_url", default=None, metavar="URL",
+                     help="a running cluster's dashboard (http://HOST:PORT): advise on the view it measured, "
+                          "not on --topology")
+    adv.add_argument("--costs", choices=("agents", "none"), default="agents",
+                     help="agents (default): our data plane's per-chunk costs; none: links alone (GPU clusters)")
+    adv.add_argument("--json", action="store_true", help="print the ranking as one JSON object")
+    _verbose(adv)
     return ap
 
 
@@ -118,7 +142,7 @@ def _main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"train": _train, "run": _run, "agent": _agent, "scheduler": _scheduler, "deploy": _deploy,
-                "simulate": _simulate, "emu": _emu, "plot": _plot}
+                "simulate": _simulate, "advise": _advise, "emu": _emu, "plot": _plot}
     try:
         return commands[args.cmd](args)
     except (OptionsError, CliError) as exc:
@@ -318,6 +342,56 @@ def _simulate(args: argparse.Namespace) -> int:
             print(line)
     print(f"total {time.perf_counter() - t0:.2f} s")
     return 0
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim import MEASURED, NONE
+
+    from .advise import AdviseError, advise, advise_topology, view_from_api
+    from .options import ONE_SOURCE_PROGRESS
+    from .runspec import RunConfig, topology_of
+
+    base = Options.read(args.options) if args.options else Options.make(wan__scale=1.0, workload__model="alexnet")
+    options = Options.from_args(args, base).validate()
+    multicasts = options.progress["model"] in ONE_SOURCE_PROGRESS
+    topo = topology_of(options)
+    cfg = RunConfig(options, topo)
+    kw = {"progress": options.progress["model"], "multicasts": multicasts, "options": options.planner_options(),
+          "costs": MEASURED if args.costs == "agents" else NONE, "schemes": options.schemes["schemes"] or None}
+    try:
+        if args.from_url:
+            view, coverage = view_from_api(args.from_url)
+            adv = advise(view, cfg.params, cfg.chunk, source=args.from_url, coverage=coverage, **kw)
+        else:
+            adv = advise_topology(topo, cfg.params, cfg.chunk, **kw)
+    except AdviseError as exc:
+        raise CliError(str(exc), 2) from None
+    if args.json:
+        print(json.dumps(adv.as_json()))
+        return 0
+    model, scale = options.workload["model"], options.wan["scale"]
+    t = Table(title=f"advice for {adv.source} ({adv.nodes} nodes), {model} x{scale} = {adv.params * 4 / 1e6:.1f} MB, "
+                    f"--progress {adv.progress}" + (f", view {adv.coverage:.0%} measured" if adv.coverage is not None
+                                                    else ""))
+    for col in ("rank", "scheme", "round s", "x best", "x T_LP", "algbw MB/s", "plan s", "simulate s", "note"):
+        t.add_column(col)
+    best = adv.best.round_s if adv.best else None
+    for i, c in enumerate(adv.ranked, 1):
+        if c.round_s is None:
+            t.add_row("-", c.scheme, "-", "-", "-", "-", f"{c.plan_s:.3f}", f"{c.sim_s:.3f}", c.skipped or "")
+            continue
+        t.add_row(str(i), c.scheme, f"{c.round_s:.3f}", f"{c.round_s / best:.2f}" if best else "-",
+                  f"{c.round_s / adv.t_lp_s:.2f}" if adv.t_lp_s else "-", f"{adv.params * 4 / c.round_s / 1e6:.2f}",
+                  f"{c.plan_s:.3f}", f"{c.sim_s:.3f}", "")
+    Console(width=150).print(t)
+    if adv.t_lp_s:
+        print(f"T_LP (no reduce can be faster on these rates): {adv.t_lp_s:.3f} s")
+    print(f"advice: {adv.best.scheme if adv.best else 'none (no scheme could be planned)'}"
+          + (" — what --schemes auto runs once its view knows these rates" if adv.best else ""))
+    return 0 if adv.best else 1
 
 
 def _agent(args: argparse.Namespace) -> int:

@@ -30,10 +30,11 @@ from .loops import DEFAULT_LOOP, LOOPS
 
 SCHEMA = 1
 RUN, SCHEDULER, DEPLOY, AGENT, SIMULATE, TRAIN = "run", "scheduler", "deploy", "agent", "simulate", "train"
+ADVISE = "advise"  # ranks the schemes on a WAN (wansync/advise.py): the WAN, the workload, the planners' options
 LAUNCHERS = (RUN, SCHEDULER, DEPLOY)  # commands that run every scheme (the agent only moves bytes)
 EVERY = (*LAUNCHERS, AGENT)
-WAN = (*EVERY, SIMULATE)  # the WAN's options: the simulator predicts on the same one
-DEFAULT_SCHEMES = ("star", "ring", "mst", "ktree", "netstorm")  # four baselines and NetStorm
+WAN = (*EVERY, SIMULATE, ADVISE)  # the WAN's options: the simulator predicts on the same one
+DEFAULT_SCHEMES = ("star", "ring", "mst", "ktree", "netstorm", "packing", "auto")  # four baselines, NetStorm, packing, auto
 SSP_SCHEMES = ("mcast", "mcast-l3")  # one-source schemes: each worker's parameters multicast
 ONE_SOURCE_PROGRESS = ("ssp", "mcast-bsp", "mcast-ssp")
 PROGRESS = ("bsp", "ssp", "queue", "crew", "selective", "mcast-bsp", "mcast-ssp")
@@ -130,20 +131,20 @@ DECLARED: tuple[Opt, ...] = (
         choices=("app", "tc")),
     # --- the workload ---
     Opt("workload", "model", "--model", "resnet50", "model name or parameter count (default resnet50; simulate: "
-        "alexnet)", (*LAUNCHERS, SIMULATE)),
+        "alexnet)", (*LAUNCHERS, SIMULATE, ADVISE)),
     Opt("workload", "rounds", "--rounds", 5, "measured rounds per scheme (default 5)", type=int),
     Opt("workload", "warmup", "--warmup", 1, "unmeasured rounds first, to learn the network (default 1)", type=int),
     Opt("workload", "compute_s", "--compute", 0.0, "compute seconds per round (default 0)", type=float),
     Opt("workload", "compute_model", "--compute-model", None, COMPUTE_HELP, metavar="SPEC"),
-    Opt("workload", "chunk", "--chunk", None, CHUNK_HELP, (*LAUNCHERS, SIMULATE), metavar="SIZE"),
+    Opt("workload", "chunk", "--chunk", None, CHUNK_HELP, (*LAUNCHERS, SIMULATE, ADVISE), metavar="SIZE"),
     Opt("workload", "rounds_by_scheme", "--rounds-by-scheme", {}, "measured rounds of some schemes, overriding "
         "--rounds for them: SCHEME=N,... (e.g. star=3,netstorm=10)", type=_per_scheme, metavar="SCHEME=N,..."),
     # --- schemes and planner options ---
     Opt("schemes", "schemes", "--schemes", None, f"comma-separated (default {','.join(DEFAULT_SCHEMES)}; with "
-        f"--progress ssp, mcast-bsp or mcast-ssp: {','.join(SSP_SCHEMES)})", (*LAUNCHERS, SIMULATE), _schemes),
-    Opt("schemes", "hub", "--hub", None, "star/ktree root (default: best measured node)", (*LAUNCHERS, SIMULATE),
-        int),
-    Opt("schemes", "k", "--k", 2, "ktree fan-out (default 2)", (*LAUNCHERS, SIMULATE), int),
+        f"--progress ssp, mcast-bsp or mcast-ssp: {','.join(SSP_SCHEMES)})", (*LAUNCHERS, SIMULATE, ADVISE), _schemes),
+    Opt("schemes", "hub", "--hub", None, "star/ktree root (default: best measured node)",
+        (*LAUNCHERS, SIMULATE, ADVISE), int),
+    Opt("schemes", "k", "--k", 2, "ktree fan-out (default 2)", (*LAUNCHERS, SIMULATE, ADVISE), int),
     Opt("schemes", "roots", "--roots", None, "NetStorm: number of roots N (default: all nodes)", type=int),
     Opt("schemes", "aux_mode", "--aux-mode", "global_prune", "NetStorm: how auxiliary paths are chosen",
         choices=("global_prune", "per_pair_disjoint")),
@@ -160,7 +161,7 @@ DECLARED: tuple[Opt, ...] = (
     Opt("schemes", "probe_budget", "--probe-budget", 0.25, "share of each node's time it may spend probing "
         "(default 0.25)", type=float),
     # --- the progress model ---
-    Opt("progress", "model", "--progress", "bsp", PROGRESS_HELP, choices=PROGRESS),
+    Opt("progress", "model", "--progress", "bsp", PROGRESS_HELP, (*LAUNCHERS, ADVISE), choices=PROGRESS),
     Opt("progress", "staleness", "--staleness", 2, "SSP's bound s (default 2)", type=int, metavar="S"),
     Opt("progress", "group", "--group", 2, "ready queue: workers per reduce (default 2)", type=int, metavar="P"),
     Opt("progress", "select", "--select", "selmcast", "SelMcast: who picks each multicast's receivers",

@@ -159,7 +159,7 @@ def resolve(options: Options, *, secret: bytes | None = None) -> RunConfig:
     one_source = options.progress["model"] in ONE_SOURCE_PROGRESS
     for scheme in schemes:
         try:
-            planner = planners.resolve(scheme)
+            planner = planners.resolve(scheme).for_progress(one_source)
         except (KeyError, ValueError) as exc:
             raise OptionsError(str(exc).strip("'\"")) from None
         if planner.one_source != one_source:

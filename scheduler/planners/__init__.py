@@ -18,6 +18,7 @@ from core.plan import Job, Plan
 from ..view import NetworkView
 from . import (
     a2a,
+    auto,
     blink,
     crew,
     dbtree,
@@ -48,6 +49,8 @@ class PlannerSpec:
     refresh_aux: Callable[[NetworkView, Job, Plan], Plan] | None = None  # auxiliary tables between versions
     one_source: bool = False  # plans one member's multicast to receivers, not a reduce of the members
     offload: bool = False  # adaptive re-plans solve in a worker thread on a copy of the view (slow solvers)
+    candidate: bool = False  # `auto` may choose it (among the specs of its kind: one-source or reduce)
+    multicast_variant: str | None = None  # the spec that stands for this one under a multicasting progress model
 
     def opening(self, job: Job) -> Job:
         """The job a whole-cluster plan is made for: a one-source scheme's is the lowest member's
@@ -56,6 +59,13 @@ class PlannerSpec:
             return job
         src, *rest = job.participants
         return Job(job.params, job.chunk_params, (src,), {**job.options, "receivers": rest})
+
+    def for_progress(self, multicasts: bool) -> PlannerSpec:
+        """The spec a job under a progress model that multicasts (or reduces) runs: itself, or its variant
+        for that kind (`auto` chooses among one-source schemes there)."""
+        if multicasts and self.multicast_variant is not None:
+            return resolve(self.multicast_variant)
+        return self
 
     def plan(self, view: NetworkView, job: Job, memory: Memory | None = None) -> Plan:
         return self.planner(view, job, {} if memory is None else memory)
@@ -73,33 +83,33 @@ def register(spec: PlannerSpec) -> PlannerSpec:
     return spec
 
 
-register(PlannerSpec("star", _stateless(star.plan)))  # star and ktree keep the hub they started with
-register(PlannerSpec("ring", _stateless(ring.plan)))
-register(PlannerSpec("mst", _stateless(mst.plan), adaptive=True))
-register(PlannerSpec("ktree", _stateless(ktree.plan)))
+register(PlannerSpec("star", _stateless(star.plan), candidate=True))  # star and ktree keep the hub they started with
+register(PlannerSpec("ring", _stateless(ring.plan), candidate=True))
+register(PlannerSpec("mst", _stateless(mst.plan), adaptive=True, candidate=True))
+register(PlannerSpec("ktree", _stateless(ktree.plan), candidate=True))
 # one source to a receiver set (SelMcast): l7 = a unicast per receiver, l3 = replicated where routes part
-register(PlannerSpec("mcast", _stateless(multicast.plan), {"mode": "l7"}, one_source=True))
-register(PlannerSpec("mcast-l3", _stateless(multicast.plan), {"mode": "l3"}, one_source=True))
+register(PlannerSpec("mcast", _stateless(multicast.plan), {"mode": "l7"}, one_source=True, candidate=True))
+register(PlannerSpec("mcast-l3", _stateless(multicast.plan), {"mode": "l3"}, one_source=True, candidate=True))
 # NetStorm's ablation ladder: lite = multi-root FAPT planned once; std = + awareness (re-planned as
 # measurements change); pro (plain "netstorm") = + auxiliary paths, refreshed between versions
 register(PlannerSpec("netstorm-lite", netstorm.plan, {"awareness": False, "aux": False}))
 register(PlannerSpec("netstorm-std", netstorm.plan, {"awareness": True, "aux": False}, adaptive=True))
 register(PlannerSpec("netstorm", netstorm.plan, {"awareness": True, "aux": True}, adaptive=True,
-                     refresh_aux=netstorm.refresh_aux))
+                     refresh_aux=netstorm.refresh_aux, candidate=True))
 # topology-adaptive tree packing (seed 001): the LP re-solved from the view as it moves, off the loop
-register(PlannerSpec("packing", packing.plan, adaptive=True, offload=True))
+register(PlannerSpec("packing", packing.plan, adaptive=True, offload=True, candidate=True))
 register(PlannerSpec("packing-no-overlap", packing.plan, {"no_overlap": True}, adaptive=True, offload=True))
 # tree packing's baselines (digest 001 §5): sharded PS, BLINK-like (packed from one root), and for GPU
 # clusters NCCL's double binary tree and a PLink-like hierarchy
-register(PlannerSpec("shardps", _stateless(shardps.plan)))
-register(PlannerSpec("blink", _stateless(blink.plan), adaptive=True, offload=True))
-register(PlannerSpec("dbtree", _stateless(dbtree.plan)))
+register(PlannerSpec("shardps", _stateless(shardps.plan), candidate=True))
+register(PlannerSpec("blink", _stateless(blink.plan), adaptive=True, offload=True, candidate=True))
+register(PlannerSpec("dbtree", _stateless(dbtree.plan), candidate=True))
 register(PlannerSpec("plink", _stateless(plink.plan), adaptive=True))
 
 # CREW (seed 004): every active worker aggregates a block sized by LP (2) (split na) or evenly (ed);
 # per-link flow scheduling fl (flow-level FCFS, the default), fs, tl, c1, c2 (crew.py); OPR is CREW with
 # the members as the only aggregators; the baselines behind the same ready queue: a2a, ps, gring, toa
-register(PlannerSpec("crew", _stateless(crew.plan), {"split": "na", "sched": "fl"}))
+register(PlannerSpec("crew", _stateless(crew.plan), {"split": "na", "sched": "fl"}, candidate=True))
 for _split in ("na", "ed"):
     for _sched in ("fl", "fs", "tl", "c1", "c2", "none"):
         register(PlannerSpec(f"crew-{_split}-{_sched}", _stateless(crew.plan), {"split": _split, "sched": _sched}))
@@ -110,6 +120,19 @@ register(PlannerSpec("a2a", _stateless(a2a.plan)))
 register(PlannerSpec("ps", _stateless(ps.plan)))
 register(PlannerSpec("gring", _stateless(gring.plan)))
 register(PlannerSpec("toa", _stateless(toa.plan)))
+
+# auto (issue 36): the candidates above planned on the view and simulated, the fastest run; re-planned as
+# the view moves like any adaptive scheme, off the loop; under a multicasting progress model, among the
+# one-source candidates
+def candidates(one_source: bool) -> list[PlannerSpec]:
+    """The schemes `auto` chooses among for a job of this kind."""
+    return [s for s in SCHEMES.values() if s.candidate and s.one_source == one_source]
+
+
+register(PlannerSpec("auto", auto.make(lambda: candidates(False)), adaptive=True, offload=True,
+                     refresh_aux=auto.refresh_aux(lambda: SCHEMES), multicast_variant="auto-mcast"))
+register(PlannerSpec("auto-mcast", auto.make(lambda: candidates(True)), one_source=True, adaptive=True,
+                     offload=True))
 
 # the plain planners by scheme name (tests and tools that plan once)
 PLANNERS: dict[str, Callable[..., Plan]] = {"star": star.plan, "ring": ring.plan, "mst": mst.plan,

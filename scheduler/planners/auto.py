@@ -1,0 +1,241 @@
+"""`auto`: plan every candidate scheme on the view, predict each plan's round with the simulator, run
+the fastest — and switch only when another is predicted faster by more than the simulator's error.
+
+A planner like the others (view in, plan out; what it keeps between the plans of one job lives in
+`memory`), so the scheduler re-plans it as the view moves and never knows it chooses. The candidates
+are the registry's (PlannerSpec.candidate), given by the caller; each is planned with its own memory
+(NetStorm's roots stay chosen while NetStorm stays in force) and simulated on the view's rates with
+the data plane's measured costs (sim.MEASURED), as `wansync simulate` does on a configured WAN.
+
+Every decision is appended to `memory["events"]` (the scheduler puts it on the timeline) and to the
+plan's `info`: each candidate's predicted round or why it was skipped, the choice and why.
+A formed task (partial reduce, multicast) is planned with the job's current choice, given as
+`memory["job"]`: deciding per task would cost a simulation of every scheme per task.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from core.plan import Job, Plan
+from overlay.routing import Routes
+from sim import MEASURED, SimNetwork, SimulationStalled, WanCosts, simulate
+
+from ..deadline import view_network
+from ..prober import link_loads
+from ..view import NetworkView
+
+# a switch must be predicted at least this much faster than the scheme in force: the simulator's
+# error against live rounds is ~1-4 % on the fidelity checks and up to ~10 % on fluctuating WANs
+MARGIN = 0.1
+PAYBACK_ROUNDS = 3  # a switch pays for itself within this many rounds, or it is not made
+BUDGET_S = 2.0  # CPU seconds for planning and simulating the candidates of one decision; the rest are skipped
+OPTIONS = ("auto_margin", "auto_budget_s")  # auto's own job options, not passed to the candidates
+
+
+class NoCandidate(RuntimeError):
+    """Every candidate failed or was skipped: nothing to run."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scheme's part in a decision: its predicted round time, or why it has none."""
+
+    scheme: str
+    round_s: float | None = None
+    plan_s: float = 0.0  # CPU seconds of the solve
+    sim_s: float = 0.0  # CPU seconds of the simulation
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    chosen: str
+    previous: str | None
+    why: str
+    candidates: tuple[Candidate, ...]
+    decide_s: float  # CPU seconds of the whole decision
+    wall_s: float  # ... and its wall time (a niced solver waits for the agents)
+
+    @property
+    def switched(self) -> bool:
+        return self.previous is not None and self.chosen != self.previous
+
+    def wire(self) -> dict[str, Any]:
+        return {"chosen": self.chosen, "previous": self.previous, "why": self.why, "switched": self.switched,
+                "decide_s": round(self.decide_s, 4), "wall_s": round(self.wall_s, 4),
+                "candidates": [asdict(c) for c in self.candidates]}
+
+
+def lower_bound_s(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[int, ...]]) -> float | None:
+    """No round of `plan` can be shorter than its busiest link's bytes at the view's rate (a plan with
+    auxiliary routes may move bytes off its tree links: no bound, None)."""
+    if any(g.aux for g in plan.groups):
+        return None
+    loads = link_loads(plan, route, aux=False)
+    return max((b * 8 / (max(view.rate(*ln), 1e-9) * 1e6) for ln, b in loads.items()), default=0.0)
+
+
+def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str, dict[str, Any]], *,
+             budget_s: float = BUDGET_S, costs: WanCosts = MEASURED, order: Sequence[str] = (),
+             prune: bool = True, net: SimNetwork | None = None) -> tuple[list[Candidate], dict[str, Plan]]:
+    """Each candidate planned in `order` (the scheme in force first), then simulated — the scheme in
+    force first, the others by their lower bound — until `budget_s` of this thread's CPU is spent (CPU,
+    not wall time: a niced solver waits for the agents, and that wait is no cost of its own), though
+    never before one candidate has a prediction. A candidate whose lower bound
+    is no better than the fastest prediction so far cannot win and is not simulated (branch and bound:
+    the simulation of a many-tree plan is what a decision costs). A planner that raises, or a plan the
+    simulator cannot finish, is skipped with the reason. `memory` holds each candidate's planner memory.
+    prune=False simulates every candidate (a ranking, `wansync advise`); `net` is what to simulate on
+    (default the view's rates; advise passes a configured WAN's, delays included)."""
+    rank = {s: i for i, s in enumerate(order)}
+    specs = sorted(specs, key=lambda sp: rank.get(sp.name, len(rank)))
+    in_force = order[0] if order else None
+    start = time.thread_time()
+    out: dict[str, Candidate] = {}
+    plans: dict[str, Plan] = {}
+    bound: dict[str, float | None] = {}
+    adj: dict[int, list[int]] = {}
+    for a, b in view.links():
+        adj.setdefault(a, []).append(b)
+    route = Routes(adj).route
+
+    def over_budget(name: str, have_one: bool) -> bool:
+        """Past the budget, skip all but the scheme in force — once there is something to run."""
+        spent = time.thread_time() - start
+        if spent <= budget_s or name == in_force or not have_one:
+            return False
+        out[name] = Candidate(name, skipped=f"planning budget of {budget_s:g} CPU-s spent ({spent:.2f})")
+        return True
+
+    for spec in specs:
+        if over_budget(spec.name, bool(plans)):
+            continue
+        t0 = time.thread_time()
+        try:
+            plan = spec.plan(view, Job(job.params, job.chunk_params, job.participants,
+                                       {**job.options, **spec.options}), memory.setdefault(spec.name, {}))
+            plan.validate(view.links())
+            bound[spec.name] = lower_bound_s(plan, view, route)
+        except Exception as exc:  # any planner's failure is this candidate's, not the job's
+            out[spec.name] = Candidate(spec.name, plan_s=time.thread_time() - t0,
+                                       skipped=f"planner failed: {type(exc).__name__}: {exc}")
+            continue
+        took = time.thread_time() - t0
+        if took > budget_s and spec.name != in_force and plans:  # a solve this slow holds every decision up
+            out[spec.name] = Candidate(spec.name, plan_s=took,
+                                       skipped=f"its solve took {took:.2f} CPU-s, over the budget of {budget_s:g}")
+            continue
+        plans[spec.name] = plan
+        out[spec.name] = Candidate(spec.name, plan_s=took)
+    net = view_network(view) if net is None else net
+    best = math.inf
+    for name in sorted(plans, key=lambda n: (n != in_force, bound[n] if bound[n] is not None else 0.0)):
+        c = out[name]
+        lb = bound[name]
+        if prune and name != in_force and lb is not None and lb >= best:
+            out[name] = replace(c, skipped=f"cannot win: its lower bound {lb:.3f} s >= {best:.3f} s predicted")
+            del plans[name]
+            continue
+        if over_budget(name, best < math.inf):
+            del plans[name]
+            continue
+        t1 = time.thread_time()
+        try:
+            round_s = simulate(plans[name], net, costs=costs).round_s
+        except (SimulationStalled, ValueError, KeyError, NotImplementedError) as exc:
+            out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction: {type(exc).__name__}: {exc}")
+            del plans[name]
+            continue
+        out[name] = replace(c, round_s=round_s, sim_s=time.thread_time() - t1)
+        best = min(best, round_s)
+    return [out[s.name] for s in specs], plans
+
+
+def decide(cands: Sequence[Candidate], current: str | None, *, margin: float = MARGIN,
+           switch_cost_s: float = 0.0, payback_rounds: int = PAYBACK_ROUNDS) -> tuple[str, str]:
+    """The scheme to run and why. Without one in force: the fastest predicted. Otherwise the one in
+    force stays unless another is predicted faster by more than `margin` of its round and the gain over
+    `payback_rounds` rounds exceeds `switch_cost_s`, or it could not be planned."""
+    ok = sorted((c for c in cands if c.round_s is not None), key=lambda c: (c.round_s, c.scheme))
+    if not ok:
+        raise NoCandidate("auto: no scheme could be planned and predicted: "
+                          + "; ".join(f"{c.scheme}: {c.skipped}" for c in cands))
+    best = ok[0]
+    assert best.round_s is not None
+    if current is None:
+        return best.scheme, f"fastest predicted ({best.round_s:.3f} s a round)"
+    cur = next((c for c in cands if c.scheme == current), None)
+    if cur is None or cur.round_s is None:
+        return best.scheme, f"{current} has no prediction now ({cur.skipped if cur else 'not a candidate'})"
+    if best.scheme == current:
+        return current, f"still the fastest predicted ({cur.round_s:.3f} s a round)"
+    gain = cur.round_s - best.round_s
+    if gain <= margin * cur.round_s:
+        return current, (f"{best.scheme} predicted {gain / cur.round_s:.1%} faster, within the margin of "
+                         f"{margin:.0%}")
+    if gain * payback_rounds <= switch_cost_s:
+        return current, (f"{best.scheme} predicted {gain:.3f} s a round faster: less than the switch's cost "
+                         f"({switch_cost_s:.3f} s) over {payback_rounds} rounds")
+    return best.scheme, f"predicted {gain / cur.round_s:.0%} faster than {current} ({best.round_s:.3f} s a round)"
+
+
+def switch_cost_s(costs: WanCosts = MEASURED) -> float:
+    """What moving to another plan costs beyond its rounds: its first round starts the pipeline afresh
+    (the setup and one hop that a round on the same plan overlaps). Its solve is no cost of the
+    switch: auto solves every candidate at every decision, whichever runs."""
+    return costs.setup_s + costs.hop_s
+
+
+def make(candidates: Callable[[], Sequence[Any]]) -> Callable[[NetworkView, Job, dict[str, Any]], Plan]:
+    """The auto planner over the specs `candidates()` returns (evaluated at each call: schemes that
+    register later take part)."""
+
+    def plan(view: NetworkView, job: Job, memory: dict[str, Any]) -> Plan:
+        specs = list(candidates())
+        opts = {k: v for k, v in job.options.items() if k not in OPTIONS}
+        inner_job = replace(job, options=opts)
+        chosen_before = (memory.get("job") or {}).get("auto", {}).get("scheme")
+        if chosen_before is not None:  # a formed task: the job's choice, planned for its members
+            spec = next((s for s in specs if s.name == chosen_before), None)
+            if spec is not None:
+                return spec.plan(view, replace(inner_job, options={**opts, **spec.options}), {})
+        state = memory.setdefault("auto", {"scheme": None, "inner": {}, "cost": {}})
+        t, cpu = time.perf_counter(), time.thread_time()
+        # the scheme in force first, then the cheapest to decide on (a slow solver cannot starve the rest)
+        cheap = sorted((s.name for s in specs if s.name != state["scheme"]), key=lambda n: state["cost"].get(n, 0.0))
+        cands, plans = evaluate(view, inner_job, specs, state["inner"],
+                                budget_s=float(job.options.get("auto_budget_s", BUDGET_S)),
+                                order=[s for s in (state["scheme"], *cheap) if s])
+        try:
+            chosen, why = decide(cands, state["scheme"], margin=float(job.options.get("auto_margin", MARGIN)),
+                                 switch_cost_s=switch_cost_s())
+        except NoCandidate as exc:
+            if state["scheme"] not in plans:  # nothing at all to run: the job cannot go on with auto
+                raise
+            chosen, why = state["scheme"], f"kept: {exc}"
+        d = Decision(chosen, state["scheme"], why, tuple(cands), time.thread_time() - cpu, time.perf_counter() - t)
+        state["scheme"] = chosen
+        state["cost"].update({c.scheme: c.plan_s + c.sim_s for c in cands if c.plan_s or c.sim_s})
+        memory.setdefault("events", []).append({"kind": "auto", **d.wire()})
+        out = plans[chosen]
+        return replace(out, info={**out.info, "auto": d.wire()})
+
+    return plan
+
+
+def refresh_aux(specs: Callable[[], Mapping[str, Any]]) -> Callable[[NetworkView, Job, Plan], Plan]:
+    """Auxiliary tables between versions, as the chosen scheme refreshes them (NetStorm); others keep theirs."""
+
+    def refresh(view: NetworkView, job: Job, plan: Plan) -> Plan:
+        spec = specs().get(plan.scheme)
+        if spec is None or spec.refresh_aux is None:
+            return plan
+        opts = {k: v for k, v in job.options.items() if k not in OPTIONS}
+        return spec.refresh_aux(view, replace(job, options={**opts, **spec.options}), plan)
+
+    return refresh

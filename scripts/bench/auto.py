@@ -1,0 +1,284 @@
+"""`auto` against every fixed scheme, live: does the scheduler run the fastest scheme for the WAN it
+measures, and switch when the WAN changes?
+
+Four parts, one table each (application backend, probing on, resnet50 x --scale):
+- static WANs: internet2, geo:aws10:x=0.02 and an 8-node hetero mesh. `wansync advise` ranks every
+  candidate on the configured WAN first; live runs auto and the fixed schemes (--quick: those advised
+  within QUICK_WITHIN x of the best — the simulator's error is a few %, so a scheme predicted 1.5x
+  slower cannot be the live winner; the full run: every candidate). Figures: auto's median round over
+  the best fixed scheme's, switches after the warm-up rounds (flaps), and whether the advised top
+  scheme's live median is within 3 % of the live winner's.
+- flipping trace (designed here): a 6-node mesh whose rates alternate every period between a hub
+  pattern (node 0 fast to everyone) and a ring pattern (neighbours fast). Its flips are counted by the
+  simulator: a segment boundary where the previous segment's winner is predicted more than auto's
+  margin slower than the new segment's. Live: auto, ring and each segment's winner, R rounds each
+  (the trace restarts with every job); the whole-run time to R rounds, auto's over the best fixed one's.
+- random trace: NetStorm's model (every directed link redrawn uniformly in 20-155 Mbit/s every period)
+  on internet2, seeded by --trace-seed: auto and the fixed schemes advised within QUICK_WITHIN x.
+- advise on a GPU-like mesh (gpumesh:2x4, links alone): the ranking, no agents.
+
+    python scripts/bench/auto.py [--quick] [--trace-seed 11]
+
+The last stdout line is one JSON object of the headline figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from emulation.topology import build  # noqa: E402
+from scheduler.planners import auto as auto_planner  # noqa: E402
+from wansync.advise import advise_topology  # noqa: E402
+from wansync.cluster import run  # noqa: E402
+from wansync.guard import job_guard  # noqa: E402
+from wansync.options import Options  # noqa: E402
+from wansync.runspec import resolve  # noqa: E402
+
+SCALE, MODEL = 0.05, "resnet50"
+STATIC = [("internet2", None, 1), ("geo:aws10:x=0.02", None, 1), ("hetero:20-155", 8, 3)]
+QUICK_WITHIN = 1.5
+FLIP_NODES, FLIP_FAST, FLIP_SLOW, FLIP_PERIOD_S = 6, 400.0, 20.0, 100.0  # period at full scale
+RANDOM_PERIOD_S = 180.0  # NetStorm's redraw period, full scale
+console = Console(width=160)
+
+
+@dataclass
+class Live:
+    """One job of a live run: what it measured and what auto decided."""
+
+    label: str
+    scheme: str
+    median_s: float
+    span_s: float
+    rounds: int
+    wrong: int
+    valid: bool
+    verdict: str
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    first_measured_t: float = 0.0
+    t0: float = 0.0
+    schemes_run: list[str] = field(default_factory=list)
+
+
+def live(label: str, topology: str, schemes: list[str], *, nodes: int | None = None, seed: int = 1,
+         rounds: int = 4, warmup: int = 2, trace: str | None = None) -> list[Live]:
+    """One `wansync run` of `schemes` on `topology` (the same code path as the CLI), read back from its
+    results file."""
+    fd, name = tempfile.mkstemp(prefix="wansync-auto-", suffix=".jsonl")
+    os.close(fd)
+    out = Path(name)
+    extra: dict[str, Any] = {"trace": trace} if trace else {}  # --seed seeds the WAN's draws and the trace
+    cfg = resolve(Options.make(topology=topology, nodes=nodes, seed=seed, schemes=schemes, workload__model=MODEL,
+                               scale=SCALE, rounds=rounds, warmup=warmup, out=str(out), no_http=True, **extra))
+    try:
+        jobs = asyncio.run(run(cfg, console=Console(file=io.StringIO(), width=150), show_table=False))
+        recs = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    finally:
+        out.unlink(missing_ok=True)
+    plans = {r["version"]: r["scheme"] for r in recs if r.get("type") == "plan"}
+    result = []
+    for js in jobs:
+        measured = [r for r in js.records if not r.warmup] or js.records
+        wrong = sum(1 for r in js.records if not (r.ok and r.digests_agree and r.versions_agree))
+        g = job_guard(js)
+        decisions = [{"at": e["at"], **e["data"]} for e in recs
+                     if e.get("type") == "event" and e["kind"] == "auto" and e["data"].get("job") == js.job]
+        result.append(Live(label, js.scheme, statistics.median(r.round_s for r in measured),
+                           max(r.t_end for r in js.records) - js.t0, len(js.records), wrong, g.verdict == "valid",
+                           g.verdict, decisions, min(r.t_start for r in measured), js.t0,
+                           sorted({plans.get(r.version, "?") for r in js.records})))
+    return result
+
+
+def advised(topo: Any) -> list[auto_planner.Candidate]:
+    from agents.workload import chunk_params, model_params
+    params = model_params(MODEL, SCALE)
+    return advise_topology(topo, params, chunk_params(SCALE)).ranked
+
+
+def within(ranked: list[auto_planner.Candidate], factor: float) -> list[str]:
+    ok = [c for c in ranked if c.round_s is not None]
+    return [c.scheme for c in ok if c.round_s <= factor * ok[0].round_s]
+
+
+# --- static WANs -----------------------------------------------------------------------------------
+def static(quick: bool) -> tuple[Table, dict[str, Any]]:
+    t = Table(title="static WANs: live median round s (auto and the fixed schemes), advise's prediction")
+    for col in ("WAN", "scheme", "live s", "advised s", "rounds", "exact", "guard", "auto ran", "switches"):
+        t.add_column(col)
+    ratios, flaps, agrees, plan_s, wrong, valid = [], 0, [], [], 0, True
+    for spec, n, seed in STATIC:
+        topo = build(spec, n, seed=seed).scaled(SCALE)
+        ranked = advised(build(spec, n, seed=seed).scaled(SCALE))
+        pred = {c.scheme: c.round_s for c in ranked}
+        fixed = within(ranked, QUICK_WITHIN) if quick else [c.scheme for c in ranked if c.round_s is not None]
+        jobs = live(spec, spec, [*fixed, "auto"], nodes=n, seed=seed)
+        by = {j.scheme: j for j in jobs}
+        a = by["auto"]
+        best_fixed = min((j for j in jobs if j.scheme != "auto"), key=lambda j: j.median_s)
+        ratios.append(a.median_s / best_fixed.median_s)
+        late = [d for d in a.decisions if d["switched"] and d["at"] >= a.first_measured_t]
+        flaps += len(late)
+        top = ranked[0].scheme
+        agrees.append(by[top].median_s <= 1.03 * best_fixed.median_s if top in by else False)
+        plan_s += [d.get("wall_s", d["decide_s"]) for d in a.decisions]
+        wrong += sum(j.wrong for j in jobs)
+        valid &= all(j.valid for j in jobs)
+        for j in jobs:
+            t.add_row(f"{spec} ({topo.nodes})", j.scheme, f"{j.median_s:.3f}",
+                      f"{pred[j.scheme]:.3f}" if pred.get(j.scheme) else "-", str(j.rounds),
+                      "yes" if j.wrong == 0 else f"{j.wrong} wrong", j.verdict,
+                      ",".join(j.schemes_run) if j.scheme == "auto" else "",
+                      str(sum(d["switched"] for d in j.decisions)) if j.scheme == "auto" else "")
+    return t, {"auto_vs_best_fixed_max": round(max(ratios), 3), "auto_vs_best_fixed": [round(r, 3) for r in ratios],
+               "flaps_static": flaps, "advise_rank_agrees": all(agrees), "plan_s": plan_s, "rounds_wrong": wrong,
+               "live_guard_valid": valid}
+
+
+# --- the flipping trace ----------------------------------------------------------------------------
+def flip_rates(phase: int) -> dict[tuple[int, int], float]:
+    n = FLIP_NODES
+
+    def fast(a: int, b: int) -> bool:
+        return 0 in (a, b) if phase == 0 else (b - a) % n in (1, n - 1)
+    return {(a, b): FLIP_FAST if fast(a, b) else FLIP_SLOW for a in range(n) for b in range(n) if a != b}
+
+
+def flip_files(d: Path, segments: int) -> tuple[str, str]:
+    n = FLIP_NODES
+    rates = flip_rates(0)
+    topo = d / "flip.toml"
+    topo.write_text(f'name = "flip{n}"\nnodes = {n}\n'
+                    f"matrix = {[[0 if a == b else rates[a, b] for b in range(n)] for a in range(n)]}\n"
+                    "[defaults]\ndelay_ms = 0\n")
+    trace = d / "flip.csv"
+    lines = ["time,src,dst,rate"]
+    for k in range(1, segments):
+        for (a, b), r in flip_rates(k % 2).items():
+            lines.append(f"{k * FLIP_PERIOD_S},{a},{b},{r}")
+    trace.write_text("\n".join(lines) + "\n")
+    return str(topo), f"csv:{trace}"
+
+
+def flipping(rounds: int) -> tuple[Table, dict[str, Any]]:
+    from emulation.link import LinkSpec
+    from emulation.topology import Topology
+    phases = [Topology(f"flip-{p}", FLIP_NODES, {ln: LinkSpec(r, 0.0) for ln, r in flip_rates(p).items()})
+              for p in (0, 1)]
+    ranks = [advised(p) for p in phases]
+    winners = [r[0].scheme for r in ranks]
+    pred = [{c.scheme: c.round_s for c in r} for r in ranks]
+    segments = 4
+    # a flip: the previous segment's winner is predicted more than the margin slower in the next segment
+    flips = sum(1 for k in range(1, segments)
+                if (pred[k % 2].get(winners[(k - 1) % 2]) or float("inf"))
+                > (1 + auto_planner.MARGIN) * pred[k % 2][winners[k % 2]])
+    with tempfile.TemporaryDirectory() as d:
+        topo, trace = flip_files(Path(d), segments)
+        fixed = sorted(set(winners) | {"ring"})
+        jobs = live("flip", topo, [*fixed, "auto"], rounds=rounds, warmup=0, trace=trace)
+    by = {j.scheme: j for j in jobs}
+    a = by["auto"]
+    best = min((j for j in jobs if j.scheme != "auto"), key=lambda j: j.span_s)
+    period = FLIP_PERIOD_S * SCALE
+    switches = [d for d in a.decisions if d["switched"]]
+    latency = []
+    flap = 0
+    for d in switches:
+        since = (d["at"] - a.t0) % period
+        latency.append(since)
+        k = int((d["at"] - a.t0) // period)
+        if k == 0:
+            flap += 1  # a switch in the first segment changes nothing the trace did
+    t = Table(title=f"flipping trace: {FLIP_NODES}-node mesh, hub <-> ring every {period:g} s; "
+                    f"winners {winners[0]} / {winners[1]}, {flips} flip(s) in {segments} segments")
+    for col in ("scheme", f"time to {rounds} rounds s", "median round s", "exact", "guard", "ran"):
+        t.add_column(col)
+    for j in jobs:
+        t.add_row(j.scheme, f"{j.span_s:.2f}", f"{j.median_s:.3f}", "yes" if j.wrong == 0 else f"{j.wrong} wrong",
+                  j.verdict, ",".join(j.schemes_run))
+    return t, {"auto_vs_best_fixed_flip": round(a.span_s / best.span_s, 3), "flips": flips,
+               "switches_flip": len(switches), "flaps_flip": flap,
+               "switch_latency_s": round(statistics.median(latency), 2) if latency else None,
+               "plan_s": [d.get("wall_s", d["decide_s"]) for d in a.decisions],
+               "rounds_wrong": sum(j.wrong for j in jobs), "live_guard_valid": all(j.valid for j in jobs)}
+
+
+# --- the random trace ------------------------------------------------------------------------------
+def random_trace(seed: int, rounds: int) -> tuple[Table, dict[str, Any]]:
+    ranked = advised(build("internet2", None, seed=seed).scaled(SCALE))
+    fixed = within(ranked, QUICK_WITHIN)
+    jobs = live("random", "internet2", [*fixed, "auto"], seed=seed, rounds=rounds, warmup=1,
+                trace=f"redraw:{RANDOM_PERIOD_S:g},lo=20,hi=155")
+    a = next(j for j in jobs if j.scheme == "auto")
+    best = min((j for j in jobs if j.scheme != "auto"), key=lambda j: j.span_s)
+    t = Table(title=f"random trace: internet2, every link redrawn in 20-155 Mbit/s every "
+                    f"{RANDOM_PERIOD_S * SCALE:g} s (seed {seed})")
+    for col in ("scheme", f"time to {rounds + 1} rounds s", "median round s", "exact", "guard", "ran"):
+        t.add_column(col)
+    for j in jobs:
+        t.add_row(j.scheme, f"{j.span_s:.2f}", f"{j.median_s:.3f}", "yes" if j.wrong == 0 else f"{j.wrong} wrong",
+                  j.verdict, ",".join(j.schemes_run))
+    return t, {"auto_vs_best_fixed_random": round(a.span_s / best.span_s, 3),
+               "plan_s": [d.get("wall_s", d["decide_s"]) for d in a.decisions],
+               "rounds_wrong": sum(j.wrong for j in jobs), "live_guard_valid": all(j.valid for j in jobs)}
+
+
+def gpu_advice() -> Table:
+    from sim import NONE
+    topo = build("gpumesh:2x4", None)
+    adv = advise_topology(topo, 25_000_000, 1_000_000, costs=NONE)
+    t = Table(title=f"advise on {topo.name} (links alone, 100 MB): no agents")
+    for col in ("scheme", "round s", "x T_LP"):
+        t.add_column(col)
+    for c in adv.ranked:
+        t.add_row(c.scheme, f"{c.round_s:.4f}" if c.round_s else c.skipped or "-",
+                  f"{c.round_s / adv.t_lp_s:.2f}" if c.round_s and adv.t_lp_s else "-")
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the check's run (<= 9 min)")
+    ap.add_argument("--trace-seed", type=int, default=11)
+    args = ap.parse_args()
+    start = time.time()
+    out: dict[str, Any] = {}
+    t, s = static(args.quick)
+    console.print(t)
+    t, f = flipping(rounds=40 if args.quick else 80)
+    console.print(t)
+    t, r = random_trace(args.trace_seed, rounds=20 if args.quick else 40)
+    console.print(t)
+    console.print(gpu_advice())
+    plan_s = s["plan_s"] + f["plan_s"] + r["plan_s"]
+    out.update({k: v for k, v in s.items() if k not in ("plan_s", "rounds_wrong", "live_guard_valid")})
+    out.update({k: v for k, v in f.items() if k not in ("plan_s", "rounds_wrong", "live_guard_valid")})
+    out["auto_vs_best_fixed_random"] = r["auto_vs_best_fixed_random"]
+    out["flaps"] = s["flaps_static"] + f["flaps_flip"]
+    out["plan_s_max"] = round(max(plan_s), 3) if plan_s else None
+    out["plan_s_median"] = round(statistics.median(plan_s), 3) if plan_s else None
+    out["rounds_wrong"] = s["rounds_wrong"] + f["rounds_wrong"] + r["rounds_wrong"]
+    out["live_guard_valid"] = s["live_guard_valid"] and f["live_guard_valid"] and r["live_guard_valid"]
+    out["seconds"] = round(time.time() - start, 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

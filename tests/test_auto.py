@@ -1,0 +1,334 @@
+"""`auto` (scheduler/planners/auto.py): on hand-made WANs whose winner the test works out itself it
+picks that winner; it switches once per flip of the winner and not for a gain within its margin; a
+planner that raises or overruns is skipped; its lower bound never exceeds a simulated round; and live,
+over real TCP, every round stays exact across its switches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from helpers.cluster import start_cluster, stop_cluster
+from helpers.exact import assert_job_exact
+
+from core.plan import Job, Plan
+from emulation.link import LinkSpec
+from emulation.topology import Topology, internet2, uniform
+from overlay.routing import Routes
+from scheduler import planners
+from scheduler.deadline import view_network
+from scheduler.planners import auto
+from scheduler.planners.auto import Candidate, decide, lower_bound_s
+from sim import MEASURED, simulate
+from wansync.predict import oracle_view
+
+PARAMS, CHUNK = 200_000, 20_000
+
+
+def mesh(n: int, rate) -> Topology:
+    """A full mesh whose directed link (a, b) runs at rate(a, b) Mbit/s, no delay."""
+    return Topology("mesh", n, {(a, b): LinkSpec(rate(a, b), 0.0) for a in range(n) for b in range(n) if a != b})
+
+
+def hub(n: int = 5) -> Topology:
+    """Node 0 reaches everyone at 1000 Mbit/s; everything else crawls at 20: the star at 0 wins."""
+    return mesh(n, lambda a, b: 1000.0 if 0 in (a, b) else 20.0)
+
+
+def ringish(n: int = 5) -> Topology:
+    """Neighbours on a ring at 200 Mbit/s, the chords at 10: several trees over the ring win."""
+    return mesh(n, lambda a, b: 200.0 if (b - a) % n in (1, n - 1) else 10.0)
+
+
+def job(n: int, **options) -> Job:
+    return Job(PARAMS, CHUNK, tuple(range(n)), options)
+
+
+def decision(memory: dict) -> dict:
+    [event] = memory.pop("events")
+    return event
+
+
+def own_predictions(topo: Topology) -> dict[str, float]:
+    """Every candidate planned and simulated here, on the same rates, without auto."""
+    view = oracle_view(topo)
+    out = {}
+    for spec in planners.candidates(False):
+        try:
+            plan = spec.plan(view, Job(PARAMS, CHUNK, tuple(range(topo.nodes)), dict(spec.options)))
+        except ValueError:  # a scheme that cannot plan this WAN (crew needs an aggregator everyone reaches)
+            continue
+        out[spec.name] = simulate(plan, view_network(view), costs=MEASURED).round_s
+    return out
+
+
+@pytest.mark.unit
+def test_on_a_hub_wan_auto_runs_a_star_at_the_hub():
+    topo = hub()
+    plan = planners.resolve("auto").plan(oracle_view(topo), job(topo.nodes), memory := {})
+    for g in plan.groups:  # whichever scheme planned it, the plan is the star at node 0
+        assert g.root == 0 and set(g.children[0]) == {1, 2, 3, 4}
+    own = own_predictions(topo)
+    assert decision(memory)["chosen"] in {s for s, t in own.items() if t == pytest.approx(min(own.values()))}
+    assert own["star"] == pytest.approx(min(own.values()))
+
+
+@pytest.mark.unit
+def test_where_packing_is_fastest_auto_runs_packing():
+    topo = ringish()
+    own = own_predictions(topo)
+    best = min(own, key=own.get)
+    assert best == "packing" and own["packing"] < 0.9 * sorted(own.values())[1]  # the WAN is what we think
+    plan = planners.resolve("auto").plan(oracle_view(topo), job(topo.nodes), memory := {})
+    assert plan.scheme == "packing"
+    d = decision(memory)
+    assert d["chosen"] == "packing" and d["previous"] is None
+    [mine] = [c for c in d["candidates"] if c["scheme"] == "packing"]
+    assert mine["round_s"] == pytest.approx(own["packing"])
+    assert plan.info["auto"]["chosen"] == "packing"
+
+
+@pytest.mark.unit
+def test_a_gain_within_the_margin_keeps_the_scheme_and_a_large_one_switches():
+    def cands(cur_s: float, other_s: float) -> list[Candidate]:
+        return [Candidate("ring", cur_s), Candidate("packing", other_s)]
+
+    assert decide(cands(1.0, 0.99), "ring")[0] == "ring"  # 1 % faster: within 10 %
+    assert decide(cands(1.0, 0.70), "ring")[0] == "packing"  # 30 % faster
+    assert decide(cands(1.0, 0.95), "ring", margin=0.03)[0] == "packing"  # the margin is the caller's
+    assert decide(cands(1.0, 0.95), "ring", margin=0.06)[0] == "ring"
+    # a switch that would not pay back its cost within PAYBACK_ROUNDS rounds is not made
+    assert decide(cands(1.0, 0.70), "ring", switch_cost_s=0.3 * auto.PAYBACK_ROUNDS + 0.01)[0] == "ring"
+    assert decide(cands(1.0, 0.70), "ring", switch_cost_s=0.3 * auto.PAYBACK_ROUNDS - 0.01)[0] == "packing"
+    # nothing in force: the fastest; the one in force unpredictable: the fastest too
+    assert decide(cands(1.0, 0.99), None)[0] == "packing"
+    assert decide([Candidate("ring", skipped="planner failed"), Candidate("packing", 2.0)], "ring")[0] == "packing"
+    with pytest.raises(auto.NoCandidate, match="ring: planner failed"):
+        decide([Candidate("ring", skipped="planner failed")], None)
+
+
+@pytest.mark.unit
+def test_auto_switches_once_per_flip_of_the_winner_and_never_between():
+    """Among star and ring, the view alternates between the hub WAN (the star wins) and the ring WAN
+    (the ring wins), each seen twice in a row: one switch per flip, none on the repeated view."""
+    own = {name: {s: t for s, t in own_predictions(topo).items() if s in ("star", "ring")}
+           for name, topo in (("hub", hub()), ("ring", ringish()))}
+    assert own["hub"]["star"] < 0.5 * own["hub"]["ring"] and own["ring"]["ring"] < 0.5 * own["ring"]["star"]
+    planner = auto.make(lambda: [planners.resolve("star"), planners.resolve("ring")])
+    memory: dict = {}
+    chosen, switches = [], 0
+    for topo in [hub(), hub(), ringish(), ringish(), hub(), hub()]:
+        planner(oracle_view(topo), job(5), memory)
+        d = decision(memory)
+        chosen.append(d["chosen"])
+        switches += d["switched"]
+    assert chosen == ["star", "star", "ring", "ring", "star", "star"] and switches == 2
+
+
+@pytest.mark.unit
+def test_a_planner_that_raises_or_overruns_is_skipped_and_the_others_decide():
+    def broken(view, job, memory):
+        raise RuntimeError("solver exploded")
+
+    def slow(view, job, memory):
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:  # CPU, as a slow solver burns it
+            pass
+        return planners.resolve("ring").plan(view, job)
+
+    specs = [planners.PlannerSpec("broken", broken), planners.resolve("star"), planners.PlannerSpec("slow", slow)]
+    planner = auto.make(lambda: specs)
+
+    def by_scheme(memory: dict) -> dict[str, dict]:
+        return {c["scheme"]: c for c in decision(memory)["candidates"]}
+
+    plan = planner(oracle_view(hub()), job(5, auto_budget_s=0.1), memory := {})
+    by = by_scheme(memory)
+    assert "solver exploded" in by["broken"]["skipped"]
+    assert "over the budget" in by["slow"]["skipped"]
+    assert by["star"]["round_s"] is not None and plan.scheme == "star"
+    # with a budget the slow one fits, it takes part (the skip above is the budget's doing)
+    planner(oracle_view(hub()), job(5, auto_budget_s=5.0), memory := {})
+    slow_one = by_scheme(memory)["slow"]
+    assert slow_one["plan_s"] >= 0.3 and "budget" not in (slow_one["skipped"] or "")
+    # the budget never leaves a decision empty: a slow first candidate still gives the job a plan
+    specs[:] = [specs[2], specs[1]]
+    plan = planner(oracle_view(hub()), job(5, auto_budget_s=0.1), memory := {})
+    assert by_scheme(memory)["slow"]["skipped"] is None and plan.scheme == "ring"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("topo", [hub(), ringish(), uniform(5, rate_mbps=100.0, delay_s=0.0), internet2(seed=1)],
+                         ids=["hub", "ringish", "uniform", "internet2"])
+def test_the_lower_bound_never_exceeds_a_simulated_round(topo):
+    """auto skips a candidate whose bound is above the best prediction: the bound must be one."""
+    view = oracle_view(topo)
+    adj: dict[int, list[int]] = {}
+    for a, b in view.links():
+        adj.setdefault(a, []).append(b)
+    route = Routes(adj).route
+    n_bounded = 0
+    for spec in planners.candidates(False):
+        try:
+            plan: Plan = spec.plan(view, job(topo.nodes, **spec.options))
+        except ValueError:
+            continue
+        lb = lower_bound_s(plan, view, route)
+        if lb is None:
+            continue
+        n_bounded += 1
+        # the bound, worked out here: each group's bytes on each tree edge, at that edge's rate
+        loads: dict = {}
+        for g in plan.groups:
+            nbytes = 4 * sum(plan.layout[c][1] for c in g.chunks)
+            edges = [(c, p) for c, p in g.parent.items() if p is not None]
+            edges += [(p, k) for p, ks in g.children.items() for k in ks]
+            for a, b in edges:
+                path = route(a, b)
+                for hop in zip(path, path[1:], strict=False):
+                    loads[hop] = loads.get(hop, 0) + nbytes
+        mine = max(b * 8 / (view.rate(*ln) * 1e6) for ln, b in loads.items())
+        assert lb == pytest.approx(mine)
+        assert lb <= simulate(plan, view_network(view), costs=MEASURED).round_s * (1 + 1e-9)
+    assert n_bounded >= 5
+
+
+@pytest.mark.unit
+def test_under_a_multicasting_progress_model_auto_chooses_among_one_source_schemes():
+    spec = planners.resolve("auto").for_progress(True)
+    assert spec.one_source and spec.name == "auto-mcast"
+    assert {s.name for s in planners.candidates(True)} == {"mcast", "mcast-l3"}
+    topo = hub()
+    plan = spec.plan(oracle_view(topo), spec.opening(job(5)), memory := {})
+    assert plan.participants == (0,) and plan.scheme.startswith("mcast")  # node 0's multicast to the rest
+    assert decision(memory)["chosen"] in {"mcast", "mcast-l3"}
+    assert planners.resolve("ring").for_progress(True).name == "ring"  # only auto has a variant
+
+
+@pytest.mark.loopback
+async def test_live_auto_switches_as_the_view_flips_and_every_round_is_exact():
+    """Five real agents; the scheduler's view is told the hub WAN, then the ring WAN, then the hub
+    again (the links themselves are loopback): auto re-plans off the loop, switches, and every
+    receiver holds the exact sum (computed by the harness) in every round, whichever plan it ran."""
+    views = [hub(), ringish()]
+    shown = {"i": 0, "decided": 0, "flipped": 0}
+
+    def show(topo: Topology) -> None:
+        for (a, b), spec in topo.links.items():
+            for _ in range(5):
+                sched.view.observe(a, b, int(spec.rate_mbps * 1e6 / 8 * 0.1), 0.1)
+
+    def on_event(kind, data):
+        if kind == "timeline" and data["kind"] == "auto":
+            shown["decided"] += 1
+        # the next WAN once the last one was decided on (a solve takes a while, off the loop)
+        elif kind == "task" and shown["decided"] > shown["flipped"]:
+            shown["flipped"] = shown["decided"]
+            shown["i"] += 1
+            show(views[shown["i"] % 2])
+
+    # no probes: their samples of the loopback links would overrule the WANs this test shows the view
+    sched, agents, tasks = await start_cluster(uniform(5), cluster="auto", on_event=on_event, probe=False)
+    show(views[0])
+    try:
+        js = await asyncio.wait_for(sched.run_job("auto", rounds=16, params=PARAMS, chunk_params=CHUNK,
+                                                  compute_s=0.1), 120)
+        assert all(r.ok and r.digests_agree for r in js.records)
+        assert_job_exact(sched, js)
+    finally:
+        await stop_cluster(sched, tasks)
+    assert not sched.errors
+    decisions = [e for e in sched.timeline if e["kind"] == "auto"]
+    assert decisions and decisions[0]["previous"] is None
+    switched = [e for e in decisions if e["switched"]]
+    assert switched, [(e["chosen"], e["why"]) for e in decisions]
+    schemes = {sched.plans[r.version].scheme for r in js.records}
+    assert len(schemes) >= 2 and "packing" in schemes
+    assert all(e["job"] == js.job for e in decisions)
+
+
+# --- wansync advise ------------------------------------------------------------------------------
+def serve(body: bytes):
+    """A real HTTP server on loopback answering every GET with `body`; returns (url, server)."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}", srv
+
+
+@pytest.mark.unit
+def test_advise_ranks_every_candidate_fastest_first_with_the_lp_bound():
+    from wansync.advise import advise_topology
+
+    topo = ringish()
+    adv = advise_topology(topo, PARAMS, CHUNK)
+    assert {c.scheme for c in adv.ranked} == {s.name for s in planners.candidates(False)}
+    times = [c.round_s for c in adv.ranked if c.round_s is not None]
+    assert times == sorted(times) and adv.best.scheme == "packing"
+    assert adv.t_lp_s is not None and adv.t_lp_s <= min(times)
+    # the topology's own simulation, worked out here: the same figures
+    from emulation.simnet import sim_network
+    plan = planners.resolve("ring").plan(oracle_view(topo), job(topo.nodes))
+    [ring] = [c for c in adv.ranked if c.scheme == "ring"]
+    assert ring.round_s == pytest.approx(simulate(plan, sim_network(topo, None), costs=MEASURED).round_s)
+
+
+@pytest.mark.loopback
+def test_advise_from_a_view_served_over_http_and_refuses_what_is_not_one(monkeypatch):
+    import json as _json
+
+    from wansync import advise as adv_mod
+
+    topo = ringish()
+    links = [{"src": a, "dst": b, "rate_mbps": s.rate_mbps} for (a, b), s in topo.links.items()]
+    url, srv = serve(_json.dumps({"links": links, "coverage": 1.0}).encode())
+    try:
+        view, coverage = adv_mod.view_from_api(url)
+        assert coverage == 1.0 and all(view.rate(a, b) == s.rate_mbps for (a, b), s in topo.links.items())
+        got = adv_mod.advise(view, PARAMS, CHUNK)
+        assert got.best.scheme == "packing"
+        monkeypatch.setattr(adv_mod, "MAX_VIEW_BYTES", 100)  # a body past the limit is refused, not parsed
+        with pytest.raises(adv_mod.AdviseError, match="more than 100 bytes"):
+            adv_mod.view_from_api(url)
+    finally:
+        srv.shutdown()
+    for bad, why in [(b"not json", "not a wansync view"), (b'{"links": []}', "no links"),
+                     (_json.dumps({"links": [{"src": 0, "dst": 1, "rate_mbps": -5}]}).encode(), "positive rate"),
+                     (_json.dumps({"links": [{"src": 0}]}).encode(), "not a wansync view")]:
+        url, srv = serve(bad)
+        try:
+            with pytest.raises(adv_mod.AdviseError, match=why):
+                adv_mod.view_from_api(url)
+        finally:
+            srv.shutdown()
+
+
+@pytest.mark.loopback
+def test_wansync_advise_prints_its_ranking_and_refuses_schemes_that_do_not_fit():
+    import json as _json
+    import subprocess
+    import sys
+
+    def wansync(*args):
+        return subprocess.run([sys.executable, "-m", "wansync.cli", *args], capture_output=True, text=True,
+                              timeout=150)
+
+    res = wansync("advise", "--topology", "internet2", "--scale", "0.05", "--model", "resnet50", "--json")
+    assert res.returncode == 0, res.stderr
+    out = _json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["best"] == "packing" and out["t_lp_s"] <= out["ranked"][0]["round_s"]
+    res = wansync("advise", "--schemes", "ring,mcast")
+    assert res.returncode == 2 and "mcast do not fit --progress bsp" in res.stderr
