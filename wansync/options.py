@@ -34,7 +34,8 @@ ADVISE = "advise"  # ranks the schemes on a WAN (wansync/advise.py): the WAN, th
 LAUNCHERS = (RUN, SCHEDULER, DEPLOY)  # commands that run every scheme (the agent only moves bytes)
 EVERY = (*LAUNCHERS, AGENT)
 WAN = (*EVERY, SIMULATE, ADVISE)  # the WAN's options: the simulator predicts on the same one
-DEFAULT_SCHEMES = ("star", "ring", "mst", "ktree", "netstorm", "packing", "auto")  # four baselines, NetStorm, packing, auto
+# four baselines, NetStorm, tree packing and auto
+DEFAULT_SCHEMES = ("star", "ring", "mst", "ktree", "netstorm", "packing", "auto")
 SSP_SCHEMES = ("mcast", "mcast-l3")  # one-source schemes: each worker's parameters multicast
 ONE_SOURCE_PROGRESS = ("ssp", "mcast-bsp", "mcast-ssp")
 PROGRESS = ("bsp", "ssp", "queue", "crew", "selective", "mcast-bsp", "mcast-ssp")
