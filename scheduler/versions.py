@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,17 +35,6 @@ log = logging.getLogger("wansync.scheduler")
 # one machine, all of them), and a dense mesh's packing LP takes 0.2-0.5 s where UPDATE_TIME may be 0.25 s
 REPLAN_CPU_SHARE = 0.1
 TASK_OPTIONS = ("weights", "max_attempts", "sharing")  # a formed task's options that are not the planner's
-SOLVER_NICE = 10  # off-loop solves yield the CPU to the agents (on one machine, all of them)
-
-
-def _nice_solver() -> None:
-    """Lower this solver thread's priority (Linux threads have their own nice value)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SOLVER_NICE)
-    except (OSError, AttributeError):  # not Linux, or not allowed: the solve runs at normal priority
-        pass
-
-
 def _retrieved(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("an off-loop re-plan failed: %s", fut.exception())
@@ -76,7 +63,7 @@ class Versions:
         self.plans: dict[int, Plan] = {}
         self.version = 0
         self.policy_bytes = 0  # size of every published plan, as sent to one agent
-        self._solver: ThreadPoolExecutor | None = None  # off-loop solves, one at a time, niced
+        self._solver: ThreadPoolExecutor | None = None  # off-loop solves, one at a time
 
     def tell(self, js: JobState) -> None:
         """What a planner said about its decisions (memory["events"]: `auto`'s candidates and choice)
@@ -137,17 +124,21 @@ class Versions:
         assert js.planner is not None
         planner, view, spec, memory = js.planner, self.view.copy(), js.spec, js.memory
 
-        def solve() -> tuple[Plan, float]:  # the solve's CPU: a niced thread's wall time is mostly waiting
+        def solve() -> tuple[Plan, float]:  # the solve's CPU: its wall time includes waiting for a core
             start = time.thread_time()
             return planner.plan(view, spec, memory), time.thread_time() - start
         if self._solver is None:
-            self._solver = ThreadPoolExecutor(1, thread_name_prefix="solver", initializer=_nice_solver)
+            # not niced: a niced thread preempted while it holds the GIL would stall the scheduler's loop
+            # (priority inversion); a niced solver needs a process of its own
+            self._solver = ThreadPoolExecutor(1, thread_name_prefix="solver")
         js.replanning = asyncio.get_running_loop().run_in_executor(self._solver, solve)
         js.replanning.add_done_callback(_retrieved)  # a job that ends first never adopts it: not an error
 
     def close(self) -> None:
+        """Stop the solver thread (a solve under way ends on its own; nothing adopts it)."""
         if self._solver is not None:
             self._solver.shutdown(wait=False, cancel_futures=True)
+            self._solver = None
 
     def _adopt_replan(self, js: JobState) -> None:
         fut, js.replanning = js.replanning, None

@@ -59,7 +59,7 @@ class Decision:
     why: str
     candidates: tuple[Candidate, ...]
     decide_s: float  # CPU seconds of the whole decision
-    wall_s: float  # ... and its wall time (a niced solver waits for the agents)
+    wall_s: float  # ... and its wall time (a solver waits for a core the agents hold)
 
     @property
     def switched(self) -> bool:
@@ -85,7 +85,7 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
              prune: bool = True, net: SimNetwork | None = None) -> tuple[list[Candidate], dict[str, Plan]]:
     """Each candidate planned in `order` (the scheme in force first), then simulated — the scheme in
     force first, the others by their lower bound — until `budget_s` of this thread's CPU is spent (CPU,
-    not wall time: a niced solver waits for the agents, and that wait is no cost of its own), though
+    not wall time: a solver waiting for a core the agents hold costs them nothing), though
     never before one candidate has a prediction. A candidate whose lower bound
     is no better than the fastest prediction so far cannot win and is not simulated (branch and bound:
     the simulation of a many-tree plan is what a decision costs). A planner that raises, or a plan the
