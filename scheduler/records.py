@@ -24,6 +24,18 @@ log = logging.getLogger("wansync.scheduler")
 Predict = Callable[[Plan, float], float | None]
 
 
+MEASURED_KEEP = 32  # rounds a planner sees in memory["measured"]
+
+
+def measured(memory: dict, scheme: str, round_s: float) -> None:
+    """What a round of the job's plan took, for its planner: memory["measured"] holds (sequence number,
+    plan scheme, round seconds) of the latest MEASURED_KEEP rounds, oldest first (auto compares them
+    with what it predicted)."""
+    rounds = memory.setdefault("measured", [])
+    rounds.append((len(rounds) and rounds[-1][0] + 1, scheme, round_s))
+    del rounds[:-MEASURED_KEEP]
+
+
 class Host(Observed, Protocol):
     control: Control  # what the job's progress model is told of each record through
 
@@ -59,6 +71,9 @@ class Records:
     def recorded(self, js: JobState, t: Task, rec: TaskRecord) -> None:
         self.send_rates(js, self.cap_sharing.end(t.id, t.attempt))
         js.records.append(rec)
+        plan = self.versions.plans.get(rec.version)
+        if t.barrier and rec.ok and not rec.aborted and plan is not None:
+            measured(js.memory, plan.scheme, rec.round_s)
         t.recorded_t = time.time()
         self.host.on_event("task", rec.to_json())
         if t.finished is not None and not t.finished.done():

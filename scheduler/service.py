@@ -213,7 +213,7 @@ class Scheduler:
                       view_at_plan=self.view.snapshot(), policy_s=time.perf_counter() - t,
                       t0=time.time() if t0 is None else t0, last_plan_t=time.time(), avoid=self.view.unusable(),
                       mode=mode, progress=progress)
-        self.versions.tell(js)
+        self.versions.opened(js)
         self.current = js
         js.job_msg = JobMsg(job=js.job, scheme=scheme, rounds=js.rounds, params=params, compute_s=compute_s,
                             t0=js.t0, warmup=warmup, ahead=ahead, mode=mode,

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
@@ -26,6 +25,7 @@ from overlay.messages import AuxUpdate
 from . import planners
 from .events import Observed
 from .registry import Registry
+from .solver import Solver
 from .tasks import JobState, Task
 from .view import DisconnectedView, NetworkView
 
@@ -63,7 +63,13 @@ class Versions:
         self.plans: dict[int, Plan] = {}
         self.version = 0
         self.policy_bytes = 0  # size of every published plan, as sent to one agent
-        self._solver: ThreadPoolExecutor | None = None  # off-loop solves, one at a time
+        self.solver = Solver()  # off-loop solves, one at a time, in a niced process
+
+    def opened(self, js: JobState) -> None:
+        """A new job: the solver's process starts now if its planner solves off the loop."""
+        if js.planner is not None and js.planner.offload:
+            self.solver.warm()
+        self.tell(js)
 
     def tell(self, js: JobState) -> None:
         """What a planner said about its decisions (memory["events"]: `auto`'s candidates and choice)
@@ -100,7 +106,8 @@ class Versions:
             self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
         if (js.replanning is None and js.planner is not None and js.planner.adaptive and t.round > 0
                 and replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s)
-                and self.view.changed_since(js.view_at_plan, self.update_rate)):
+                and (self.view.changed_since(js.view_at_plan, self.update_rate)
+                     or (js.planner.stale is not None and js.planner.stale(js.memory)))):
             js.replans += 1
             js.view_at_plan = self.view.snapshot()
             js.last_plan_t = time.time()
@@ -118,36 +125,27 @@ class Versions:
         return t.version
 
     def _replan_off_loop(self, js: JobState) -> None:
-        """A planner whose solve takes long (tree packing's LP) runs on a copy of the view in a worker
-        thread; rounds go on with the current plan, and the first round asked for after the solve
-        ends takes the new one (_adopt_replan)."""
+        """A planner whose solve takes long (tree packing's LP, auto) runs in the solver's niced process
+        (scheduler/solver.py) on a copy of the view and of its memory; rounds go on with the current
+        plan, and the first round asked for after the solve ends takes the new one (_adopt_replan)."""
         assert js.planner is not None
-        planner, view, spec, memory = js.planner, self.view.copy(), js.spec, js.memory
-
-        def solve() -> tuple[Plan, float]:  # the solve's CPU: its wall time includes waiting for a core
-            start = time.thread_time()
-            return planner.plan(view, spec, memory), time.thread_time() - start
-        if self._solver is None:
-            # not niced: a niced thread preempted while it holds the GIL would stall the scheduler's loop
-            # (priority inversion); a niced solver needs a process of its own
-            self._solver = ThreadPoolExecutor(1, thread_name_prefix="solver")
-        js.replanning = asyncio.get_running_loop().run_in_executor(self._solver, solve)
+        fut = self.solver.submit(js.planner, self.view.copy(), js.spec, js.memory)
+        js.replanning = asyncio.wrap_future(fut)
         js.replanning.add_done_callback(_retrieved)  # a job that ends first never adopts it: not an error
 
     def close(self) -> None:
-        """Stop the solver thread (a solve under way ends on its own; nothing adopts it)."""
-        if self._solver is not None:
-            self._solver.shutdown(wait=False, cancel_futures=True)
-            self._solver = None
+        self.solver.close()
 
     def _adopt_replan(self, js: JobState) -> None:
         fut, js.replanning = js.replanning, None
         assert fut is not None
         try:
-            new, seconds = fut.result()
+            new, memory, seconds = fut.result()
         except Exception as exc:  # a view the LP cannot plan on (disconnected, numerics): keep the plan
             log.warning("job %d: re-plan off the loop failed, keeping version %d: %s", js.job, js.plan.version, exc)
             return
+        # what the planner kept, as it left it in the solver, with the rounds measured meanwhile
+        js.memory = {**memory, **({"measured": js.memory["measured"]} if "measured" in js.memory else {})}
         js.policy_s += seconds
         js.replan_s = seconds
         if new.participants == js.plan.participants and not new.same_policy(js.plan):

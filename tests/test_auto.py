@@ -6,6 +6,7 @@ over real TCP, every round stays exact across its switches."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from scheduler import planners
 from scheduler.deadline import view_network
 from scheduler.planners import auto
 from scheduler.planners.auto import Candidate, decide, lower_bound_s
+from scheduler.records import measured
 from sim import MEASURED, simulate
 from wansync.predict import oracle_view
 
@@ -332,3 +334,64 @@ def test_wansync_advise_prints_its_ranking_and_refuses_schemes_that_do_not_fit()
     assert out["best"] == "packing" and out["t_lp_s"] <= out["ranked"][0]["round_s"]
     res = wansync("advise", "--schemes", "ring,mcast")
     assert res.returncode == 2 and "mcast do not fit --progress bsp" in res.stderr
+
+
+@pytest.mark.unit
+def test_live_rounds_slower_than_predicted_make_the_decision_stale_and_auto_learns_the_ratio():
+    """The scheme in force runs far slower live than the simulator said (a machine short of CPU): after
+    STALE_ROUNDS rounds the decision is stale, the next one scales that scheme's predictions by what
+    was measured and runs the other; rounds as predicted never make it stale."""
+    planner = auto.make(lambda: [planners.resolve("star"), planners.resolve("ring")])
+    view = oracle_view(hub())
+    memory: dict = {}
+    plan = planner(view, job(5), memory)
+    first = decision(memory)
+    assert first["chosen"] == "star"
+    star_s = next(c["round_s"] for c in first["candidates"] if c["scheme"] == "star")
+    ring_s = own_predictions(hub())["ring"]
+    slow = 3 * ring_s  # the star's live rounds: three times what the ring is predicted to take
+    for _ in range(auto.STALE_ROUNDS - 1):
+        measured(memory, plan.scheme, star_s)  # as predicted: nothing to learn
+    assert not auto.stale(memory)
+    for _ in range(auto.STALE_ROUNDS):
+        measured(memory, plan.scheme, slow)
+    assert auto.stale(memory)
+    plan = planner(view, job(5), memory)
+    d = decision(memory)
+    assert d["chosen"] == "ring" and d["switched"] and plan.scheme == "ring"
+    [star] = [c for c in d["candidates"] if c["scheme"] == "star"]
+    assert star["ratio"] == pytest.approx(statistics.median([star_s] * 2 + [slow] * 3) / star_s)
+    assert not auto.stale(memory)  # nothing measured of the ring yet
+    for _ in range(auto.STALE_ROUNDS):
+        measured(memory, plan.scheme, ring_s)
+    assert not auto.stale(memory)  # the ring runs as expected
+
+
+@pytest.mark.loopback
+async def test_the_scheduler_feeds_measured_rounds_to_the_planner_and_re_plans_when_it_says_stale():
+    """A planner (registered here) that calls itself stale once it has seen three measured rounds: the
+    scheduler re-plans on a view that never moves, and the rounds it measured are the ones recorded."""
+    seen: list[list] = []
+
+    def plan(view, job, memory):
+        seen.append(list(memory.get("measured", [])))
+        memory["plans"] = memory.get("plans", 0) + 1
+        return planners.resolve("ring").plan(view, job)
+
+    def stale(memory):
+        return memory.get("plans", 0) == 1 and len(memory.get("measured", [])) >= 3
+
+    spec = planners.register(planners.PlannerSpec("stale-test", plan, adaptive=True, stale=stale))
+    try:
+        sched, agents, tasks = await start_cluster(uniform(4), cluster="stale", probe=False)
+        try:
+            js = await asyncio.wait_for(sched.run_job("stale-test", rounds=8, params=40_000, chunk_params=4_000), 60)
+            assert_job_exact(sched, js)
+        finally:
+            await stop_cluster(sched, tasks)
+    finally:
+        planners.SCHEMES.pop(spec.name)
+    assert len(seen) == 2 and seen[0] == []  # the opening plan, then one re-plan the staleness asked for
+    recorded = sorted(js.records, key=lambda r: r.round)
+    assert [round(s, 9) for _, _, s in seen[1]] == [round(r.round_s, 9) for r in recorded[:len(seen[1])]]
+    assert len(seen[1]) >= 3 and all(scheme == "ring" for _, scheme, _ in seen[1])

@@ -2,9 +2,11 @@
 
 A scheme is a `PlannerSpec`: the planner, the options it always gets, and what it can do between
 versions, declared rather than called by name: `adaptive` (re-planned within a job when the view
-moved) and `refresh_aux` (new auxiliary tables pushed without a new version). `memory` is what a
-planner keeps between the plans of one job (NetStorm's roots, chosen once measurements arrived):
-explicit, owned by the job, empty at its start and after a change of members.
+moved, or when its own `stale(memory)` says so) and `refresh_aux` (new auxiliary tables pushed
+without a new version). `memory` is what a planner keeps between the plans of one job (NetStorm's
+roots, chosen once measurements arrived): explicit, owned by the job, empty at its start and after a
+change of members. The scheduler adds what the job's rounds took (`memory["measured"]`: plan scheme,
+seconds) and, for a formed task's plan, the job's memory (`memory["job"]`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class PlannerSpec:
     offload: bool = False  # adaptive re-plans solve in a worker thread on a copy of the view (slow solvers)
     candidate: bool = False  # `auto` may choose it (among the specs of its kind: one-source or reduce)
     multicast_variant: str | None = None  # the spec that stands for this one under a multicasting progress model
+    stale: Callable[[Memory], bool] | None = None  # an adaptive planner's own re-plan trigger, from its memory
 
     def opening(self, job: Job) -> Job:
         """The job a whole-cluster plan is made for: a one-source scheme's is the lowest member's
@@ -130,9 +133,9 @@ def candidates(one_source: bool) -> list[PlannerSpec]:
 
 
 register(PlannerSpec("auto", auto.make(lambda: candidates(False)), adaptive=True, offload=True,
-                     refresh_aux=auto.refresh_aux(lambda: SCHEMES), multicast_variant="auto-mcast"))
+                     refresh_aux=auto.refresh_aux(lambda: SCHEMES), multicast_variant="auto-mcast", stale=auto.stale))
 register(PlannerSpec("auto-mcast", auto.make(lambda: candidates(True)), one_source=True, adaptive=True,
-                     offload=True))
+                     offload=True, stale=auto.stale))
 
 # the plain planners by scheme name (tests and tools that plan once)
 PLANNERS: dict[str, Callable[..., Plan]] = {"star": star.plan, "ring": ring.plan, "mst": mst.plan,

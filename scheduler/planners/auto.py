@@ -16,6 +16,7 @@ A formed task (partial reduce, multicast) is planned with the job's current choi
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -50,6 +51,12 @@ class Candidate:
     plan_s: float = 0.0  # CPU seconds of the solve
     sim_s: float = 0.0  # CPU seconds of the simulation
     skipped: str | None = None
+    ratio: float = 1.0  # its live rounds over its predictions, as measured while it ran (1: never run)
+    expected_s: float | None = None  # round_s x ratio: what decides
+
+    @property
+    def key(self) -> float | None:
+        return self.expected_s if self.expected_s is not None else self.round_s
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,8 @@ def lower_bound_s(plan: Plan, view: NetworkView, route: Callable[[int, int], tup
 
 def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str, dict[str, Any]], *,
              budget_s: float = BUDGET_S, costs: WanCosts = MEASURED, order: Sequence[str] = (),
-             prune: bool = True, net: SimNetwork | None = None) -> tuple[list[Candidate], dict[str, Plan]]:
+             prune: bool = True, net: SimNetwork | None = None, ratio: Mapping[str, float] | None = None
+             ) -> tuple[list[Candidate], dict[str, Plan]]:
     """Each candidate planned in `order` (the scheme in force first), then simulated — the scheme in
     force first, the others by their lower bound — until `budget_s` of this thread's CPU is spent (CPU,
     not wall time: a solver waiting for a core the agents hold costs them nothing), though
@@ -91,7 +99,10 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     the simulation of a many-tree plan is what a decision costs). A planner that raises, or a plan the
     simulator cannot finish, is skipped with the reason. `memory` holds each candidate's planner memory.
     prune=False simulates every candidate (a ranking, `wansync advise`); `net` is what to simulate on
-    (default the view's rates; advise passes a configured WAN's, delays included)."""
+    (default the view's rates; advise passes a configured WAN's, delays included). `ratio`: per scheme,
+    its live rounds over its predictions; a candidate is expected to take round_s x ratio (1 if unknown),
+    and the bound is scaled alike."""
+    ratio = ratio or {}
     rank = {s: i for i, s in enumerate(order)}
     specs = sorted(specs, key=lambda sp: rank.get(sp.name, len(rank)))
     in_force = order[0] if order else None
@@ -137,8 +148,10 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     for name in sorted(plans, key=lambda n: (n != in_force, bound[n] if bound[n] is not None else 0.0)):
         c = out[name]
         lb = bound[name]
-        if prune and name != in_force and lb is not None and lb >= best:
-            out[name] = replace(c, skipped=f"cannot win: its lower bound {lb:.3f} s >= {best:.3f} s predicted")
+        r = ratio.get(name, 1.0)
+        if prune and name != in_force and lb is not None and lb * r >= best:
+            out[name] = replace(c, ratio=r, skipped=f"cannot win: its lower bound {lb:.3f} s (x{r:.2f}) >= "
+                                                    f"{best:.3f} s expected")
             del plans[name]
             continue
         if over_budget(name, best < math.inf):
@@ -151,8 +164,8 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
             out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction: {type(exc).__name__}: {exc}")
             del plans[name]
             continue
-        out[name] = replace(c, round_s=round_s, sim_s=time.thread_time() - t1)
-        best = min(best, round_s)
+        out[name] = replace(c, round_s=round_s, sim_s=time.thread_time() - t1, ratio=r, expected_s=round_s * r)
+        best = min(best, round_s * r)
     return [out[s.name] for s in specs], plans
 
 
@@ -161,27 +174,26 @@ def decide(cands: Sequence[Candidate], current: str | None, *, margin: float = M
     """The scheme to run and why. Without one in force: the fastest predicted. Otherwise the one in
     force stays unless another is predicted faster by more than `margin` of its round and the gain over
     `payback_rounds` rounds exceeds `switch_cost_s`, or it could not be planned."""
-    ok = sorted((c for c in cands if c.round_s is not None), key=lambda c: (c.round_s, c.scheme))
+    ok = sorted((c for c in cands if c.key is not None), key=lambda c: (c.key, c.scheme))
     if not ok:
         raise NoCandidate("auto: no scheme could be planned and predicted: "
                           + "; ".join(f"{c.scheme}: {c.skipped}" for c in cands))
     best = ok[0]
-    assert best.round_s is not None
+    assert best.key is not None
     if current is None:
-        return best.scheme, f"fastest predicted ({best.round_s:.3f} s a round)"
+        return best.scheme, f"fastest expected ({best.key:.3f} s a round)"
     cur = next((c for c in cands if c.scheme == current), None)
-    if cur is None or cur.round_s is None:
+    if cur is None or cur.key is None:
         return best.scheme, f"{current} has no prediction now ({cur.skipped if cur else 'not a candidate'})"
     if best.scheme == current:
-        return current, f"still the fastest predicted ({cur.round_s:.3f} s a round)"
-    gain = cur.round_s - best.round_s
-    if gain <= margin * cur.round_s:
-        return current, (f"{best.scheme} predicted {gain / cur.round_s:.1%} faster, within the margin of "
-                         f"{margin:.0%}")
+        return current, f"still the fastest expected ({cur.key:.3f} s a round)"
+    gain = cur.key - best.key
+    if gain <= margin * cur.key:
+        return current, f"{best.scheme} expected {gain / cur.key:.1%} faster, within the margin of {margin:.0%}"
     if gain * payback_rounds <= switch_cost_s:
-        return current, (f"{best.scheme} predicted {gain:.3f} s a round faster: less than the switch's cost "
+        return current, (f"{best.scheme} expected {gain:.3f} s a round faster: less than the switch's cost "
                          f"({switch_cost_s:.3f} s) over {payback_rounds} rounds")
-    return best.scheme, f"predicted {gain / cur.round_s:.0%} faster than {current} ({best.round_s:.3f} s a round)"
+    return best.scheme, f"expected {gain / cur.key:.0%} faster than {current} ({best.key:.3f} s a round)"
 
 
 def switch_cost_s(costs: WanCosts = MEASURED) -> float:
@@ -189,6 +201,34 @@ def switch_cost_s(costs: WanCosts = MEASURED) -> float:
     (the setup and one hop that a round on the same plan overlaps). Its solve is no cost of the
     switch: auto solves every candidate at every decision, whichever runs."""
     return costs.setup_s + costs.hop_s
+
+
+STALE_ROUNDS = 3  # rounds of the scheme in force before its live time may call the decision stale
+
+
+def _since(state: dict[str, Any], measured: Sequence[tuple[int, str, float]]) -> list[float]:
+    """Round seconds of the plan in force measured since the last decision."""
+    return [sec for seq, scheme, sec in measured if seq > state["seq"] and scheme == state["plan_scheme"]]
+
+
+def learn(state: dict[str, Any], measured: Sequence[tuple[int, str, float]]) -> None:
+    """The scheme in force's live rounds over what the simulator predicted for it: from now on its
+    predictions are scaled by that ratio (a plan of many thin trees may run slower than the
+    simulator's per-chunk costs say, on a machine short of CPU). Candidates never run keep 1."""
+    recent = _since(state, measured)
+    if state["scheme"] is not None and state["predicted_s"] and len(recent) >= 2:
+        state["ratio"][state["scheme"]] = statistics.median(recent) / state["predicted_s"]
+
+
+def stale(memory: dict[str, Any]) -> bool:
+    """The scheduler's re-plan trigger: the scheme in force has run STALE_ROUNDS rounds since the last
+    decision, and their median is off what that decision expected by more than the margin."""
+    state = memory.get("auto")
+    if not state or not state.get("expect_s"):
+        return False
+    recent = _since(state, memory.get("measured", ()))
+    return (len(recent) >= STALE_ROUNDS
+            and abs(statistics.median(recent) / state["expect_s"] - 1) > state.get("margin", MARGIN))
 
 
 def make(candidates: Callable[[], Sequence[Any]]) -> Callable[[NetworkView, Job, dict[str, Any]], Plan]:
@@ -204,22 +244,27 @@ def make(candidates: Callable[[], Sequence[Any]]) -> Callable[[NetworkView, Job,
             spec = next((s for s in specs if s.name == chosen_before), None)
             if spec is not None:
                 return spec.plan(view, replace(inner_job, options={**opts, **spec.options}), {})
-        state = memory.setdefault("auto", {"scheme": None, "inner": {}, "cost": {}})
+        state = memory.setdefault("auto", {"scheme": None, "inner": {}, "cost": {}, "ratio": {}, "seq": -1,
+                                           "plan_scheme": None, "expect_s": None, "predicted_s": None})
+        margin = float(job.options.get("auto_margin", MARGIN))
+        learn(state, memory.get("measured", ()))
         t, cpu = time.perf_counter(), time.thread_time()
         # the scheme in force first, then the cheapest to decide on (a slow solver cannot starve the rest)
         cheap = sorted((s.name for s in specs if s.name != state["scheme"]), key=lambda n: state["cost"].get(n, 0.0))
         cands, plans = evaluate(view, inner_job, specs, state["inner"],
                                 budget_s=float(job.options.get("auto_budget_s", BUDGET_S)),
-                                order=[s for s in (state["scheme"], *cheap) if s])
+                                order=[s for s in (state["scheme"], *cheap) if s], ratio=state["ratio"])
         try:
-            chosen, why = decide(cands, state["scheme"], margin=float(job.options.get("auto_margin", MARGIN)),
-                                 switch_cost_s=switch_cost_s())
+            chosen, why = decide(cands, state["scheme"], margin=margin, switch_cost_s=switch_cost_s())
         except NoCandidate as exc:
             if state["scheme"] not in plans:  # nothing at all to run: the job cannot go on with auto
                 raise
             chosen, why = state["scheme"], f"kept: {exc}"
         d = Decision(chosen, state["scheme"], why, tuple(cands), time.thread_time() - cpu, time.perf_counter() - t)
-        state["scheme"] = chosen
+        mine = next(c for c in cands if c.scheme == chosen)
+        measured = memory.get("measured") or [(-1, "", 0.0)]
+        state.update(scheme=chosen, plan_scheme=plans[chosen].scheme, predicted_s=mine.round_s,
+                     expect_s=mine.key, seq=measured[-1][0], margin=margin)
         state["cost"].update({c.scheme: c.plan_s + c.sim_s for c in cands if c.plan_s or c.sim_s})
         memory.setdefault("events", []).append({"kind": "auto", **d.wire()})
         out = plans[chosen]
