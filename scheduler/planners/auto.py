@@ -88,24 +88,24 @@ def lower_bound_s(plan: Plan, view: NetworkView, route: Callable[[int, int], tup
 
 
 def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str, dict[str, Any]], *,
-             budget_s: float = BUDGET_S, costs: WanCosts = MEASURED, order: Sequence[str] = (),
-             prune: bool = True, net: SimNetwork | None = None, ratio: Mapping[str, float] | None = None
-             ) -> tuple[list[Candidate], dict[str, Plan]]:
-    """Each candidate planned in `order` (the scheme in force first), then simulated — the scheme in
-    force first, the others by their lower bound — until `budget_s` of this thread's CPU is spent (CPU,
-    not wall time: a solver waiting for a core the agents hold costs them nothing), though
-    never before one candidate has a prediction. A candidate whose lower bound
-    is no better than the fastest prediction so far cannot win and is not simulated (branch and bound:
-    the simulation of a many-tree plan is what a decision costs). A planner that raises, or a plan the
-    simulator cannot finish, is skipped with the reason. `memory` holds each candidate's planner memory.
+             budget_s: float = BUDGET_S, costs: WanCosts = MEASURED, in_force: str | None = None,
+             order: Sequence[str] = (), prune: bool = True, net: SimNetwork | None = None,
+             ratio: Mapping[str, float] | None = None) -> tuple[list[Candidate], dict[str, Plan]]:
+    """Each candidate planned (`in_force`, the scheme running now, first; then in `order`), then
+    simulated (`in_force` first, the others by their lower bound) until `budget_s` of this thread's
+    CPU is spent (CPU, not wall time: a solver waiting for a core the agents hold costs them nothing),
+    though never before one candidate has a prediction, and never skipping `in_force`. A candidate
+    whose lower bound is no better than the fastest expectation so far cannot win and is not simulated
+    (branch and bound: the simulation of a many-tree plan is what a decision costs). A planner that
+    raises, or a plan the simulator cannot finish, is skipped with the reason. `memory` holds each
+    candidate's planner memory.
     prune=False simulates every candidate (a ranking, `wansync advise`); `net` is what to simulate on
     (default the view's rates; advise passes a configured WAN's, delays included). `ratio`: per scheme,
     its live rounds over its predictions; a candidate is expected to take round_s x ratio (1 if unknown),
     and the bound is scaled alike."""
     ratio = ratio or {}
     rank = {s: i for i, s in enumerate(order)}
-    specs = sorted(specs, key=lambda sp: rank.get(sp.name, len(rank)))
-    in_force = order[0] if order else None
+    specs = sorted(specs, key=lambda sp: (sp.name != in_force, rank.get(sp.name, len(rank))))
     start = time.thread_time()
     out: dict[str, Candidate] = {}
     plans: dict[str, Plan] = {}
@@ -250,10 +250,10 @@ def make(candidates: Callable[[], Sequence[Any]]) -> Callable[[NetworkView, Job,
         learn(state, memory.get("measured", ()))
         t, cpu = time.perf_counter(), time.thread_time()
         # the scheme in force first, then the cheapest to decide on (a slow solver cannot starve the rest)
-        cheap = sorted((s.name for s in specs if s.name != state["scheme"]), key=lambda n: state["cost"].get(n, 0.0))
+        cheap = sorted((s.name for s in specs), key=lambda n: state["cost"].get(n, 0.0))
         cands, plans = evaluate(view, inner_job, specs, state["inner"],
                                 budget_s=float(job.options.get("auto_budget_s", BUDGET_S)),
-                                order=[s for s in (state["scheme"], *cheap) if s], ratio=state["ratio"])
+                                in_force=state["scheme"], order=cheap, ratio=state["ratio"])
         try:
             chosen, why = decide(cands, state["scheme"], margin=margin, switch_cost_s=switch_cost_s())
         except NoCandidate as exc:
