@@ -32,8 +32,10 @@ from .view import DisconnectedView, NetworkView
 log = logging.getLogger("wansync.scheduler")
 
 # A re-plan takes at most this share of one core: the solver shares the machine with the agents (on
-# one machine, all of them), and a dense mesh's packing LP takes 0.2-0.5 s where UPDATE_TIME may be 0.25 s
+# one machine, all of them), and a dense mesh's packing LP takes 0.2-0.5 s where UPDATE_TIME may be 0.25 s.
+# Solves in the niced solver process (offload) yield to the agents by priority, so they may take more.
 REPLAN_CPU_SHARE = 0.1
+OFFLOAD_CPU_SHARE = 0.5
 TASK_OPTIONS = ("weights", "max_attempts", "sharing")  # a formed task's options that are not the planner's
 def _retrieved(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
@@ -44,10 +46,11 @@ class Unplannable(DisconnectedView):
     """A formed task has nobody left to contribute or receive: it is given up at once."""
 
 
-def replan_due(since_last_s: float, update_time_s: float, last_solve_s: float) -> bool:
+def replan_due(since_last_s: float, update_time_s: float, last_solve_s: float,
+               share: float = REPLAN_CPU_SHARE) -> bool:
     """May a new re-plan start `since_last_s` after the last one began? Not before UPDATE_TIME, nor
-    before the last solve's time over REPLAN_CPU_SHARE (a slow solver re-plans less often)."""
-    return since_last_s >= max(update_time_s, last_solve_s / REPLAN_CPU_SHARE)
+    before the last solve's CPU time over `share` (a slow solver re-plans less often)."""
+    return since_last_s >= max(update_time_s, last_solve_s / share)
 
 
 class Versions:
@@ -105,7 +108,8 @@ class Versions:
         if js.replanning is not None and js.replanning.done():
             self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
         if (js.replanning is None and js.planner is not None and js.planner.adaptive and t.round > 0
-                and replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s)
+                and replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s,
+                               OFFLOAD_CPU_SHARE if js.planner.offload else REPLAN_CPU_SHARE)
                 and (self.view.changed_since(js.view_at_plan, self.update_rate)
                      or (js.planner.stale is not None and js.planner.stale(js.memory)))):
             js.replans += 1

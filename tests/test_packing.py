@@ -352,6 +352,7 @@ def test_a_slow_solver_re_plans_less_often():
     """Not before UPDATE_TIME, nor before ten times the last solve (REPLAN_CPU_SHARE)."""
     assert replan_due(0.3, 0.25, 0.0) and not replan_due(0.2, 0.25, 0.0)
     assert not replan_due(0.3, 0.25, 0.5) and replan_due(5.0, 0.25, 0.5)
+    assert not replan_due(0.9, 0.25, 0.5, share=0.5) and replan_due(1.0, 0.25, 0.5, share=0.5)  # niced solves
 
 
 @pytest.mark.unit
