@@ -110,9 +110,9 @@ async def test_the_scheduler_re_solves_off_its_loop_as_the_view_moves_and_rounds
 @pytest.mark.loopback
 async def test_the_scheduler_spaces_re_plans_by_their_solve_time(monkeypatch):
     """The same moving view, but a solver allowed a vanishing share of a core: after its first re-plan
-    the next is never due, so the job re-plans once."""
+    the next is never due, so the job re-plans once (packing solves off the loop: the offload share)."""
     import scheduler.versions as versions
-    monkeypatch.setattr(versions, "REPLAN_CPU_SHARE", 1e-9)
+    monkeypatch.setattr(versions, "OFFLOAD_CPU_SHARE", 1e-9)
     sched, js = await packing_job_on_a_moving_view()
     assert js.replans == 1
 
