@@ -209,3 +209,18 @@ def test_accuracy_vs_time_is_drawn_from_a_training_runs_accuracy_records(tmp_pat
     assert_real_png(tmp_path / "train_accuracy.png")
     ts, ys = mean_curve([(0.0, 0, 0.2), (0.5, 1, 0.4), (1.0, 0, 0.6)])
     assert ts == [0.5, 1.0] and ys == [pytest.approx(0.3), pytest.approx(0.5)]  # from when both evaluated
+
+
+@pytest.mark.loopback
+def test_an_auto_run_plots_its_decisions_against_its_rounds(tmp_path):
+    """A real `--schemes auto` run: the auto figure is drawn from its decisions and rounds."""
+    out = tmp_path / "a.jsonl"
+    res = subprocess.run([sys.executable, "-m", "wansync.cli", "run", "--nodes", "4", "--topology", "hetero",
+                          "--schemes", "auto", "--scale", "0.005", "--rounds", "2", "--no-http", "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    decisions = [json.loads(line) for line in out.read_text().splitlines() if '"kind": "auto"' in line]
+    assert decisions and all(d["data"]["candidates"] for d in decisions)
+    written, _ = plot(out, tmp_path / "fig")
+    assert tmp_path / "fig" / "a_auto.png" in written
+    assert_real_png(tmp_path / "fig" / "a_auto.png")

@@ -4,7 +4,8 @@ Figures: round time per scheme (box plot and CDF of measured rounds), throughput
 (from `throughput` records; schema 1 files fall back to passive `link_sample`s), speedup over the
 star baseline (skipped, with the reason, when the file has no star rounds), and task timelines of
 tasks jobs (one bar per task, and each node's parts; not drawn when every job ran BSP rounds), and
-held-out accuracy against time per scheme for training runs (`accuracy` records; accuracy_plot.py).
+held-out accuracy against time per scheme for training runs (`accuracy` records; accuracy_plot.py),
+and auto's decisions against the live rounds (`auto` events; auto_plot.py).
 
 Schema 3 records every task (`task`); a BSP job's tasks are its rounds, a tasks job's (partial
 reduces the scheduler formed, told by its `job` event's mode) are drawn as tasks only. Schema 1
@@ -27,6 +28,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .accuracy_plot import accuracy_figure  # noqa: E402
+from .auto_plot import auto_figure  # noqa: E402
 
 SUPPORTED_SCHEMAS = (1, 2, 3)
 TOP_LINKS = 10  # more lines than this are unreadable; the rest are drawn thin and grey
@@ -89,6 +91,8 @@ def plot(path: Path, out_dir: Path | None = None) -> tuple[list[Path], list[str]
         figures.append(("task_timelines", _task_timelines))
     if by_type["accuracy"]:  # a real-training run (agents.training): held-out accuracy against time
         figures.append(("accuracy", accuracy_figure))
+    if any(e.get("kind") == "auto" for e in by_type["event"]):  # --schemes auto: its decisions
+        figures.append(("auto", auto_figure))
     for name, fn in figures:
         target = out_dir / f"{stem}_{name}.png"
         why = fn(target, title, rounds, by_type)
