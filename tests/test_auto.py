@@ -22,6 +22,7 @@ from scheduler.deadline import view_network
 from scheduler.planners import auto
 from scheduler.planners.auto import Candidate, decide, lower_bound_s
 from scheduler.records import measured
+from scheduler.view import NetworkView
 from sim import MEASURED, simulate
 from wansync.predict import oracle_view
 
@@ -395,3 +396,19 @@ async def test_the_scheduler_feeds_measured_rounds_to_the_planner_and_re_plans_w
     recorded = sorted(js.records, key=lambda r: r.round)
     assert [round(s, 9) for _, _, s in seen[1]] == [round(r.round_s, 9) for r in recorded[:len(seen[1])]]
     assert len(seen[1]) >= 3 and all(scheme == "ring" for _, scheme, _ in seen[1])
+
+
+@pytest.mark.unit
+def test_rounds_run_on_a_plan_made_from_nominal_guesses_teach_auto_nothing():
+    """A decision on a view that knows none of the plan's links predicted from guesses: the rounds
+    after it say nothing of the simulator, so no ratio is learned from them."""
+    planner = auto.make(lambda: [planners.resolve("star"), planners.resolve("ring")])
+    topo = hub()
+    unknown = NetworkView(topo.links)  # every link at the nominal rate, none measured
+    memory: dict = {}
+    plan = planner(unknown, job(5), memory)
+    decision(memory)
+    for _ in range(auto.STALE_ROUNDS):
+        measured(memory, plan.scheme, 10.0)
+    planner(oracle_view(topo), job(5), memory)
+    assert all(c["ratio"] == 1.0 for c in decision(memory)["candidates"])

@@ -78,6 +78,14 @@ class Decision:
                 "candidates": [asdict(c) for c in self.candidates]}
 
 
+def router(view: NetworkView) -> Callable[[int, int], tuple[int, ...]]:
+    """The agents' min-hop routes over the view's links (a tree edge between non-neighbours is relayed)."""
+    adj: dict[int, list[int]] = {}
+    for a, b in view.links():
+        adj.setdefault(a, []).append(b)
+    return Routes(adj).route
+
+
 def lower_bound_s(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[int, ...]]) -> float | None:
     """No round of `plan` can be shorter than its busiest link's bytes at the view's rate (a plan with
     auxiliary routes may move bytes off its tree links: no bound, None)."""
@@ -110,10 +118,7 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     out: dict[str, Candidate] = {}
     plans: dict[str, Plan] = {}
     bound: dict[str, float | None] = {}
-    adj: dict[int, list[int]] = {}
-    for a, b in view.links():
-        adj.setdefault(a, []).append(b)
-    route = Routes(adj).route
+    route = router(view)
 
     def over_budget(name: str, have_one: bool) -> bool:
         """Past the budget, skip all but the scheme in force — once there is something to run."""
@@ -214,9 +219,11 @@ def _since(state: dict[str, Any], measured: Sequence[tuple[int, str, float]]) ->
 def learn(state: dict[str, Any], measured: Sequence[tuple[int, str, float]]) -> None:
     """The scheme in force's live rounds over what the simulator predicted for it: from now on its
     predictions are scaled by that ratio (a plan of many thin trees may run slower than the
-    simulator's per-chunk costs say, on a machine short of CPU). Candidates never run keep 1."""
+    simulator's per-chunk costs say, on a machine short of CPU). Only where that prediction rested on
+    measured rates (every link of the plan known to the view at the decision): a prediction on nominal
+    guesses says nothing of the simulator. Candidates never run keep 1: the simulator's word."""
     recent = _since(state, measured)
-    if state["scheme"] is not None and state["predicted_s"] and len(recent) >= 2:
+    if state["scheme"] is not None and state["predicted_s"] and state.get("learnable") and len(recent) >= 2:
         state["ratio"][state["scheme"]] = statistics.median(recent) / state["predicted_s"]
 
 
@@ -264,7 +271,8 @@ def make(candidates: Callable[[], Sequence[Any]]) -> Callable[[NetworkView, Job,
         mine = next(c for c in cands if c.scheme == chosen)
         measured = memory.get("measured") or [(-1, "", 0.0)]
         state.update(scheme=chosen, plan_scheme=plans[chosen].scheme, predicted_s=mine.round_s,
-                     expect_s=mine.key, seq=measured[-1][0], margin=margin)
+                     expect_s=mine.key, seq=measured[-1][0], margin=margin,
+                     learnable=view.coverage_of(link_loads(plans[chosen], router(view))) >= 1.0)
         state["cost"].update({c.scheme: c.plan_s + c.sim_s for c in cands if c.plan_s or c.sim_s})
         memory.setdefault("events", []).append({"kind": "auto", **d.wire()})
         out = plans[chosen]
