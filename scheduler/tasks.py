@@ -168,14 +168,14 @@ class JobState:
     stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     records: list[TaskRecord] = field(default_factory=list)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
-    view_at_plan: dict[tuple[int, int], float] = field(default_factory=dict)
+    view_at_plan: dict[tuple, float] = field(default_factory=dict)  # NetworkView.snapshot()
     policy_s: float = 0.0
     t0: float = 0.0
     last_plan_t: float = 0.0
     replans: int = 0
     replan_s: float = 0.0  # the last re-plan's solve (versions.replan_due spaces the next by it)
     replanning: asyncio.Future | None = None  # an off-loop re-plan under way (PlannerSpec.offload)
-    view_at_aux: dict[tuple[int, int], float] = field(default_factory=dict)
+    view_at_aux: dict[tuple, float] = field(default_factory=dict)
     last_aux_t: float = 0.0
     aux_updates: int = 0  # AUX_UPDATE pushes: new auxiliary tables without a new version
     aborts: list[dict[str, Any]] = field(default_factory=list)  # every aborted attempt, with why and when

@@ -245,8 +245,11 @@ class NetworkView:
         edges = self.g.number_of_edges()
         return sum(1 for *_, m in self.g.edges(data="measured") if m) / edges if edges else 0.0
 
-    def snapshot(self) -> dict[tuple[int, int], float]:
-        return {(a, b): r for a, b, r in self.g.edges(data="rate")}
+    def snapshot(self) -> dict[tuple[int, int] | tuple[int, str], float]:
+        """Every link's rate, and every node cap as declared ((node, "up" | "down")): what plans rest on."""
+        out: dict[tuple[int, int] | tuple[int, str], float] = {(a, b): r for a, b, r in self.g.edges(data="rate")}
+        out.update({key: e["nominal"] for key, e in self.caps.items()})
+        return out
 
     def require_connected(self, participants: Iterable[int]) -> None:
         parts = list(participants)
@@ -258,8 +261,8 @@ class NetworkView:
             raise DisconnectedView(f"the view does not connect participants {sorted(set(parts) - reach)} "
                                    f"to node {parts[0]}")
 
-    def changed_since(self, old: dict[tuple[int, int], float], threshold: float) -> bool:
-        """Did any link's rate move by more than `threshold` (relative) since `old`?"""
+    def changed_since(self, old: dict[tuple[int, int] | tuple[int, str], float], threshold: float) -> bool:
+        """Did any link's rate, or a node's declared cap, move by more than `threshold` (relative) since `old`?"""
         now = self.snapshot()
         return any(abs(now[k] - old.get(k, self.nominal)) > threshold * max(old.get(k, self.nominal), 1e-9)
                    for k in now)

@@ -412,3 +412,33 @@ def test_rounds_run_on_a_plan_made_from_nominal_guesses_teach_auto_nothing():
         measured(memory, plan.scheme, 10.0)
     planner(oracle_view(topo), job(5), memory)
     assert all(c["ratio"] == 1.0 for c in decision(memory)["candidates"])
+
+
+@pytest.mark.unit
+def test_auto_sees_node_caps_and_a_cap_that_moves_is_a_change_of_the_view():
+    """Caps bind (every node's port at 100 Mbit/s on a mesh whose ring links run at 400): a tree
+    packing that ignores ports loses, and auto, whose simulation takes the declared caps, does not run
+    it; a declared cap that moves by more than the update rate is a change of the view, as a link's is."""
+    from emulation.simnet import sim_network
+    from emulation.topology import from_dict
+
+    n = 6
+    rates = [[0 if a == b else (400.0 if (b - a) % n in (1, n - 1) else 20.0) for b in range(n)] for a in range(n)]
+    capped = from_dict({"nodes": n, "matrix": rates, "defaults": {"delay_ms": 0},
+                        "caps": [{"node": k, "uplink_mbps": 100.0, "downlink_mbps": 100.0} for k in range(n)]})
+    view = oracle_view(capped)
+    plan = planners.resolve("auto").plan(view, job(n), memory := {})
+    own = {}
+    for s in ("packing", "ring"):  # worked out here: each on the capped network
+        p = planners.resolve(s).plan(view, job(n, **planners.resolve(s).options))
+        own[s] = simulate(p, sim_network(capped, None), costs=MEASURED).round_s
+    assert own["ring"] < 0.5 * own["packing"]
+    d = decision(memory)
+    assert d["chosen"] != "packing" and plan.scheme != "packing"
+    [chosen] = [c for c in d["candidates"] if c["scheme"] == d["chosen"]]
+    assert chosen["round_s"] <= own["ring"] * (1 + 1e-9)
+    before = view.snapshot()
+    view.declare_cap(2, "up", 105.0)
+    assert not view.changed_since(before, 0.1)
+    view.declare_cap(2, "up", 200.0)
+    assert view.changed_since(before, 0.1)

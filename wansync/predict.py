@@ -27,6 +27,10 @@ def oracle_view(topo: Topology) -> NetworkView:
     for (a, b), spec in topo.links.items():
         e = view.g.edges[a, b]
         e["rate"], e["measured"] = spec.rate_mbps, True
+    for n, mbps in topo.uplink_mbps.items():  # node caps as the nodes declare them at registration
+        view.set_cap(n, "up", mbps)
+    for n, mbps in topo.downlink_mbps.items():
+        view.set_cap(n, "down", mbps)
     return view
 
 

@@ -100,7 +100,7 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
              order: Sequence[str] = (), prune: bool = True, net: SimNetwork | None = None,
              ratio: Mapping[str, float] | None = None) -> tuple[list[Candidate], dict[str, Plan]]:
     """Each candidate planned (`in_force`, the scheme running now, first; then in `order`), then
-    simulated (`in_force` first, the others by their lower bound) until `budget_s` of this thread's
+    simulated (`in_force` first, the others cheapest first: fewest trees) until `budget_s` of this thread's
     CPU is spent (CPU, not wall time: a solver waiting for a core the agents hold costs them nothing),
     though never before one candidate has a prediction, and never skipping `in_force`. A candidate
     whose lower bound is no better than the fastest expectation so far cannot win and is not simulated
@@ -150,7 +150,9 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
         out[spec.name] = Candidate(spec.name, plan_s=took)
     net = view_network(view) if net is None else net
     best = math.inf
-    for name in sorted(plans, key=lambda n: (n != in_force, bound[n] if bound[n] is not None else 0.0)):
+    # cheapest to simulate first (a plan's groups are its trees: a many-tree plan's simulation is what
+    # a decision costs), so that the budget goes to the most candidates and the best so far can prune
+    for name in sorted(plans, key=lambda n: (n != in_force, len(plans[n].groups), bound[n] or 0.0)):
         c = out[name]
         lb = bound[name]
         r = ratio.get(name, 1.0)
