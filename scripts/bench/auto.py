@@ -8,10 +8,12 @@ Four parts, one table each (application backend, probing on, resnet50 x --scale)
   slower cannot be the live winner; the full run: every candidate). Figures: auto's median round over
   the best fixed scheme's, switches after the warm-up rounds (flaps), and whether the advised top
   scheme's live median is within 3 % of the live winner's.
-- flipping trace (designed here): a 6-node mesh whose rates alternate every period between a hub
-  pattern (node 0 fast to everyone) and a ring pattern (neighbours fast). Its flips are counted by the
+- flipping trace (designed here): a 6-node mesh, ring neighbours fast and chords slow, whose nodes'
+  ports alternate every period between loose (tree packing's many trees win) and binding at 100
+  Mbit/s (the ring wins: packing's LP knows links, not ports). Its flips are counted by the
   simulator: a segment boundary where the previous segment's winner is predicted more than auto's
-  margin slower than the new segment's. Live: auto, ring and each segment's winner, R rounds each
+  margin slower than the new segment's; a switch with no flip in the two periods before it is a flap.
+  Live: auto, ring and each segment's winner, R rounds each
   (the trace restarts with every job); the whole-run time to R rounds, auto's over the best fixed one's.
 - random trace: NetStorm's model (every directed link redrawn uniformly in 20-155 Mbit/s every period)
   on internet2, seeded by --trace-seed: auto and the fixed schemes advised within QUICK_WITHIN x.
@@ -53,7 +55,8 @@ from wansync.runspec import resolve  # noqa: E402
 SCALE, MODEL = 0.05, "resnet50"
 STATIC = [("internet2", None, 1), ("geo:aws10:x=0.02", None, 1), ("hetero:20-155", 8, 3)]
 QUICK_WITHIN = 1.5
-FLIP_NODES, FLIP_FAST, FLIP_SLOW, FLIP_PERIOD_S = 6, 400.0, 20.0, 100.0  # period at full scale
+FLIP_NODES, FLIP_FAST, FLIP_SLOW, FLIP_PERIOD_S = 6, 400.0, 20.0, 200.0  # period at full scale
+FLIP_CAPS = (10_000.0, 100.0)  # every node's ports: loose (tree packing wins), then binding (ring wins)
 RANDOM_PERIOD_S = 180.0  # NetStorm's redraw period, full scale
 console = Console(width=160)
 
@@ -152,43 +155,45 @@ def static(quick: bool) -> tuple[Table, dict[str, Any]]:
 
 
 # --- the flipping trace ----------------------------------------------------------------------------
-def flip_rates(phase: int) -> dict[tuple[int, int], float]:
+def flip_topology(cap_mbps: float) -> Any:
+    """FLIP_NODES nodes, ring neighbours at FLIP_FAST, chords at FLIP_SLOW, every node's ports at cap."""
+    from emulation.topology import from_dict
     n = FLIP_NODES
-
-    def fast(a: int, b: int) -> bool:
-        return 0 in (a, b) if phase == 0 else (b - a) % n in (1, n - 1)
-    return {(a, b): FLIP_FAST if fast(a, b) else FLIP_SLOW for a in range(n) for b in range(n) if a != b}
+    rates = [[0 if a == b else (FLIP_FAST if (b - a) % n in (1, n - 1) else FLIP_SLOW) for b in range(n)]
+             for a in range(n)]
+    return from_dict({"nodes": n, "matrix": rates, "defaults": {"delay_ms": 0},
+                      "caps": [{"node": k, "uplink_mbps": cap_mbps, "downlink_mbps": cap_mbps} for k in range(n)]},
+                     f"flip{n}")
 
 
 def flip_files(d: Path, segments: int) -> tuple[str, str]:
-    n = FLIP_NODES
-    rates = flip_rates(0)
-    topo = d / "flip.toml"
-    topo.write_text(f'name = "flip{n}"\nnodes = {n}\n'
-                    f"matrix = {[[0 if a == b else rates[a, b] for b in range(n)] for a in range(n)]}\n"
-                    "[defaults]\ndelay_ms = 0\n")
+    """The topology (ports loose) and a CSV trace that tightens every port to FLIP_CAPS[1] and loosens it
+    again every FLIP_PERIOD_S (full scale): links stay as they are, only the ports move."""
+    topo = flip_topology(FLIP_CAPS[0])
+    path = d / "flip.json"
+    path.write_text(json.dumps({"nodes": topo.nodes, "name": topo.name, "defaults": {"delay_ms": 0},
+                                "links": [{"src": a, "dst": b, "rate_mbps": sp.rate_mbps}
+                                          for (a, b), sp in topo.links.items()],
+                                "caps": [{"node": k, "uplink_mbps": FLIP_CAPS[0], "downlink_mbps": FLIP_CAPS[0]}
+                                         for k in range(topo.nodes)]}))
     trace = d / "flip.csv"
     lines = ["time,src,dst,rate"]
     for k in range(1, segments):
-        for (a, b), r in flip_rates(k % 2).items():
-            lines.append(f"{k * FLIP_PERIOD_S},{a},{b},{r}")
+        cap = FLIP_CAPS[k % 2]
+        for node in range(topo.nodes):
+            lines += [f"{k * FLIP_PERIOD_S},{node},-1,{cap}", f"{k * FLIP_PERIOD_S},-1,{node},{cap}"]
     trace.write_text("\n".join(lines) + "\n")
-    return str(topo), f"csv:{trace}"
+    return str(path), f"csv:{trace}"
 
 
-def flipping(rounds: int) -> tuple[Table, dict[str, Any]]:
-    from emulation.link import LinkSpec
-    from emulation.topology import Topology
-    phases = [Topology(f"flip-{p}", FLIP_NODES, {ln: LinkSpec(r, 0.0) for ln, r in flip_rates(p).items()})
-              for p in (0, 1)]
-    ranks = [advised(p) for p in phases]
+def flipping(rounds: int, segments: int = 4) -> tuple[Table, dict[str, Any]]:
+    ranks = [advised(flip_topology(c).scaled(SCALE)) for c in FLIP_CAPS]
     winners = [r[0].scheme for r in ranks]
     pred = [{c.scheme: c.round_s for c in r} for r in ranks]
-    segments = 4
     # a flip: the previous segment's winner is predicted more than the margin slower in the next segment
-    flips = sum(1 for k in range(1, segments)
-                if (pred[k % 2].get(winners[(k - 1) % 2]) or float("inf"))
-                > (1 + auto_planner.MARGIN) * pred[k % 2][winners[k % 2]])
+    flip_at = [k for k in range(1, segments)
+               if (pred[k % 2].get(winners[(k - 1) % 2]) or float("inf"))
+               > (1 + auto_planner.MARGIN) * pred[k % 2][winners[k % 2]]]
     with tempfile.TemporaryDirectory() as d:
         topo, trace = flip_files(Path(d), segments)
         fixed = sorted(set(winners) | {"ring"})
@@ -198,23 +203,24 @@ def flipping(rounds: int) -> tuple[Table, dict[str, Any]]:
     best = min((j for j in jobs if j.scheme != "auto"), key=lambda j: j.span_s)
     period = FLIP_PERIOD_S * SCALE
     switches = [d for d in a.decisions if d["switched"]]
-    latency = []
-    flap = 0
+    latency, flaps = [], 0
     for d in switches:
-        since = (d["at"] - a.t0) % period
-        latency.append(since)
-        k = int((d["at"] - a.t0) // period)
-        if k == 0:
-            flap += 1  # a switch in the first segment changes nothing the trace did
-    t = Table(title=f"flipping trace: {FLIP_NODES}-node mesh, hub <-> ring every {period:g} s; "
-                    f"winners {winners[0]} / {winners[1]}, {flips} flip(s) in {segments} segments")
-    for col in ("scheme", f"time to {rounds} rounds s", "median round s", "exact", "guard", "ran"):
+        t = d["at"] - a.t0
+        recent = [k for k in flip_at if 0 <= t - k * period <= 2 * period]
+        if recent:
+            latency.append(t - max(recent) * period)
+        else:
+            flaps += 1  # no flip in the two periods before it
+    t = Table(title=f"flipping trace: {FLIP_NODES}-node ring mesh, every port {FLIP_CAPS[0]:g} <-> {FLIP_CAPS[1]:g} "
+                    f"Mbit/s every {period:g} s; winners {winners[0]} / {winners[1]}, flips at segments {flip_at}")
+    for col in ("scheme", f"time to {rounds} rounds s", "median round s", "exact", "guard", "ran", "switches"):
         t.add_column(col)
     for j in jobs:
         t.add_row(j.scheme, f"{j.span_s:.2f}", f"{j.median_s:.3f}", "yes" if j.wrong == 0 else f"{j.wrong} wrong",
-                  j.verdict, ",".join(j.schemes_run))
-    return t, {"auto_vs_best_fixed_flip": round(a.span_s / best.span_s, 3), "flips": flips,
-               "switches_flip": len(switches), "flaps_flip": flap,
+                  j.verdict, ",".join(j.schemes_run),
+                  "; ".join(f"{d['at'] - j.t0:.1f}s->{d['chosen']}" for d in j.decisions if d["switched"]))
+    return t, {"auto_vs_best_fixed_flip": round(a.span_s / best.span_s, 3), "flips": len(flip_at),
+               "switches_flip": len(switches), "flaps_flip": flaps,
                "switch_latency_s": round(statistics.median(latency), 2) if latency else None,
                "plan_s": [d.get("wall_s", d["decide_s"]) for d in a.decisions],
                "rounds_wrong": sum(j.wrong for j in jobs), "live_guard_valid": all(j.valid for j in jobs)}
