@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from core.classes import MAX_WEIGHT, NO_DEADLINE, PRIORITIES
+
 from . import fieldcheck as fc
 from .fieldcheck import MAX_ITEMS, MAX_NODE, MAX_TEXT  # noqa: F401 (re-exported: the wire's bounds)
 
@@ -614,8 +616,89 @@ class Ack(Record):
 PAYLOAD_TYPES = frozenset({Msg.CHUNK.value})
 
 
+# --- the hot types' checks, inlined: exactly the rules of their records and cross checks above ----------------
+# True only where the generic path accepts the header too (tests/test_hot_validation.py holds them to it);
+# False (or KeyError/TypeError) hands the header to the generic path. `type(v) is int` keeps bools out.
+_KINDS = frozenset(CHUNK_KINDS)
+_CONTRIBUTORS_MAX = MAX_NODE // 8  # Chunk.contributors: fc.text(MAX_NODE // 8)
+_isfinite = math.isfinite
+
+
+def _chunk_ok(h: dict[str, Any]) -> bool:
+    job, task, attempt, version, chunk = h["job"], h["task"], h["attempt"], h["version"], h["chunk"]
+    origin, hop, off, total, nbytes = h["origin"], h["hop"], h["off"], h["total"], h["nbytes"]
+    kind, contributors, t_send, path = h["kind"], h["contributors"], h["t_send"], h["path"]
+    if not (type(job) is int and type(task) is int and type(attempt) is int and type(version) is int
+            and type(chunk) is int and type(origin) is int and type(hop) is int and type(off) is int
+            and type(total) is int and type(nbytes) is int and job >= 0 and task >= 0 and attempt >= 0
+            and version >= 0 and chunk >= 0 and hop >= 0 and off >= 0 and 0 <= origin < MAX_NODE):
+        return False
+    if type(kind) is not str or kind not in _KINDS or kind == "probe":  # probes: the generic path's rules
+        return False
+    if type(contributors) is not bytes or len(contributors) > _CONTRIBUTORS_MAX:
+        return False
+    if not ((type(t_send) is float and _isfinite(t_send)) or type(t_send) is int):
+        return False
+    if type(path) is not list:
+        return False
+    n = len(path)
+    if not 2 <= n <= MAX_ITEMS or not 0 <= hop < n - 1:
+        return False
+    for x in path:
+        if type(x) is not int or not 0 <= x < MAX_NODE:
+            return False
+    if len(set(path)) != n:
+        return False
+    if not (0 < nbytes and total <= MAX_CHUNK_BYTES and off + nbytes <= total and not (nbytes | off | total) & 3):
+        return False
+    if "cls" in h:
+        return _cls_ok(h["cls"])
+    return True
+
+
+def _cls_ok(v: Any) -> bool:
+    """fc.traffic_class, inlined: [tree, weight in (0, MAX_WEIGHT], priority, deadline >= 0 or none]."""
+    if type(v) is not list or len(v) != 4:
+        return False
+    tree, weight, prio, deadline = v
+    if type(tree) is not int or not 0 <= tree < MAX_ITEMS:
+        return False
+    if not ((type(weight) is float and _isfinite(weight)) or type(weight) is int) or not 0 < weight <= MAX_WEIGHT:
+        return False
+    if type(prio) is not int or not 0 <= prio < PRIORITIES:
+        return False
+    if not ((type(deadline) is float and _isfinite(deadline)) or type(deadline) is int):
+        return False
+    return deadline >= 0 or deadline == NO_DEADLINE
+
+
+def _ack_ok(h: dict[str, Any]) -> bool:
+    job, task, attempt, version, chunk = h["job"], h["task"], h["attempt"], h["version"], h["chunk"]
+    kind, origin, dst = h["kind"], h["origin"], h["dst"]
+    return (type(job) is int and type(task) is int and type(attempt) is int and type(version) is int
+            and type(chunk) is int and type(origin) is int and type(dst) is int and job >= 0 and task >= 0
+            and attempt >= 0 and version >= 0 and chunk >= 0 and 0 <= origin < MAX_NODE and 0 <= dst < MAX_NODE
+            and type(kind) is str and kind in _KINDS and not h.get("nbytes", 0))
+
+
 def validate(header: Any, peer: object = None) -> dict[str, Any]:
-    """Return the header if it is a known, complete, well-typed message; raise ProtocolError if not."""
+    """Return the header if it is a known, complete, well-typed message; raise ProtocolError if not.
+
+    CHUNK and ACK (half of all frames each, on the data plane) first try a check of the well-formed
+    case with every field's rule inlined; whatever it does not accept, the generic path below judges,
+    and names the field."""
+    if type(header) is dict:
+        t = header.get("t")
+        try:
+            if (t == "CHUNK" and _chunk_ok(header)) or (t == "ACK" and _ack_ok(header)):
+                return header
+        except (KeyError, TypeError):  # a field missing or of an odd type: the generic path says which
+            pass
+    return _validate(header, peer)
+
+
+def _validate(header: Any, peer: object) -> dict[str, Any]:
+    """The generic path: every record's fields by its spec, then its cross checks."""
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a {type(header).__name__}, not a map", peer=peer)
     t = header.get("t")
