@@ -139,6 +139,7 @@ class LinkSender:
         self._control: deque[dict[str, Any]] = deque()
         self._acks: list[ChunkKey] = []  # chunks received whole here, to acknowledge (_flush_acks)
         self._mid_frame = False  # unpaced: the send loop is between a frame's pieces (nothing may cut in)
+        self._direct = segment_bytes  # _direct_segment() as of the current pick (_next_segment)
         self.ack_frames = 0  # ACK/ACKS frames sent, and the keys they carried
         self.acks_sent = 0
         self._wake = asyncio.Event()
@@ -279,14 +280,15 @@ class LinkSender:
     def _next_segment(self) -> tuple[Transfer, memoryview] | None:
         """The flow scheduler's next segment: each turn earns one quantum of bytes, enough for the
         largest segment either kind of transfer sends."""
-        return self.flows.next(max(self.segment_bytes, self._direct_segment()), self._step)
+        self._direct = self._direct_segment()  # for this pick's _step calls: one rate reading, not one per call
+        return self.flows.next(max(self.segment_bytes, self._direct), self._step)
 
     def _step(self, tr: Transfer) -> int:
         """The largest segment of a transfer: relayed ones are cut for cut-through, direct ones by time
         (a paced one by time at its own rate, so its pacing is smooth, not a chunk per turn)."""
         if len(tr.header["path"]) > 2:
             return self.segment_bytes
-        seg = self._direct_segment()
+        seg = self._direct
         if tr.rate_Bps is not None:
             paced = int(tr.rate_Bps * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
             seg = min(seg, max(self.segment_bytes, paced))
@@ -336,9 +338,7 @@ class LinkSender:
                 tr, seg = nxt
                 if tr.sent == 0:
                     tr.t_send = self.clock()
-                header = dict(tr.header)
-                header.update(off=tr.sent, nbytes=len(seg), t_send=tr.t_send)
-                prefix = encode(header)
+                prefix = encode({**tr.header, "off": tr.sent, "nbytes": len(seg), "t_send": tr.t_send})
                 if line is None:
                     conn.write_raw(prefix)
                     self._mid_frame = True  # acks wait for the frame's last piece
