@@ -657,7 +657,7 @@ def _chunk_ok(h: dict[str, Any]) -> bool:
             and type(total) is int and type(nbytes) is int and job >= 0 and task >= 0 and attempt >= 0
             and version >= 0 and chunk >= 0 and hop >= 0 and off >= 0 and 0 <= origin < MAX_NODE):
         return False
-    if type(kind) is not str or kind not in _KINDS or kind == "probe":  # probes: the generic path's rules
+    if type(kind) is not str or kind not in _KINDS:
         return False
     if type(contributors) is not bytes or len(contributors) > _CONTRIBUTORS_MAX:
         return False
@@ -674,6 +674,8 @@ def _chunk_ok(h: dict[str, Any]) -> bool:
     if len(set(path)) != n:
         return False
     if not (0 < nbytes and total <= MAX_CHUNK_BYTES and off + nbytes <= total and not (nbytes | off | total) & 3):
+        return False
+    if kind == "probe" and (n != 2 or total > MAX_PROBE_CHUNK_BYTES or job != PROBE_JOB):
         return False
     if "cls" in h:
         return _cls_ok(h["cls"])

@@ -14,6 +14,7 @@ from overlay.messages import (
     MAX_CHUNK_BYTES,
     MAX_ITEMS,
     MAX_NODE,
+    MAX_PROBE_CHUNK_BYTES,
     PROBE_JOB,
     ProtocolError,
     _ack_ok,
@@ -67,7 +68,9 @@ CHUNK_BAD = [
     ({"nbytes": 8, "total": 10}, "nbytes"),
     ({"nbytes": 8, "total": MAX_CHUNK_BYTES + 4}, "total"),
     ({"kind": "probe", "path": [0, 1, 2]}, "path"),
+    ({"kind": "probe", "job": PROBE_JOB, "path": [0, 1, 2]}, "path"),
     ({"kind": "probe", "job": PROBE_JOB + 1}, "path"),
+    ({"kind": "probe", "job": PROBE_JOB, "nbytes": 8, "total": MAX_PROBE_CHUNK_BYTES + 4}, "path"),
     *[({"cls": v}, "cls") for v in (
         None, [0, 1.0, 0], [0, 1.0, 0, -1.0, 0], "x", {0: 0, 1: 0, 2: 0, 3: 0}, b"\x00\x01\x00\x00",
         [-1, 1.0, 0, -1.0], [MAX_ITEMS, 1.0, 0, -1.0],
@@ -101,6 +104,7 @@ def test_every_ack_rule_still_refuses_and_names_its_field(change, field):
     chunk(8), chunk(4, path=[4, 2, 9], hop=1, off=4, total=12, t_send=3),
     chunk(8, cls=[0, 1.0, 7, 12.5]), chunk(8, cls=[3, 2, 0, -1]), chunk(8, cls=[0, MAX_WEIGHT, 0, 0.0]),
     chunk(MAX_CHUNK_BYTES, off=0), chunk(8, origin=MAX_NODE - 1, contributors=b"\xff" * (MAX_NODE // 8)),
+    chunk(MAX_PROBE_CHUNK_BYTES, kind="probe", job=PROBE_JOB, cls=[0, 0.25, 0, -1.0]),
 ])
 def test_the_inlined_check_takes_the_well_formed_chunks(h):
     assert _chunk_ok(h) and validate(h) is h and _validate(h, None) is h
