@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from core.dispatch import DISPATCH, Dispatch
-from core.plan import Plan, PlanError, aux_from_wire
+from core.plan import Plan, PlanError
 from emulation.link import LinkShaper
 from emulation.topology import Topology
 from emulation.trace import Trace
@@ -305,7 +305,7 @@ class Agent:
         self.engine.set_rates(msg.job, msg.task, msg.attempt, msg.rates)
 
     def _on_aux_update(self, msg: AuxUpdate) -> None:
-        self.engine.set_aux(msg.version, tuple(aux_from_wire(g) for g in msg.groups))
+        self.engine.set_aux_wire(msg.version, msg.groups)
 
     def _on_emu(self, msg: Emu) -> None:
         self.wan.emu(msg)

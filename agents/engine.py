@@ -21,7 +21,7 @@ import numpy as np
 
 from core.classes import MBIT
 from core.dispatch import DISPATCH, Dispatch
-from core.plan import AuxTable, Plan
+from core.plan import AuxTable, Plan, aux_from_wire
 from overlay.budget import MemoryBudget
 from overlay.burstlog import BurstLog
 from overlay.messages import ProtocolError
@@ -72,6 +72,7 @@ class ChunkEngine:
         self.rate_tables: dict[tuple[int, int, int], dict[tuple[int, int, int], float]] = {}
         # auxiliary tables pushed by AUX_UPDATE after a version was published: version -> per group
         self.aux_tables: dict[int, tuple[AuxTable, ...]] = {}
+        self._aux_wire: tuple[list[Any], tuple[AuxTable, ...]] = ([], ())  # the last update, as sent and parsed
 
     def avoid_links(self, links: Iterable[Sequence[int]]) -> None:
         """Links the scheduler suspects dead (a blackhole): this task's chunks route around them.
@@ -103,6 +104,15 @@ class ChunkEngine:
     def set_aux(self, version: int, groups: tuple[AuxTable, ...]) -> None:
         """New auxiliary tables take effect for the next chunk sent; chunks in flight keep their route."""
         self.aux_tables[version] = groups
+
+    def set_aux_wire(self, version: int, groups: Sequence[Any]) -> None:
+        """AUX_UPDATE's tables in their wire form. Every update carries every group's table, most of
+        them as in the update before: only the groups whose wire form changed are parsed again."""
+        last_wire, last = self._aux_wire
+        tables = tuple(last[i] if i < len(last_wire) and g == last_wire[i] else aux_from_wire(g)
+                       for i, g in enumerate(groups))
+        self._aux_wire = (list(groups), tables)
+        self.set_aux(version, tables)
 
     def aux_for(self, plan: Plan, group: int) -> AuxTable:
         pushed = self.aux_tables.get(plan.version)

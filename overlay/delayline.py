@@ -300,7 +300,7 @@ class DelayLine:
         if parts:
             assert conn is not None
             conn.write_many(parts)  # everything due in one writev, not one send per piece
-        if self.bytes <= self.cap():
+        if not self.space.is_set() and self.bytes <= self.cap():  # most flushes find no sender waiting
             self.space.set()
         if line:
             assert self._clock is not None

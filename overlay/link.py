@@ -12,8 +12,8 @@ Transfers (chunks, own or relayed) are cut into segments: relayed ones into at m
   (tc backend) it sizes the queues below the round-robin from the kernel's rate instead.
 The sender itself keeps what belongs to the connection: a transfer stays in `unacked` until the
 neighbour acknowledges the whole chunk, and is sent again from its start after a reconnect (the
-receiver drops the segments it already has); control frames (acks) go out in order with the data;
-the meters count what went out.
+receiver drops the segments it already has); acks go out in order with the data, those of one turn
+of the event loop in one frame, without waking the send loop; the meters count what went out.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from core.classes import DEFAULT, TrafficClass
 from .classes import ClassScheduler
 from .codec import FrameProtocol, encode
 from .delayline import DelayLine, Pacer
+from .messages import ChunkKey, acks_for
 
 SEGMENT_BYTES = 64 * 1024
 WRITE_PIECE = 256 * 1024  # largest single write on an unshaped link
@@ -136,6 +137,11 @@ class LinkSender:
         self.flows: ClassScheduler[Transfer] = ClassScheduler()
         self.line = DelayLine(pacer) if pacer is not None else None  # the emulated wire, if paced
         self._control: deque[dict[str, Any]] = deque()
+        self._acks: list[ChunkKey] = []  # chunks received whole here, to acknowledge (_flush_acks)
+        self._mid_frame = False  # unpaced: the send loop is between a frame's pieces (nothing may cut in)
+        self._direct = segment_bytes  # _direct_segment() as of the current pick (_next_segment)
+        self.ack_frames = 0  # ACK/ACKS frames sent, and the keys they carried
+        self.acks_sent = 0
         self._wake = asyncio.Event()
         self._attached = asyncio.Event()
         self._idle = True  # the send loop has nothing to schedule
@@ -221,6 +227,32 @@ class LinkSender:
         self._control.append(header)
         self._wake.set()
 
+    def send_ack(self, key: ChunkKey) -> None:
+        """Acknowledge a chunk received whole. Every ack of this turn of the event loop goes out in one
+        frame at the start of the next turn (when the send loop would have run for it), without a wake-up
+        of the send loop; where the wire cannot take it then, the send loop sends it first thing."""
+        if not self._acks:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        self._acks.append(key)
+
+    def _flush_acks(self) -> None:
+        conn = self.conn
+        if not self._acks:
+            return
+        if (conn is None or self._mid_frame or self._closed
+                or (self.pacer is not None and getattr(self.pacer, "held", False))):
+            self._wake.set()  # the send loop sends them once it can (attach, a frame's end, an outage's end)
+            return
+        keys, self._acks = self._acks, []
+        frames = acks_for(keys)
+        self.ack_frames += len(frames)
+        self.acks_sent += len(keys)
+        data = b"".join(encode(h) for h in frames)
+        if self.line is None:
+            conn.write_raw(data)
+        else:
+            self.line.control(conn, data)
+
     def on_ack(self, key: tuple) -> bool:
         tr = self.unacked.pop(key, None)
         if tr is None:
@@ -248,14 +280,15 @@ class LinkSender:
     def _next_segment(self) -> tuple[Transfer, memoryview] | None:
         """The flow scheduler's next segment: each turn earns one quantum of bytes, enough for the
         largest segment either kind of transfer sends."""
-        return self.flows.next(max(self.segment_bytes, self._direct_segment()), self._step)
+        self._direct = self._direct_segment()  # for this pick's _step calls: one rate reading, not one per call
+        return self.flows.next(max(self.segment_bytes, self._direct), self._step)
 
     def _step(self, tr: Transfer) -> int:
         """The largest segment of a transfer: relayed ones are cut for cut-through, direct ones by time
         (a paced one by time at its own rate, so its pacing is smooth, not a chunk per turn)."""
         if len(tr.header["path"]) > 2:
             return self.segment_bytes
-        seg = self._direct_segment()
+        seg = self._direct
         if tr.rate_Bps is not None:
             paced = int(tr.rate_Bps * DIRECT_SEGMENT_S) // self.segment_bytes * self.segment_bytes
             seg = min(seg, max(self.segment_bytes, paced))
@@ -292,6 +325,8 @@ class LinkSender:
                         conn.write_raw(data)
                     else:
                         line.control(conn, data)
+                if self._acks:
+                    self._flush_acks()
                 nxt = self._next_segment()
                 if nxt is None:
                     self._set_idle(True)
@@ -303,16 +338,19 @@ class LinkSender:
                 tr, seg = nxt
                 if tr.sent == 0:
                     tr.t_send = self.clock()
-                header = dict(tr.header)
-                header.update(off=tr.sent, nbytes=len(seg), t_send=tr.t_send)
-                prefix = encode(header)
+                prefix = encode({**tr.header, "off": tr.sent, "nbytes": len(seg), "t_send": tr.t_send})
                 if line is None:
                     conn.write_raw(prefix)
-                    # moderate pieces: Python 3.11's selector transport copies what a send leaves
-                    # over and memmoves its whole buffer after every send, quadratic in multi-MiB
-                    for i in range(0, len(seg), WRITE_PIECE):
-                        conn.write_raw(seg[i:i + WRITE_PIECE])
-                        await conn.drain()
+                    self._mid_frame = True  # acks wait for the frame's last piece
+                    try:
+                        # moderate pieces: Python 3.11's selector transport copies what a send leaves
+                        # over and memmoves its whole buffer after every send, quadratic in multi-MiB
+                        for i in range(0, len(seg), WRITE_PIECE):
+                            if i:
+                                await conn.drain()
+                            conn.write_raw(seg[i:i + WRITE_PIECE])
+                    finally:
+                        self._mid_frame = False
                 else:
                     await line.send(conn, prefix, seg)  # paced pieces; returns once the line has room
                 await conn.drain()

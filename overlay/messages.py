@@ -7,8 +7,8 @@ without defensive checks. A well-framed but invalid header raises `ProtocolError
 field and the peer; framing errors (bad length, oversize) are `FramingError` and close the connection.
 
 Control messages are read as records (`decode`) and built as records (`Record.wire()`), in this
-module only. Data frames (CHUNK, ACK) stay plain validated dicts on the hot path, one per segment:
-`chunk_header` and `ack_for` build them here all the same.
+module only. Data frames (CHUNK, ACK, ACKS) stay plain validated dicts on the hot path, one per segment:
+`chunk_header` and `acks_for` build them here all the same.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from core.classes import MAX_WEIGHT, NO_DEADLINE, PRIORITIES
 
 from . import fieldcheck as fc
 from .fieldcheck import MAX_ITEMS, MAX_NODE, MAX_TEXT  # noqa: F401 (re-exported: the wire's bounds)
@@ -99,6 +101,7 @@ class Msg(enum.StrEnum):
     PROBE_DONE = "PROBE_DONE"
     CHUNK = "CHUNK"
     ACK = "ACK"
+    ACKS = "ACKS"
 
 
 _KNOWN_TYPES = frozenset(m.value for m in Msg)
@@ -610,12 +613,140 @@ class Ack(Record):
             raise ProtocolError(f"unknown kind {h['kind']!r}", field="kind", peer=peer, msg_type="ACK")
 
 
+# Chunk keys one ACKS frame may carry: ~15 bytes each, so a full frame stays far below MAX_HEADER.
+MAX_ACK_KEYS = 256
+
+
+def _ack_keys(v: Any) -> None:
+    """ACKS.keys: 1..MAX_ACK_KEYS keys, each [job, task, attempt, version, chunk, kind, origin, dst] held to
+    ACK's rules for those fields."""
+    if not 0 < len(v) <= MAX_ACK_KEYS:
+        raise fc.Bad(f"{len(v)} keys, not 1..{MAX_ACK_KEYS}")
+    for k in v:
+        if not _ack_key_ok(k):
+            raise fc.Bad(f"{k!r:.100} is not [job, task, attempt, version, chunk, kind, origin, dst]")
+
+
+@message
+class Acks(Record):
+    """Several hops' acks in one frame: the chunks whose last bytes a link's receive path took within
+    one turn of the event loop (keys as in ACK and `chunk_key`). An ACK alone is one such key."""
+
+    T = Msg.ACKS
+    keys: list[Any] = f(_ack_keys)
+
+
 # Which message types may carry payload bytes after the header.
 PAYLOAD_TYPES = frozenset({Msg.CHUNK.value})
 
 
+# --- the hot types' checks, inlined: exactly the rules of their records and cross checks above ----------------
+# True only where the generic path accepts the header too (tests/test_hot_validation.py holds them to it);
+# False (or KeyError/TypeError) hands the header to the generic path. `type(v) is int` keeps bools out.
+_KINDS = frozenset(CHUNK_KINDS)
+_CONTRIBUTORS_MAX = MAX_NODE // 8  # Chunk.contributors: fc.text(MAX_NODE // 8)
+_isfinite = math.isfinite
+
+
+def _chunk_ok(h: dict[str, Any]) -> bool:
+    job, task, attempt, version, chunk = h["job"], h["task"], h["attempt"], h["version"], h["chunk"]
+    origin, hop, off, total, nbytes = h["origin"], h["hop"], h["off"], h["total"], h["nbytes"]
+    kind, contributors, t_send, path = h["kind"], h["contributors"], h["t_send"], h["path"]
+    if not (type(job) is int and type(task) is int and type(attempt) is int and type(version) is int
+            and type(chunk) is int and type(origin) is int and type(hop) is int and type(off) is int
+            and type(total) is int and type(nbytes) is int and job >= 0 and task >= 0 and attempt >= 0
+            and version >= 0 and chunk >= 0 and hop >= 0 and off >= 0 and 0 <= origin < MAX_NODE):
+        return False
+    if type(kind) is not str or kind not in _KINDS:
+        return False
+    if type(contributors) is not bytes or len(contributors) > _CONTRIBUTORS_MAX:
+        return False
+    if not ((type(t_send) is float and _isfinite(t_send)) or type(t_send) is int):
+        return False
+    if type(path) is not list:
+        return False
+    n = len(path)
+    if not 2 <= n <= MAX_ITEMS or not 0 <= hop < n - 1:
+        return False
+    for x in path:
+        if type(x) is not int or not 0 <= x < MAX_NODE:
+            return False
+    if len(set(path)) != n:
+        return False
+    if not (0 < nbytes and total <= MAX_CHUNK_BYTES and off + nbytes <= total and not (nbytes | off | total) & 3):
+        return False
+    if kind == "probe" and (n != 2 or total > MAX_PROBE_CHUNK_BYTES or job != PROBE_JOB):
+        return False
+    if "cls" in h:
+        return _cls_ok(h["cls"])
+    return True
+
+
+def _cls_ok(v: Any) -> bool:
+    """fc.traffic_class, inlined: [tree, weight in (0, MAX_WEIGHT], priority, deadline >= 0 or none]."""
+    if type(v) is not list or len(v) != 4:
+        return False
+    tree, weight, prio, deadline = v
+    if type(tree) is not int or not 0 <= tree < MAX_ITEMS:
+        return False
+    if not ((type(weight) is float and _isfinite(weight)) or type(weight) is int) or not 0 < weight <= MAX_WEIGHT:
+        return False
+    if type(prio) is not int or not 0 <= prio < PRIORITIES:
+        return False
+    if not ((type(deadline) is float and _isfinite(deadline)) or type(deadline) is int):
+        return False
+    return deadline >= 0 or deadline == NO_DEADLINE
+
+
+def _ack_key_ok(k: Any) -> bool:
+    """One key of ACKS: ACK's fields in chunk_key's order, as a list (msgpack) or tuple (built here)."""
+    if type(k) is not list and type(k) is not tuple or len(k) != 8:
+        return False
+    job, task, attempt, version, chunk, kind, origin, dst = k
+    return (type(job) is int and type(task) is int and type(attempt) is int and type(version) is int
+            and type(chunk) is int and type(origin) is int and type(dst) is int and job >= 0 and task >= 0
+            and attempt >= 0 and version >= 0 and chunk >= 0 and 0 <= origin < MAX_NODE and 0 <= dst < MAX_NODE
+            and type(kind) is str and kind in _KINDS)
+
+
+def _acks_ok(h: dict[str, Any]) -> bool:
+    keys = h["keys"]
+    if type(keys) is not list or not 0 < len(keys) <= MAX_ACK_KEYS or h.get("nbytes", 0):
+        return False
+    for k in keys:
+        if not _ack_key_ok(k):
+            return False
+    return True
+
+
+def _ack_ok(h: dict[str, Any]) -> bool:
+    job, task, attempt, version, chunk = h["job"], h["task"], h["attempt"], h["version"], h["chunk"]
+    kind, origin, dst = h["kind"], h["origin"], h["dst"]
+    return (type(job) is int and type(task) is int and type(attempt) is int and type(version) is int
+            and type(chunk) is int and type(origin) is int and type(dst) is int and job >= 0 and task >= 0
+            and attempt >= 0 and version >= 0 and chunk >= 0 and 0 <= origin < MAX_NODE and 0 <= dst < MAX_NODE
+            and type(kind) is str and kind in _KINDS and not h.get("nbytes", 0))
+
+
 def validate(header: Any, peer: object = None) -> dict[str, Any]:
-    """Return the header if it is a known, complete, well-typed message; raise ProtocolError if not."""
+    """Return the header if it is a known, complete, well-typed message; raise ProtocolError if not.
+
+    CHUNK, ACK and ACKS (nearly every frame of the data plane) first try a check of the well-formed
+    case with every field's rule inlined; whatever it does not accept, the generic path below judges,
+    and names the field."""
+    if type(header) is dict:
+        t = header.get("t")
+        try:
+            if ((t == "CHUNK" and _chunk_ok(header)) or (t == "ACK" and _ack_ok(header))
+                    or (t == "ACKS" and _acks_ok(header))):
+                return header
+        except (KeyError, TypeError):  # a field missing or of an odd type: the generic path says which
+            pass
+    return _validate(header, peer)
+
+
+def _validate(header: Any, peer: object) -> dict[str, Any]:
+    """The generic path: every record's fields by its spec, then its cross checks."""
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a {type(header).__name__}, not a map", peer=peer)
     t = header.get("t")
@@ -680,6 +811,20 @@ def ack_for(key: ChunkKey) -> dict[str, Any]:
     job, task, attempt, version, chunk, kind, origin, dst = key
     return {"t": Msg.ACK.value, "job": job, "task": task, "attempt": attempt, "version": version,
             "chunk": chunk, "kind": kind, "origin": origin, "dst": dst}
+
+
+def acks_for(keys: Sequence[ChunkKey]) -> list[dict[str, Any]]:
+    """The frames that acknowledge `keys`: one ACK for a single key, else ACKS of at most MAX_ACK_KEYS each."""
+    if len(keys) == 1:
+        return [ack_for(keys[0])]
+    return [{"t": Msg.ACKS.value, "keys": list(keys[i:i + MAX_ACK_KEYS])} for i in range(0, len(keys), MAX_ACK_KEYS)]
+
+
+def acked_keys(h: Mapping[str, Any]) -> list[ChunkKey]:
+    """The chunk keys a validated ACK or ACKS acknowledges."""
+    if h["t"] == Msg.ACK.value:
+        return [chunk_key(h)]
+    return [tuple(k) for k in h["keys"]]  # type: ignore[misc]
 
 
 def bitmap(nodes: Any) -> bytes:

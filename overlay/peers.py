@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from core.classes import TrafficClass
@@ -24,7 +25,7 @@ from .budget import MemoryBudget
 from .burstlog import BurstLog
 from .codec import DISCARD, MAX_HEADER, MAX_INVALID, MAX_PAYLOAD, FrameProtocol, _Discard
 from .link import SEGMENT_BYTES, Blocks, LinkSender, Pacer, Transfer
-from .messages import ProtocolError, ack_for, chunk_key
+from .messages import ProtocolError, chunk_key
 from .probeframes import ProbeFrames
 
 log = logging.getLogger("wansync.overlay")
@@ -235,7 +236,7 @@ class Overlay:
         tr.done = asyncio.get_running_loop().create_future()
         path = tuple(path)
         self._in_transit[path] = self._in_transit.get(path, 0) + 1
-        tr.done.add_done_callback(lambda _f: self._acked(path))
+        tr.on_release = partial(self._acked, path)  # acked or dropped: at once, not a loop callback later
         self.senders[path[1]].send(tr)
         return tr
 
@@ -433,7 +434,7 @@ class Overlay:
         kind, info = disp
         if kind == "dup":
             if h["off"] + h["nbytes"] == h["total"] and info in self._done.get((h["job"], h["task"]), ()):
-                self.senders[peer].send_control(ack_for(info))  # our ack may have been lost
+                self.senders[peer].send_ack(info)  # our ack may have been lost
             return
         key, rx, _, skip = info
         if kind == "probe":
@@ -442,7 +443,7 @@ class Overlay:
             meter.bytes += nbytes
             if whole:  # acknowledged and timed like any chunk (the meter holds its bytes first)
                 meter.chunks += 1
-                self.senders[peer].send_control(ack_for(key))
+                self.senders[peer].send_ack(key)
                 if self.on_sample is not None:
                     self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"], True)
             return
@@ -472,7 +473,7 @@ class Overlay:
             meter.chunks += 1
             del self._rx[key]
             self._done.setdefault((h["job"], h["task"]), set()).add(key)
-            self.senders[peer].send_control(ack_for(key))
+            self.senders[peer].send_ack(key)
             if self.on_sample is not None:
                 self.on_sample(peer, self.node, rx.total, self.clock() - h["t_send"])
 
@@ -637,6 +638,10 @@ class _PeerConn:
             ov._on_chunk(self.peer, header, payload, disp)
         elif t == "ACK":
             ov.senders[self.peer].on_ack(chunk_key(header))
+        elif t == "ACKS":
+            on_ack = ov.senders[self.peer].on_ack
+            for key in header["keys"]:
+                on_ack(tuple(key))
         else:
             raise ProtocolError(f"{t} is not a data-plane message", field="t", peer=self.peer, msg_type=t)
 

@@ -32,7 +32,7 @@ from emulation.topology import uniform
 from overlay import auth
 from overlay.auth import Handshake
 from overlay.codec import encode
-from overlay.messages import bitmap, chunk_key, validate
+from overlay.messages import acked_keys, bitmap, chunk_key, validate
 from overlay.peers import Overlay
 
 pytestmark = pytest.mark.loopback
@@ -95,7 +95,7 @@ class Raw:
         self._task = asyncio.create_task(loop())
 
     def acked(self, key: tuple) -> bool:
-        return any(h.get("t") == "ACK" and chunk_key(h) == key for h in self.seen)
+        return any(h.get("t") in ("ACK", "ACKS") and key in acked_keys(h) for h in self.seen)
 
     async def close(self) -> None:
         self.writer.close()

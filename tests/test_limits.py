@@ -25,7 +25,7 @@ from core.plan import Job
 from emulation.topology import uniform
 from overlay.codec import CONTROL_MAX_HEADER, MAX_INVALID, SCRATCH, FrameProtocol, encode
 from overlay.control import control_protocol
-from overlay.messages import FramingError, bitmap
+from overlay.messages import FramingError, acked_keys, bitmap
 from overlay.peers import Overlay
 from scheduler.planners import star
 from scheduler.view import NetworkView
@@ -92,7 +92,7 @@ async def answers(raw: Raw, node: int, dst: int = 1) -> None:
     raw.send(chunk(8, chunk=c, origin=node, contributors=bitmap([node]), path=[node, dst]))
     raw.send_raw(b"\0" * 8)
     while (reply := await raw.recv()) is not None:
-        if reply["t"] == "ACK" and reply["chunk"] == c:
+        if reply["t"] in ("ACK", "ACKS") and any(k[4] == c for k in acked_keys(reply)):
             return
     raise AssertionError(f"node {dst} closed node {node}'s connection")
 

@@ -106,7 +106,7 @@ from agents.workload import chunk_params, expected, model_params  # noqa: E402
 from emulation.topology import internet2  # noqa: E402
 from overlay import codec  # noqa: E402
 from overlay.auth import HANDSHAKE_TIMEOUT_S, SECRET_ENV, AuthError, Handshake, generate_secret  # noqa: E402
-from overlay.messages import ProtocolError, bitmap  # noqa: E402
+from overlay.messages import ProtocolError, acked_keys, bitmap  # noqa: E402
 from scheduler.service import JobState, Scheduler  # noqa: E402
 from wansync.backend import agent_command  # noqa: E402
 from wansync.cluster import agent_options_file  # noqa: E402
@@ -360,7 +360,7 @@ class Attacker:
         except (OSError, TimeoutError):
             self.outcomes["relay_hold"]["connect failed"] += 1
             return 0
-        acks: list[dict[str, Any]] = []
+        acks: list[tuple] = []
         sent = 0
         try:
             hs = Handshake(self.cluster, me, "agent", dialer=True, secret=self.secret, expect=victim,
@@ -381,8 +381,8 @@ class Attacker:
 
             async def drain() -> None:  # what the victim sends its "neighbour": data, ACKs
                 while (h := await read_frame(reader)) is not None:
-                    if h.get("t") == "ACK":
-                        acks.append(h)
+                    if h.get("t") in ("ACK", "ACKS"):
+                        acks.extend(acked_keys(h))
                 eof.set()
             drainer = asyncio.ensure_future(drain())
             chunk: int | None = None
@@ -432,7 +432,7 @@ class Attacker:
             drainer.cancel()
         finally:
             close(writer)
-            far = [a for a in acks if a.get("task", 0) >= FAR_AHEAD]
+            far = [k for k in acks if k[1] >= FAR_AHEAD]  # k: a chunk key (job, task, ...)
             self.far_future_acked += len(far)
             if far:
                 self.outcomes["relay_hold"]["far-future frames acknowledged"] += len(far)
