@@ -55,7 +55,7 @@ from wansync.runspec import resolve  # noqa: E402
 SCALE, MODEL = 0.05, "resnet50"
 STATIC = [("internet2", None, 1), ("geo:aws10:x=0.02", None, 1), ("hetero:20-155", 8, 3)]
 QUICK_WITHIN = 1.5
-FLIP_NODES, FLIP_FAST, FLIP_SLOW, FLIP_PERIOD_S = 6, 400.0, 20.0, 200.0  # period at full scale
+FLIP_NODES, FLIP_FAST, FLIP_SLOW, FLIP_PERIOD_S = 6, 400.0, 20.0, 100.0  # period at full scale
 FLIP_CAPS = (10_000.0, 100.0)  # every node's ports: loose (tree packing wins), then binding (ring wins)
 RANDOM_PERIOD_S = 180.0  # NetStorm's redraw period, full scale
 console = Console(width=160)
@@ -186,10 +186,13 @@ def flip_files(d: Path, segments: int) -> tuple[str, str]:
     return str(path), f"csv:{trace}"
 
 
-def flipping(rounds: int, segments: int = 4) -> tuple[Table, dict[str, Any]]:
+def flipping(segments: int = 4) -> tuple[Table, dict[str, Any]]:
     ranks = [advised(flip_topology(c).scaled(SCALE)) for c in FLIP_CAPS]
     winners = [r[0].scheme for r in ranks]
     pred = [{c.scheme: c.round_s for c in r} for r in ranks]
+    # rounds enough for a scheme that always runs each segment's winner to span segments - 1 of them
+    period = FLIP_PERIOD_S * SCALE
+    rounds = min(400, sum(int(period / (pred[k % 2][winners[k % 2]] or 1.0)) for k in range(segments - 1)))
     # a flip: the previous segment's winner is predicted more than the margin slower in the next segment
     flip_at = [k for k in range(1, segments)
                if (pred[k % 2].get(winners[(k - 1) % 2]) or float("inf"))
@@ -201,7 +204,6 @@ def flipping(rounds: int, segments: int = 4) -> tuple[Table, dict[str, Any]]:
     by = {j.scheme: j for j in jobs}
     a = by["auto"]
     best = min((j for j in jobs if j.scheme != "auto"), key=lambda j: j.span_s)
-    period = FLIP_PERIOD_S * SCALE
     switches = [d for d in a.decisions if d["switched"]]
     latency, flaps = [], 0
     for d in switches:
@@ -268,7 +270,7 @@ def main() -> None:
     out: dict[str, Any] = {}
     t, s = static(args.quick)
     console.print(t)
-    t, f = flipping(rounds=40 if args.quick else 80)
+    t, f = flipping(segments=4 if args.quick else 6)
     console.print(t)
     t, r = random_trace(args.trace_seed, rounds=20 if args.quick else 40)
     console.print(t)
