@@ -17,8 +17,9 @@ import statistics
 from collections.abc import Sequence
 
 from core.plan import Plan
-from sim import SimNetwork, SimulationStalled, make_network, simulate
+from sim import SimulationStalled, simulate
 
+from .planners.onview import view_network
 from .view import NetworkView
 
 SEGMENT_BYTES = 64 * 1024
@@ -27,14 +28,6 @@ STALL_FLOOR_S = 1.0
 SUSPECT_FLOOR_S = 10.0
 OVERRUN_FACTOR = 4.0
 OVERRUN_FLOOR_S = 5.0
-
-
-def view_network(view: NetworkView) -> SimNetwork:
-    """The simulator's input from what the scheduler knows: link rates as measured (or nominal), the
-    node caps as the nodes declare them (a big switch's ports), no delays."""
-    up = {n: c for (n, kind) in view.caps if kind == "up" and (c := view.cap(n, "up")) is not None}
-    down = {n: c for (n, kind) in view.caps if kind == "down" and (c := view.cap(n, "down")) is not None}
-    return make_network({ln: view.rate(*ln) for ln in view.links()}, uplink_mbps=up, downlink_mbps=down)
 
 
 def predict_on_view(plan: Plan, view: NetworkView) -> float | None:

@@ -25,7 +25,6 @@ The prober never reads a progress model or a planner: a plan is links and bytes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -37,8 +36,8 @@ from typing import Any
 from core.classes import MBIT
 from core.plan import Plan
 from overlay.messages import MAX_PROBE_BYTES, Probe, ProbeDone
-from overlay.routing import NoRoute
 
+from .planners.onview import link_loads
 from .view import AGREE, NetworkView
 
 log = logging.getLogger("wansync.scheduler")
@@ -55,39 +54,6 @@ BUDGET = 0.25  # share of the window a node may spend in probes (sending or rece
 AT_ONCE = 2  # probes in flight in the whole cluster
 HISTORY = 100_000  # orders kept for whoever audits them (the view benchmark)
 ORDER_TIMEOUT_S = 70.0  # a probe with no PROBE_DONE by then is given up (its agent lost meanwhile)
-
-
-def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]], *, aux: bool = True
-               ) -> dict[tuple[int, int], float]:
-    """Bytes a plan moves over each directed link per round: every tree edge's chunks along its route
-    (auxiliary routes, unless aux=False, counted as if they carried the edge's whole share: an upper
-    bound), and every multicast source's parameters to each receiver."""
-    loads: dict[tuple[int, int], float] = {}
-
-    def add(path: Iterable[int], nbytes: float) -> None:
-        p = tuple(path)
-        for hop in zip(p, p[1:], strict=False):
-            loads[hop] = loads.get(hop, 0.0) + nbytes
-
-    def along(a: int, b: int, nbytes: float) -> None:
-        with contextlib.suppress(NoRoute):
-            add(route(a, b), nbytes)
-
-    for g in plan.groups:
-        nbytes = 4.0 * sum(plan.layout[c][1] for c in g.chunks)
-        for child, parent in g.parent.items():
-            if parent is not None:
-                along(child, parent, nbytes)
-        for node, kids in g.children.items():
-            for kid in kids:
-                along(node, kid, nbytes)
-        for routes in g.aux.values() if aux else ():
-            for r in routes:
-                add(r, nbytes)
-    for src, receivers in (plan.multicast or {}).items():
-        for r in receivers:
-            along(src, r, 4.0 * plan.params)
-    return loads
 
 
 def busy_links(plans: Iterable[Plan], view: NetworkView, route: Callable[[int, int], tuple[int, ...]],

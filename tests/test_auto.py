@@ -18,9 +18,9 @@ from emulation.link import LinkSpec
 from emulation.topology import Topology, internet2, uniform
 from overlay.routing import Routes
 from scheduler import planners
-from scheduler.deadline import view_network
 from scheduler.planners import auto
 from scheduler.planners.auto import Candidate, decide, lower_bound_s
+from scheduler.planners.onview import view_network
 from scheduler.records import measured
 from scheduler.view import NetworkView
 from sim import MEASURED, simulate

@@ -22,7 +22,8 @@ from overlay.messages import (
 )
 from overlay.peers import Overlay
 from scheduler import prober as prober_mod
-from scheduler.prober import Prober, busy_links, link_loads
+from scheduler.planners.onview import link_loads
+from scheduler.prober import Prober, busy_links
 from scheduler.view import KNOWN_S, NetworkView
 
 MBIT = 1e6 / 8

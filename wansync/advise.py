@@ -19,8 +19,8 @@ from core.plan import Job
 from emulation.simnet import sim_network
 from emulation.topology import Topology
 from scheduler import planners
-from scheduler.deadline import view_network
 from scheduler.planners import auto
+from scheduler.planners.onview import view_network
 from scheduler.planners.packing_lp import pack
 from scheduler.view import NetworkView
 from sim import MEASURED, SimNetwork, WanCosts

@@ -26,9 +26,8 @@ from core.plan import Job, Plan
 from overlay.routing import Routes
 from sim import MEASURED, SimNetwork, SimulationStalled, WanCosts, simulate
 
-from ..deadline import view_network
-from ..prober import link_loads
 from ..view import NetworkView
+from .onview import link_loads, view_network
 
 # a switch must be predicted at least this much faster than the scheme in force: the simulator's
 # error against live rounds is ~1-4 % on the fidelity checks and up to ~10 % on fluctuating WANs

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from core.classes import MBIT  # noqa: E402
 from emulation.tc import unavailable  # noqa: E402
 from emulation.topology import Topology  # noqa: E402
-from scheduler.prober import link_loads  # noqa: E402
+from scheduler.planners.onview import link_loads  # noqa: E402
 from wansync.cluster import run  # noqa: E402
 from wansync.guard import job_guard  # noqa: E402
 from wansync.options import Options  # noqa: E402
