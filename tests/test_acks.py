@@ -126,7 +126,7 @@ async def test_no_ack_crosses_a_link_that_holds_every_byte():
         await turns()  # the send loop has nothing to send: it waits for a wake-up
         shaper.blackhole(True)
         sender.send_ack(key(1))
-        await asyncio.sleep(0.05)
+        await turns(10)  # the turns in which an ack would leave, had the link let it
         assert not wire.data
         shaper.blackhole(False)  # then it goes, with nothing else to send on the link
         await until(lambda: bool(wire.data), "the held ack once the link carries bytes again")

@@ -4,7 +4,6 @@ started, come back with the planner's memory, and equal the same solve done here
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -15,13 +14,6 @@ from scheduler.solver import SOLVER_NICE, Solver
 from wansync.predict import oracle_view
 
 
-def wait_until(cond, deadline_s: float = 120.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not cond():
-        assert time.monotonic() < end, "the solver's process never became ready"
-        time.sleep(0.05)
-
-
 @pytest.mark.loopback
 def test_a_solve_in_the_niced_process_equals_one_here_and_brings_its_memory_back():
     view = oracle_view(internet2(seed=1))
@@ -29,7 +21,8 @@ def test_a_solve_in_the_niced_process_equals_one_here_and_brings_its_memory_back
     solver = Solver()
     try:
         solver.warm()
-        wait_until(lambda: solver.ready)
+        solver._started.result(120)  # the worker answered its first call: it is up
+        assert solver.ready
         [pid] = solver._process._processes  # the one worker
         assert os.getpriority(os.PRIO_PROCESS, pid) >= SOLVER_NICE
         spec = planners.resolve("netstorm")

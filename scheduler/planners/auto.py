@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from core.plan import Job, Plan
-from overlay.routing import Routes
+from overlay.routing import Routes, adjacency
 from sim import MEASURED, SimNetwork, SimulationStalled, WanCosts, simulate
 
 from ..view import NetworkView
@@ -79,10 +79,7 @@ class Decision:
 
 def router(view: NetworkView) -> Callable[[int, int], tuple[int, ...]]:
     """The agents' min-hop routes over the view's links (a tree edge between non-neighbours is relayed)."""
-    adj: dict[int, list[int]] = {}
-    for a, b in view.links():
-        adj.setdefault(a, []).append(b)
-    return Routes(adj).route
+    return Routes(adjacency(view.links())).route
 
 
 def lower_bound_s(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[int, ...]]) -> float | None:
