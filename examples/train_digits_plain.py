@@ -1,7 +1,7 @@
 """Data-parallel training of an MLP on scikit-learn's digits, each rank on its own shard (RANK, WORLD_SIZE).
 
 train_digits.py runs under `wansync train`; train_digits_plain.py, its plain-torch twin, differs only
-in the lines marked `# wansync` (README "Train your own model").
+in the lines marked `# wansync` (docs/training.md).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""`wansync train` end to end, as the README runs it: the example script on every rank beside real
+"""`wansync train` end to end, as docs/training.md runs it: the example script on every rank beside real
 agent processes, every scheme from the same start, the table, the results file, and the failures a
 user meets (a script that dies, a baseline that could not be on the same WAN)."""
 

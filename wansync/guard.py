@@ -4,7 +4,7 @@ Every live figure is meaningful only if the run was limited by the links it emul
 keep books (emulation/link.py: links and node caps) and event-loop figures (agents' STATS); this
 module judges them: *valid* only if something was judged and all of it held, *invalid* if anything
 failed, *unjudged* if nothing could be judged (too short, or the kernel shapes the rates). Never
-valid by default. README: Fidelity guard.
+valid by default. docs/fidelity-guard.md.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ CPU_S_PER_CHUNK_HOP = 0.0005
 CPU_S_PER_GB = 2.0
 CPU_BUDGET = 0.75
 
-# The fidelity guard (README: Fidelity guard). Books: a link or node cap backlogged >= GUARD_MIN_BACKLOG_S
+# The fidelity guard (docs/fidelity-guard.md). Books: a link or node cap backlogged >= GUARD_MIN_BACKLOG_S
 # must have carried >= GUARD_MIN_RATIO of what its rate allowed
 GUARD_MIN_RATIO = 0.97
 GUARD_MIN_BACKLOG_S = 0.5  # shorter backlogs are dominated by the bucket's initial burst

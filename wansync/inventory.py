@@ -147,7 +147,7 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
     launcher's, not the run's options: no host process reads them."""
     g = parser.add_argument_group("hosts")
     g.add_argument("--inventory", type=Path, default=None, metavar="FILE",
-                   help="hosts.toml (README: Running on real machines)")
+                   help="hosts.toml (docs/real-hosts.md)")
     g.add_argument("-H", "--hosts", default=None, metavar="USER@HOST,...",
                    help="hosts in node order, instead of an inventory (as horovodrun -H)")
     g.add_argument("--known-hosts", type=Path, default=None, metavar="FILE",

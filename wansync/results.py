@@ -1,4 +1,4 @@
-"""The results file of a run: one JSON object per line (README: Results file).
+"""The results file of a run: one JSON object per line (docs/results-file.md).
 
 `Recorder` turns the scheduler's events and the live throughput into records as they happen, so a
 run killed halfway still leaves everything up to that point on disk.
@@ -15,7 +15,7 @@ from scheduler.live import LiveState
 from scheduler.service import Scheduler
 
 # 2: adds `throughput` and `event` records; 3: `task` records replace `round` records (a BSP round is
-# the task of that round; README: Results file); later: `agent` records
+# the task of that round; docs/results-file.md); later: `agent` records
 SCHEMA_VERSION = 3
 
 

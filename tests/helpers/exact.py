@@ -25,7 +25,7 @@ def closed_form(rnd: int, node: int, params: int, attempt: int = 0) -> np.ndarra
 def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0,
               weights: Mapping[int, float] | None = None, iters: Mapping[int, int] | None = None) -> np.ndarray:
     """The members' exact (weighted) sum as float32, summed in int64 where nothing rounds: weights must
-    be integers (the README's rule for exact checks: integer weights, or divide once at the receivers).
+    be integers (docs/tasks.md's rule for exact checks: integer weights, or divide once at the receivers).
     iters: member -> the iteration its contribution comes from (default `rnd`)."""
     total = np.zeros(params, dtype=np.int64)
     for n in nodes:

@@ -1,4 +1,4 @@
-"""The four markers every test carries (pyproject.toml registers them; README's "Tests" says how to run
+"""The four markers every test carries (pyproject.toml registers them; docs/getting-started.md "Tests" says how to run
 each), and where tests/conftest.py keeps what was collected so that tests/test_markers.py can check."""
 
 from __future__ import annotations
