@@ -3,9 +3,11 @@ a task no attempt could end exact, recorded as aborted; and when a job is over."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Protocol
 
 from core.capshare import CapSharing
@@ -21,7 +23,10 @@ from .view import NetworkView
 
 log = logging.getLogger("wansync.scheduler")
 
-Predict = Callable[[Plan, float], float | None]
+# the simulator's round time for a plan started this long after the job's t0: a value, or a future
+# of one computed elsewhere (wansync.predict.RoundPredictor.submit), which the loop never waits for
+Predict = Callable[[Plan, float], "float | None | Future[float | None]"]
+PREDICTION_WAIT_S = 60.0  # at a job's end, how long its records wait for predictions still running
 
 
 MEASURED_KEEP = 32  # rounds a planner sees in memory["measured"]
@@ -52,30 +57,77 @@ class Records:
         self.send_rates = send_rates
         self.host = host
         self.predict = predict
+        # per job, records announced once their prediction arrives (a future may serve several)
+        self._pending: dict[int, list[tuple[Future, TaskRecord]]] = {}
+        self._draining: set[int] = set()
 
     def record(self, js: JobState, t: Task) -> None:
-        """Every receiver of the task reported: its record (with the simulator's prediction)."""
+        """Every receiver of the task reported: its record, at once for the scheduler's decisions; on
+        the event stream (results file, dashboard) with the simulator's prediction, when that is known."""
         plans = self.versions.plans
         plan = plans[t.version] if t.version is not None else js.plan
         if not set(t.receivers_of(plan)) <= set(t.done):
             return
         t.started_t = None
         rec = t.record(js, plan, self.view.coverage())
+        got: float | None | Future = None
         if self.predict is not None and rec.version in plans:
             try:
-                rec.prediction_s = self.predict(plans[rec.version], rec.t_start - js.t0)
+                got = self.predict(plans[rec.version], rec.t_start - js.t0)
             except NotImplementedError as exc:  # a plan the simulator cannot replay yet: no prediction
                 log.info("task %d: no prediction (%s)", t.id, exc)
-        self.recorded(js, t, rec)
+        self.recorded(js, t, rec, got)
 
-    def recorded(self, js: JobState, t: Task, rec: TaskRecord) -> None:
+    def _announce(self, js: JobState, rec: TaskRecord, prediction: float | None | Future) -> None:
+        """The record goes on the event stream once its prediction is known, in the order recorded."""
+        if not isinstance(prediction, Future):
+            known: Future = Future()
+            known.set_result(prediction)
+            prediction = known
+        self._pending.setdefault(js.job, []).append((prediction, rec))
+        if prediction.done():
+            self._flush(js)
+        else:
+            loop = asyncio.get_running_loop()
+            prediction.add_done_callback(lambda _: _call_soon(loop, self._flush, js))
+
+    def _flush(self, js: JobState) -> None:
+        """Announce the job's records whose predictions (and every earlier one's) are known."""
+        waiting = self._pending.get(js.job, [])
+        while waiting and waiting[0][0].done():
+            fut, rec = waiting.pop(0)
+            rec.prediction_s = _value(fut, rec.task)
+            self.host.on_event("task", rec.to_json())
+
+    async def _drain(self, js: JobState) -> None:
+        """The job is over: its records wait for the predictions under way (PREDICTION_WAIT_S at most;
+        those still running then are announced without one), then the job is finished."""
+        try:
+            waiting = [asyncio.wrap_future(f) for f, _ in self._pending.get(js.job, []) if not f.done()]
+            if waiting:
+                await asyncio.wait(waiting, timeout=PREDICTION_WAIT_S)
+            late = 0
+            for fut, rec in self._pending.pop(js.job, []):
+                if fut.done():
+                    rec.prediction_s = _value(fut, rec.task)
+                else:
+                    late += 1
+                self.host.on_event("task", rec.to_json())
+            if late:
+                log.warning("job %d: %d round(s) recorded without a prediction: the simulator took longer than "
+                            "%.0f s after the job's end", js.job, late, PREDICTION_WAIT_S)
+        finally:
+            self._draining.discard(js.job)
+            js.finished.set()
+
+    def recorded(self, js: JobState, t: Task, rec: TaskRecord, prediction: float | None | Future = None) -> None:
         self.send_rates(js, self.cap_sharing.end(t.id, t.attempt))
         js.records.append(rec)
         plan = self.versions.plans.get(rec.version)
         if t.barrier and rec.ok and not rec.aborted and plan is not None:
             measured(js.memory, plan.scheme, rec.round_s)
         t.recorded_t = time.time()
-        self.host.on_event("task", rec.to_json())
+        self._announce(js, rec, prediction)
         if t.finished is not None and not t.finished.done():
             t.finished.set_result(rec)
         if js.progress is not None:
@@ -97,5 +149,32 @@ class Records:
         """Done when every task is recorded (as the progress model counts them) and every agent still
         here sent its job stats."""
         over = js.progress.over(js) if js.progress is not None else all_recorded(js)
-        if all(n in js.stats for n in self.registry.agents) and over:
+        if not (all(n in js.stats for n in self.registry.agents) and over) or js.job in self._draining:
+            return
+        if self._pending.get(js.job):
+            self._draining.add(js.job)
+            asyncio.ensure_future(self._drain(js))
+        else:
+            self._pending.pop(js.job, None)
             js.finished.set()
+
+
+def _value(got: float | None | Future, task: int) -> float | None:
+    """A prediction's value; None where the simulator could not give one (said why, once)."""
+    if not isinstance(got, Future):
+        return got
+    try:
+        return got.result()
+    except NotImplementedError as exc:  # a plan the simulator cannot replay yet
+        log.info("task %d: no prediction (%s)", task, exc)
+    except Exception as exc:  # the simulator's process failed: the record stands without a prediction
+        log.warning("task %d: no prediction (%s: %s)", task, type(exc).__name__, exc)
+    return None
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
+    """From the predictor's thread onto the loop; a loop that closed meanwhile has no one to tell."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass

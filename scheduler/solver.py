@@ -36,6 +36,12 @@ def _nice() -> None:
         pass
 
 
+def niced_process() -> ProcessPoolExecutor:
+    """One spawned worker process at nice SOLVER_NICE: CPU-heavy Python (a solve, a simulation) off
+    the scheduler's loop and behind the agents. Spawn: no inherited sockets or loop."""
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_nice)
+
+
 def _solve(name: str, view: NetworkView, job: Job, memory: dict[str, Any]) -> Solved:
     start = time.process_time()
     plan = planners.resolve(name).plan(view, job, memory)
@@ -65,8 +71,7 @@ class Solver:
     def warm(self) -> None:
         """Start the worker process now, so that it is ready by the first re-plan."""
         if self._process is None:
-            self._process = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_nice)
+            self._process = niced_process()
             self._started = self._process.submit(_ready)
 
     @property

@@ -237,7 +237,7 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
     results = Results(None if o.output["out"] is None else Path(o.output["out"]))
     results.write(run_record(cfg, session.cluster))
     predictor = RoundPredictor(cfg.topo, cfg.trace, dispatch=dispatch_of(o))
-    sched = Scheduler(session.cluster, cfg.topo.nodes, predict=predictor.round_s,
+    sched = Scheduler(session.cluster, cfg.topo.nodes, predict=predictor.submit,
                       update_time=o.schemes["update_time_s"] * o.wan["scale"], update_rate=o.schemes["update_rate"],
                       secret=session.secret, tls=cfg.tls, heartbeat_timeout=o.agents["heartbeat_timeout_s"],
                       probe=o.schemes["probe"] == "on", probe_budget=o.schemes["probe_budget"])
@@ -292,6 +292,7 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
         if dashboard is not None:
             await dashboard.stop()
         await sched.shutdown()
+        predictor.close()
         await agents.stop()
         backend.teardown()
         results.close()

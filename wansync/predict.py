@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
 from core.dispatch import DISPATCH, Dispatch
@@ -17,6 +18,7 @@ from emulation.simnet import sim_network
 from emulation.topology import Topology
 from emulation.trace import Trace
 from scheduler import planners
+from scheduler.solver import niced_process
 from scheduler.view import NetworkView
 from sim import MEASURED, RoundPrediction, SimNetwork, SimulationStalled, WanCosts, simulate
 
@@ -64,26 +66,72 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
     return out
 
 
+def _round_s(plan: Plan, net: SimNetwork, start_s: float, dispatch: Dispatch) -> float | None:
+    """None where the trace leaves a needed link at rate 0 for good (a CSV trace may): no prediction
+    is better than a crashed scheduler."""
+    try:
+        return simulate(plan, net, start_s=max(0.0, start_s), dispatch=dispatch,
+                        costs=MEASURED).round_s  # the data plane's own costs, as live
+    except SimulationStalled:
+        return None
+
+
 class RoundPredictor:
-    """Blind prediction for a live round: the frozen plan on the configured topology and trace."""
+    """Blind prediction for a live round: the frozen plan on the configured topology and trace.
+
+    A round's simulation can take many CPU-seconds (classed trees under node caps reallocate rates
+    at every chunk), so `submit` runs it in a niced process of its own and answers with a future:
+    the scheduler's loop never waits for it, and the agents keep the CPU. Predictions queue one
+    behind another; past MAX_QUEUED a round gets none (None at once, counted in `skipped`) rather
+    than a prediction that lags the run further and further."""
+
+    MAX_QUEUED = 2
 
     def __init__(self, topo: Topology, trace: Trace | None, *, dispatch: Dispatch = DISPATCH) -> None:
         """dispatch: the run's NetStorm knobs (wansync.runspec.dispatch_of), as its agents send by them."""
         self.net: SimNetwork = sim_network(topo, trace)
         self.dispatch = dispatch
-        self._cache: dict[tuple[int, int, float], float | None] = {}
+        self._cache: dict[tuple[int, int, float], Future[float | None]] = {}
+        self._pool: ProcessPoolExecutor | None = None
+        self._queued: set[Future[float | None]] = set()
+        self.skipped = 0
 
-    def round_s(self, plan: Plan, start_s: float = 0.0) -> float | None:
-        """None where the trace leaves a needed link at rate 0 for good (a CSV trace may): no
-        prediction is better than a crashed scheduler."""
+    def _key(self, plan: Plan, start_s: float) -> tuple[int, int, float]:
         static = not self.net.events
         # auxiliary tables change between versions (AUX_UPDATE): a version's prediction is per table
         aux = hash(tuple(tuple(sorted(g.aux.items())) for g in plan.groups))
-        key = (plan.version, aux, 0.0 if static else round(start_s, 3))
+        return plan.version, aux, 0.0 if static else round(start_s, 3)
+
+    def round_s(self, plan: Plan, start_s: float = 0.0) -> float | None:
+        """The prediction, computed here (blocking)."""
+        key = self._key(plan, start_s)
         if key not in self._cache:
-            try:
-                self._cache[key] = simulate(plan, self.net, start_s=max(0.0, start_s), dispatch=self.dispatch,
-                                           costs=MEASURED).round_s  # the data plane's own costs, as live
-            except SimulationStalled:
-                self._cache[key] = None
-        return self._cache[key]
+            fut: Future[float | None] = Future()
+            fut.set_result(_round_s(plan, self.net, start_s, self.dispatch))
+            self._cache[key] = fut
+        return self._cache[key].result()
+
+    def submit(self, plan: Plan, start_s: float = 0.0) -> Future[float | None]:
+        """The prediction off this process: done at once when known (or skipped), else when the
+        simulator's process has it."""
+        key = self._key(plan, start_s)
+        if key in self._cache:
+            return self._cache[key]
+        self._queued = {f for f in self._queued if not f.done()}
+        if len(self._queued) >= self.MAX_QUEUED:
+            self.skipped += 1
+            skipped: Future[float | None] = Future()
+            skipped.set_result(None)
+            return skipped
+        if self._pool is None:
+            self._pool = niced_process()
+        fut = self._pool.submit(_round_s, plan, self.net, start_s, self.dispatch)
+        self._cache[key] = fut
+        self._queued.add(fut)
+        return fut
+
+    def close(self) -> None:
+        """Stop the simulator's process (predictions still under way are dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
