@@ -14,6 +14,7 @@ caps, 0 holding a key until a later update (`cap_rates=False`: only the plans' o
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Hashable
 
 import numpy as np
@@ -24,10 +25,11 @@ from core import capshare
 from core.dispatch import DISPATCH, Dispatch
 from core.maxmin import max_min_rates
 
-from .model import MBIT, Model, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction
+from .model import MBIT, Model, SimulationOverBudget, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction
 from .sharing import class_rates
 
 _INF = float("inf")
+BUDGET_EVERY = 16  # instants between two looks at the CPU clock (a budget is overrun by at most that)
 # event kinds, in the order they are handled when times tie
 _RATE, _DONE, _ACK, _SEND, _WAKE, _CAPS = 0, 1, 2, 3, 4, 5
 _STARTS, _ENDS = 0, 1  # _CAPS: a task starts or ends (the scheduler's cap rates are split again)
@@ -51,8 +53,13 @@ class Exact:
     events at their ready time, so they are decided (and counted) in time order; ties go in chunk
     order, as a node's ready chunks leave live."""
 
-    def __init__(self, m: Model, dispatch: Dispatch = DISPATCH, *, cap_rates: bool = True) -> None:
+    def __init__(self, m: Model, dispatch: Dispatch = DISPATCH, *, cap_rates: bool = True,
+                 cpu_budget_s: float | None = None) -> None:
+        """cpu_budget_s: the CPU seconds (this thread's) the run may take; past them it raises
+        SimulationOverBudget (checked every BUDGET_EVERY instants)."""
         self.m = m
+        self._deadline = None if cpu_budget_s is None else time.thread_time() + cpu_budget_s
+        self._budget = cpu_budget_s
         self.dispatch = dispatch
         self.cap = list(m.cap)
         self.key_cap: list[float] = []  # m.key_cap (the plans' rates), overridden by the scheduler's cap rates
@@ -196,9 +203,13 @@ class Exact:
         receiver, time it holds the full result) and (task key, None, the task's end). A time may lie
         ahead of the clock (arrivals are resolved when their transfer ends), never behind it."""
         events, version, wake_at = self.events, self.version, self.wake_at
+        instants = 0
         while events and events[0][0] <= until and not (stop_at_end and self.ended):
             t = events[0][0]
             self.now = t
+            instants += 1
+            if self._deadline is not None and instants % BUDGET_EVERY == 0 and time.thread_time() > self._deadline:
+                raise SimulationOverBudget(f"over its budget of {self._budget:g} CPU-s at {t:.3f} s simulated")
             while events and events[0][0] <= t:
                 _, kind, k, ver = heapq.heappop(events)
                 if kind == _DONE:

@@ -97,6 +97,10 @@ class SimulationStalled(RuntimeError):
     """Work remained but nothing could make progress (a link or cap at rate 0 for good)."""
 
 
+class SimulationOverBudget(RuntimeError):
+    """The simulation would take more CPU than its caller allowed (a decision's or a prediction's)."""
+
+
 @dataclass(frozen=True)
 class TaskRun:
     """One synchronization task to replay: its plan, when it starts, and (optionally) when each member's

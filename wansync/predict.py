@@ -20,7 +20,7 @@ from emulation.trace import Trace
 from scheduler import planners
 from scheduler.solver import niced_process
 from scheduler.view import NetworkView
-from sim import MEASURED, RoundPrediction, SimNetwork, SimulationStalled, WanCosts, simulate
+from sim import MEASURED, RoundPrediction, SimNetwork, SimulationOverBudget, SimulationStalled, WanCosts, simulate
 
 
 def oracle_view(topo: Topology) -> NetworkView:
@@ -66,13 +66,17 @@ def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params:
     return out
 
 
+PREDICT_BUDGET_S = 30.0  # CPU seconds a live round's prediction may take before it is given up
+
+
 def _round_s(plan: Plan, net: SimNetwork, start_s: float, dispatch: Dispatch) -> float | None:
-    """None where the trace leaves a needed link at rate 0 for good (a CSV trace may): no prediction
-    is better than a crashed scheduler."""
+    """None where the trace leaves a needed link at rate 0 for good (a CSV trace may), or the
+    simulation would take over PREDICT_BUDGET_S: no prediction is better than a crashed scheduler or
+    a simulator that never catches up with the run."""
     try:
-        return simulate(plan, net, start_s=max(0.0, start_s), dispatch=dispatch,
-                        costs=MEASURED).round_s  # the data plane's own costs, as live
-    except SimulationStalled:
+        return simulate(plan, net, start_s=max(0.0, start_s), dispatch=dispatch, costs=MEASURED,
+                        cpu_budget_s=PREDICT_BUDGET_S).round_s  # the data plane's own costs, as live
+    except (SimulationStalled, SimulationOverBudget):
         return None
 
 

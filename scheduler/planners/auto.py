@@ -24,7 +24,7 @@ from typing import Any
 
 from core.plan import Job, Plan
 from overlay.routing import Routes, adjacency
-from sim import MEASURED, SimNetwork, SimulationStalled, WanCosts, simulate
+from sim import MEASURED, SimNetwork, SimulationOverBudget, SimulationStalled, WanCosts, simulate
 
 from ..view import NetworkView
 from .onview import link_loads, view_network
@@ -161,8 +161,17 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
             del plans[name]
             continue
         t1 = time.thread_time()
+        # what is left of the budget; the whole budget for the scheme in force and until one candidate
+        # has a prediction (so a decision costs at most a few budgets, and is never empty for a slow one)
+        first = name == in_force or best == math.inf
+        allowed = budget_s if first else max(budget_s - (t1 - start), 0.05 * budget_s)
         try:
-            round_s = simulate(plans[name], net, costs=costs).round_s
+            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=allowed).round_s
+        except SimulationOverBudget as exc:
+            out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction in time: simulation {exc}")
+            if name != in_force:  # the scheme in force stays runnable: it is kept when nothing else is predicted
+                del plans[name]
+            continue
         except (SimulationStalled, ValueError, KeyError, NotImplementedError) as exc:
             out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction: {type(exc).__name__}: {exc}")
             del plans[name]
