@@ -98,7 +98,8 @@ for k in range(1, steps + 1):
     r = red.result.numpy()
     model[:] = r
     say(k=k, members=list(red.members), weight=red.weight, counts=r[:world].tolist(),
-        steps=r[world:2 * world].tolist(), incs=r[2 * world:3 * world].tolist(), bulk=r[3 * world:3 * world + 8].tolist(),
+        steps=r[world:2 * world].tolist(), incs=r[2 * world:3 * world].tolist(),
+        bulk=r[3 * world:3 * world + 8].tolist(),
         bulk_sum=float(r[3 * world:].sum(dtype=np.float64)), digest=float(model.sum(dtype=np.float64)), inc=inc)
     if until_back:  # the rounds the victim is back in, after it was gone; then two more steps
         gone = gone or victim not in red.members
