@@ -193,6 +193,10 @@ class Handoff:
             log.warning("node %d: hand-off channel: %s; connection closed", self.node, why)
             if script is None:
                 await self._send(conn, {"t": "refused", "error": why}, quiet=True)
+            elif not script.gone:  # cut off for what it said: gone all the same (said once, above)
+                script.gone = f"rank {self.node}'s script (pid {script.pid}) was cut off: {why}"
+                self._detach("the script detached")
+                self._gone(script, script.gone, quiet=True)
         except OSError as exc:
             log.warning("node %d: hand-off channel: %s", self.node, exc)
         finally:
@@ -370,8 +374,8 @@ class Handoff:
         except OSError:
             pass
 
-    def _gone(self, script: Script, why: str, ended: bool = False) -> None:
-        if not ended:
+    def _gone(self, script: Script, why: str, ended: bool = False, quiet: bool = False) -> None:
+        if not (ended or quiet):
             log.warning("node %d: %s; this node leaves the job until a script attaches again", self.node, why)
         if self.on_gone is not None:
             self.on_gone(why, ended)

@@ -42,10 +42,8 @@ class Attachments:
         if self.reference is not None and self.running():
             why = difference(self.reference, msg.layout)
             error = None if why is None else f"rank {msg.node}'s model differs from the running job's: {why}"
-            self.registry.send(a, Attached(ok=error is None, world=self.expected, error=error,
-                                           rejoin=True if error is None else None))
-            if error is None:
-                self.rejoin(msg.node)
+            stayed = error is None and self.rejoin(msg.node)  # rejoins; others hold the current model
+            self.registry.send(a, Attached(ok=error is None, world=self.expected, error=error, rejoin=stayed or None))
             return
         self.layouts[msg.node] = msg.layout
         if len(self.layouts) < self.expected:

@@ -95,16 +95,18 @@ class Failures:
             self._abort_with(js, node, f"node {node} left: {why}")
 
     def back(self, node: int) -> bool:
-        """A script attached again at a node that left the running job: the node rejoins it from the
-        next round not frozen yet (whose task hands the script the current model: start.py)."""
+        """A script attached again at `node` while the job runs: a node that left rejoins it from the
+        next round not frozen yet (whose task hands the script the current model: start.py). True if
+        some other node stayed in the job (has that model); False: nobody can hand it one."""
         js = self.host.current
         a = self.registry.agents.get(node)
-        if js is None or js.finished.is_set() or a is None or js.joins.get(node) != BENCHED:
+        if js is None or js.finished.is_set() or a is None:
             return False
-        start = js.joins[node] = max(js.frozen, default=-1) + 1
-        self.host.note_event("script_rejoined", job=js.job, node=node, round=start)
-        self.registry.send(a, {**js.job_msg, "start": start})
-        return True
+        if js.joins.get(node) == BENCHED:
+            start = js.joins[node] = max(js.frozen, default=-1) + 1
+            self.host.note_event("script_rejoined", job=js.job, node=node, round=start)
+            self.registry.send(a, {**js.job_msg, "start": start})
+        return any(n != node and js.joins.get(n, 0) != BENCHED for n in self.registry.agents)
 
     def abort(self, js: JobState, tid: int, why: str) -> None:
         """The task's current attempt cannot end exact: everyone drops it; a BSP round is asked for
