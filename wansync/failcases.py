@@ -11,8 +11,9 @@ The trainer (TRAINER) contributes integer-valued float32 vectors that name thems
 count (1), its step + 1 and its incarnation + 1 at slots r, W + r, 2W + r, then (r + 1) x a fixed
 pattern. So any sum says exactly who is in it, from which step and incarnation, and whether
 anyone is in twice; `judge` recomputes every sum the trainers printed from the members they were
-told. Its "model" is the last result (the first sync is the attach-time broadcast, or for a
-restarted trainer the current model from a rank that stayed).
+told. Its "model" (a torch parameter of P values, as wt.Optimizer holds one) is the last result; its
+first sync is wt.Optimizer's attach-time broadcast (wansync.torch.replica.broadcast): rank 0's
+model, or for a restarted trainer the current model of a rank that stayed.
 
 `run_case` returns what happened (every trainer's lines, the scheduler's timeline); `judge` says
 whether it ended as specified; `run_all` runs the four (scripts/bench/train_failures.py).
@@ -57,7 +58,10 @@ PATTERN_MOD = 7
 TRAINER = r"""
 import json, os, signal, sys, time
 import numpy as np
+import torch
 from wansync.torch.channel import Channel
+from wansync.torch.layout import Tensors
+from wansync.torch.replica import broadcast
 from wansync.torch.sync import SyncError
 rank, world, inc = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["INCARNATION"])
 P, steps, act = int(os.environ["VALUES"]), int(os.environ["STEPS"]), os.environ.get("ACT", "")
@@ -65,20 +69,14 @@ until_back = int(os.environ.get("UNTIL_BACK", "0"))
 pattern = (np.arange(P - 3 * world) % 7 + 1).astype(np.float32)
 def say(**kw):
     print(json.dumps(kw), flush=True)
-ch = Channel.from_env({"names": ["w"], "shapes": [[P]], "dtypes": ["float32"]})
-model = np.zeros(P, np.float32)
-def provide(flat):
-    flat.numpy()[:P] = model
-    return True
-ch.provide = provide
-buf = ch.buffer().numpy()
-buf[:] = 0
-if rank == 0 and not ch.rejoined:
-    buf[:] = 5.0  # the initial model: rank 0's, broadcast at attach
-red = ch.allreduce()
-model[:] = red.result.numpy()
-say(k=0, kind="bcast", members=list(red.members), digest=float(model.sum(dtype=np.float64)), inc=inc,
-    rejoined=ch.rejoined)
+net = torch.nn.Linear(P, 1, bias=False)  # the "model": the last result (P values), as wt.Optimizer holds one
+with torch.no_grad():
+    net.weight.fill_(5.0 if rank == 0 else float(rank + 100))  # only rank 0's may survive the broadcast
+tensors = Tensors.of(net)
+ch = Channel.from_env(tensors.layout)  # P values and the skip flag
+broadcast(ch, tensors)  # what wt.Optimizer does at construction: rank 0's model, or the current one on a rejoin
+model = net.weight.detach().numpy().ravel()  # a view: params_from below writes it
+say(k=0, kind="bcast", digest=float(model.sum(dtype=np.float64)), inc=inc, rejoined=ch.rejoined)
 back, after, gone, victim = 0, 0, False, int(os.environ["VICTIM"])
 for k in range(1, steps + 1):
     if act == f"kill:{k}":
@@ -86,17 +84,17 @@ for k in range(1, steps + 1):
     if act == f"hang:{k}":
         say(k=k, hanging=True)
         sys.stdin.readline()  # stops calling step() until the runner says go on
-    x = ch.buffer().numpy()
+    x = ch.buffer().numpy()  # P values, then the flag (0)
     x[:] = 0
     x[rank], x[world + rank], x[2 * world + rank] = 1, k + 1, inc + 1
-    x[3 * world:] = (rank + 1) * pattern
+    x[3 * world:P] = (rank + 1) * pattern
     try:
         red = ch.allreduce()
     except SyncError as exc:
         say(k=k, error=str(exc))
         sys.exit(4)
-    r = red.result.numpy()
-    model[:] = r
+    tensors.params_from(red.result)
+    r = red.result.numpy()[:P]
     say(k=k, members=list(red.members), weight=red.weight, counts=r[:world].tolist(),
         steps=r[world:2 * world].tolist(), incs=r[2 * world:3 * world].tolist(),
         bulk=r[3 * world:3 * world + 8].tolist(),
@@ -209,9 +207,10 @@ async def run_case(case: str, work: Path | None = None, *, deadline_s: float = 1
                "trainer_restarted": f"kill:{KILL_AT}"}.get(case, "")
         for r in range(NODES):
             run.trainer(r, 0, **({"ACT": act, **survivors} if r == VICTIM else survivors))
-        await asyncio.wait_for(run.sched.attached(deadline_s), deadline_s)
-        job = asyncio.ensure_future(run.sched.run_job("ring", rounds=1 << 40, params=P + trailer_len(NODES),
-                                                      chunk_params=8192, workload="handoff"))
+        layout = await asyncio.wait_for(run.sched.attached(deadline_s), deadline_s)
+        values = layout["params"] + trailer_len(NODES)  # the model, the skip flag and the check trailer
+        job = asyncio.ensure_future(run.sched.run_job("ring", rounds=1 << 40, params=values, chunk_params=8192,
+                                                      workload="handoff"))
         victim = f"r{VICTIM}.0"
         if case == "trainer_hung":
             await run.until(lambda: run.events("script_left"), "the hung trainer's agent to report it", deadline_s)
