@@ -3,7 +3,8 @@ scheduler, one `wansync agent` process per node, one trainer process per rank ov
 channel, a BSP job whose rounds are the trainers' steps, and one fault:
 
 - `trainer_killed`: rank VICTIM's trainer SIGKILLs itself before step KILL_AT;
-- `trainer_hung`: it stops calling step() before step KILL_AT (blocks until told), then steps late;
+- `trainer_hung`: it stops calling step() before step KILL_AT (blocks until told), then steps late
+  (its agent's --script-stall: `stall_s`, 8 s, above the barrier's 5 s floor for a silent member);
 - `agent_killed`: rank VICTIM's agent is SIGKILLed after its trainer's step KILL_AT - 1;
 - `trainer_restarted`: as `trainer_killed`, then a new incarnation of that trainer starts and rejoins.
 
@@ -191,7 +192,7 @@ class _Run:
 
 
 async def run_case(case: str, work: Path | None = None, *, deadline_s: float = 150.0,
-                   stall_s: float = 3.0) -> CaseRun:
+                   stall_s: float = 8.0) -> CaseRun:
     """Run one failure case end to end (every wait has `deadline_s`); what happened, for `judge`."""
     if case not in CASES:
         raise ValueError(f"case {case!r}: one of {', '.join(CASES)}")

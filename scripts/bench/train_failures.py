@@ -5,7 +5,7 @@ sum a trainer got checked exactly against its members' contributions, the surviv
 the victim's error names the cause, the restarted trainer got the current model first.
 
     trainer_killed     rank 2's trainer SIGKILLs itself before step 3
-    trainer_hung       it stops calling step() (dropped after --script-stall 3 s), then steps late
+    trainer_hung       it stops calling step() (dropped after --script-stall 8 s), then steps late
     agent_killed       rank 2's agent is SIGKILLed
     trainer_restarted  killed, then a new incarnation starts and rejoins
 
