@@ -180,6 +180,9 @@ class Agent:
                     self.epoch = self.overlay.new_incarnation()
                     log.warning("node %d: the scheduler declared us lost (silent too long); rejoining as "
                                 "incarnation %d", self.node, self.epoch)
+                    if self.handoff is not None:  # its steps belong to rounds that went on without us
+                        self.handoff.drop(f"its agent (node {self.node}) was declared lost by the scheduler "
+                                          "and rejoins as a new incarnation; restart the script to rejoin")
                 else:
                     log.warning("node %d: lost the scheduler; waiting up to %.0f s for it", self.node,
                                 self.scheduler_wait_s)

@@ -366,6 +366,15 @@ class Handoff:
         self._detach("the script hung")
         self._gone(script, why)
 
+    def drop(self, why: str) -> None:
+        """Let go of the attached script (this agent was declared lost: the job went on without its
+        steps): a late step() raises SyncError naming `why`; a script started again rejoins."""
+        script = self.script
+        if script is not None:
+            script.gone = why
+            self._spawn(self._last_word(script.conn, f"dropped from the job: {why}"))
+            self._detach("the script was dropped")
+
     async def _last_word(self, conn: socket.socket, error: str) -> None:
         """An `error` frame, then the channel closes (the script reads the frame at its next step)."""
         await self._send(conn, {"t": "error", "error": error}, quiet=True)
