@@ -109,6 +109,7 @@ class Handoff:
         self.now = now
         self.stall_s, self.on_gone = stall_s, on_gone
         self.offset = 0  # round = step + offset (the running job's first round for this script)
+        self.attaching = False  # a script waits for the scheduler's verdict (it is about to attach)
         self._closing = False
         self.script: Script | None = None
         self.refused = 0
@@ -175,7 +176,11 @@ class Handoff:
             layout = wire.check_hello(hello, self.token, self.node)
             if self.script is not None:
                 raise wire.HandoffError(f"rank {self.node} already has a script attached")
-            ok, error, world, *rejoin = await self.verdict(layout)
+            self.attaching = True
+            try:
+                ok, error, world, *rejoin = await self.verdict(layout)
+            finally:
+                self.attaching = False
             if not ok:
                 await self._send(conn, {"t": "refused", "error": error})
                 log.warning("node %d: script pid %d refused: %s", self.node, pid, error)

@@ -23,7 +23,7 @@ import numpy as np
 from core.compute import ComputeModel
 from core.plan import Plan
 from overlay.clock import SyncedClock
-from overlay.messages import Job, Ready, Record, Stats
+from overlay.messages import Job, Leave, Ready, Record, Stats
 from overlay.peers import Overlay
 
 from .engine import ChunkEngine
@@ -92,10 +92,16 @@ class RoundLoop:
         aux0 = (self.engine.aux_bytes, self.engine.sent_bytes)
         self.params = np.zeros(nparams, dtype=np.float32)
         self.script = msg.workload == HANDOFF
-        if self.script:
+        # back in a running job (this agent restarted, or was declared lost) with no script: it sits the
+        # job out until one attaches (the scheduler then sends the job again)
+        idle = bool(self.script and msg.start and self.handoff is not None
+                    and not (self.handoff.script or self.handoff.attaching))
+        if idle:
+            self.send(Leave(node=self.node, why=f"node {self.node} has no training script attached"))
+        elif self.script:
             await self._script(msg)
         self.trainer = await self._trainer(msg) if msg.workload and not self.script else None
-        if msg.mode != "tasks":
+        if msg.mode != "tasks" and not idle:
             await self._rounds(msg)
         else:
             await self.runner.job_over(job)

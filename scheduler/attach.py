@@ -35,15 +35,18 @@ class Attachments:
         self._verdict: asyncio.Future[dict[str, Any]] | None = None
         self.reference: dict[str, Any] | None = None  # the layout every rank agreed on last
         self.running: Callable[[], bool] = lambda: False  # a job runs (an attach is a rank coming back)
-        self.rejoin: Callable[[int], bool] = lambda node: False
+        self.rejoin: Callable[[int], None] = lambda node: None  # the rank comes back into the job
+        self.others: Callable[[int], bool] = lambda node: False  # other ranks stayed in the job
 
     def on_attach(self, a: AgentInfo, msg: Attach) -> None:
         a.paced = True  # a script paces this agent now: it says LEAVE if the script stops
         if self.reference is not None and self.running():
             why = difference(self.reference, msg.layout)
             error = None if why is None else f"rank {msg.node}'s model differs from the running job's: {why}"
-            stayed = error is None and self.rejoin(msg.node)  # rejoins; others hold the current model
+            stayed = error is None and self.others(msg.node)  # they hold the current model
             self.registry.send(a, Attached(ok=error is None, world=self.expected, error=error, rejoin=stayed or None))
+            if error is None:  # after the verdict: its agent has the script when the job comes
+                self.rejoin(msg.node)
             return
         self.layouts[msg.node] = msg.layout
         if len(self.layouts) < self.expected:

@@ -94,19 +94,22 @@ class Failures:
         if abort:
             self._abort_with(js, node, f"node {node} left: {why}")
 
-    def back(self, node: int) -> bool:
+    def back(self, node: int) -> None:
         """A script attached again at `node` while the job runs: a node that left rejoins it from the
-        next round not frozen yet (whose task hands the script the current model: start.py). True if
-        some other node stayed in the job (has that model); False: nobody can hand it one."""
+        next round not frozen yet (whose task hands the script the current model: start.py)."""
         js = self.host.current
         a = self.registry.agents.get(node)
-        if js is None or js.finished.is_set() or a is None:
-            return False
-        if js.joins.get(node) == BENCHED:
-            start = js.joins[node] = max(js.frozen, default=-1) + 1
-            self.host.note_event("script_rejoined", job=js.job, node=node, round=start)
-            self.registry.send(a, {**js.job_msg, "start": start})
-        return any(n != node and js.joins.get(n, 0) != BENCHED for n in self.registry.agents)
+        if js is None or js.finished.is_set() or a is None or js.joins.get(node) != BENCHED:
+            return
+        start = js.joins[node] = max(js.frozen, default=-1) + 1
+        self.host.note_event("script_rejoined", job=js.job, node=node, round=start)
+        self.registry.send(a, {**js.job_msg, "start": start})
+
+    def others_stayed(self, node: int) -> bool:
+        """Some node other than `node` is in the running job (holds the current model to hand on)."""
+        js = self.host.current
+        return (js is not None and not js.finished.is_set()
+                and any(n != node and js.joins.get(n, 0) != BENCHED for n in self.registry.agents))
 
     def abort(self, js: JobState, tid: int, why: str) -> None:
         """The task's current attempt cannot end exact: everyone drops it; a BSP round is asked for

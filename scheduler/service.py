@@ -95,6 +95,7 @@ class Scheduler:
         self.attachments = Attachments(self.registry, nodes)
         self.attachments.running = lambda: self.current is not None and not self.current.finished.is_set()
         self.attachments.rejoin = self.failures.back
+        self.attachments.others = self.failures.others_stayed
         self.handlers = Handlers(self.registry, self.view, self.versions, self.cap_sharing, self.records,
                                  self.failures, self.control, self, attachments=self.attachments)
         self.server = ControlServer(cluster, secret, may_connect=self.registry.may_connect,

@@ -126,3 +126,17 @@ async def test_a_restarted_trainer_gets_the_current_model_then_sums_once_with_it
     rejoined = [e for e in run.timeline if e["kind"] == "script_rejoined"]
     assert len(rejoined) == 1 and rejoined[0]["node"] == VICTIM
     assert judge(run) == (True, "")
+
+
+async def test_an_agent_declared_lost_drops_its_trainer_and_comes_back_without_it(tmp_path):
+    """Frozen past the heartbeat timeout, then thawed: its trainer's steps belong to rounds that went on
+    without it, so the trainer gets SyncError naming why; the agent rejoins as a new incarnation, with
+    no script it sits the job out (LEAVE), and no round ever waits for it."""
+    run = await run_case("agent_frozen", tmp_path, deadline_s=DEADLINE_S)
+    assert not run.error, run.error
+    survivors_went_on(run, exactly_at=False)
+    last = run.lines["r2.0"][-1]
+    assert "was declared lost by the scheduler" in last["error"] and "restart the script" in last["error"], last
+    assert run.lost[VICTIM]["why"].startswith("silent for")
+    left = [e for e in run.timeline if e["kind"] == "script_left" and e["node"] == VICTIM]
+    assert left and "has no training script attached" in left[-1]["why"], left

@@ -50,6 +50,7 @@ from .procs import reap
 from .runspec import resolve
 
 CASES = ("trainer_killed", "trainer_hung", "agent_killed", "trainer_restarted")
+EXTRA = ("agent_frozen",)  # tests only: the victim's agent frozen (SIGSTOP) until declared lost, then thawed
 NODES, VICTIM, KILL_AT = 3, 2, 3
 STEPS = 8  # the survivors' steps (trainer_restarted: until the newcomer was in BACK_ROUNDS of them)
 BACK_ROUNDS = 4
@@ -194,8 +195,8 @@ class _Run:
 async def run_case(case: str, work: Path | None = None, *, deadline_s: float = 150.0,
                    stall_s: float = 8.0) -> CaseRun:
     """Run one failure case end to end (every wait has `deadline_s`); what happened, for `judge`."""
-    if case not in CASES:
-        raise ValueError(f"case {case!r}: one of {', '.join(CASES)}")
+    if case not in CASES + EXTRA:
+        raise ValueError(f"case {case!r}: one of {', '.join(CASES + EXTRA)}")
     own = work is None
     work = Path(tempfile.mkdtemp(prefix=f"wansync-{case}-")) if work is None else work
     run = _Run(case, work, stall_s if case == "trainer_hung" else 120.0)
@@ -223,6 +224,12 @@ async def run_case(case: str, work: Path | None = None, *, deadline_s: float = 1
             await run.until(lambda: any(line.get("k") == KILL_AT - 1 for line in run.lines(victim)),
                             f"rank {VICTIM}'s step {KILL_AT - 1}", deadline_s)
             run.agents[VICTIM].send_signal(signal.SIGKILL)
+        elif case == "agent_frozen":
+            await run.until(lambda: any(line.get("k") == KILL_AT - 1 for line in run.lines(victim)),
+                            f"rank {VICTIM}'s step {KILL_AT - 1}", deadline_s)
+            run.agents[VICTIM].send_signal(signal.SIGSTOP)
+            await run.until(lambda: VICTIM in run.sched.lost, f"node {VICTIM} to be declared lost", deadline_s)
+            run.agents[VICTIM].send_signal(signal.SIGCONT)
         elif case == "trainer_restarted":
             await run.until(lambda: run.events("script_left"), "the killed trainer's agent to report it", deadline_s)
             await run.until(lambda: any(line.get("k", 0) >= KILL_AT + 2 for line in run.lines("r0.0")),
