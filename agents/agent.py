@@ -41,6 +41,7 @@ from overlay.messages import (
     Heartbeat,
     Job,
     JobEnd,
+    Leave,
     Peers,
     Probe,
     Rates,
@@ -55,7 +56,7 @@ from overlay.peers import Overlay
 
 from .capprobes import CapProbes
 from .engine import ChunkEngine
-from .handoff import Handoff, socket_path
+from .handoff import STALL_S, Handoff, socket_path
 from .linkprobe import ProbeSender
 from .looplag import LoopLag
 from .probes import LinkProbes
@@ -78,7 +79,8 @@ class Agent:
                  clock_sync: bool = True, rate_shaping: bool = True,
                  secret: bytes | None = None,
                  scheduler_wait_s: float = 30.0, tls: TlsFiles | None = None, hold_budget: int | None = None,
-                 advertise: tuple[str, int] | None = None, handoff: tuple[str, str] | None = None) -> None:
+                 advertise: tuple[str, int] | None = None, handoff: tuple[str, str] | None = None,
+                 script_stall_s: float = STALL_S) -> None:
         """dispatch: NetStorm's knobs (core.dispatch); probe_bytes, probe_num, primary_busy_bound and
         aux_queue_length override one of them each where given (the CLI's flags).
         rate_shaping=False: the kernel shapes rates and applies the trace (tc backend); the
@@ -86,7 +88,8 @@ class Agent:
         advertise: the (host, port) peers should dial, registered instead of the listening address
         (a cloud VM behind NAT listens on a private address; port 0: the port it listens on).
         handoff: (private directory, per-run token) of the channel a training script attaches by
-        (agents.handoff); None: no channel."""
+        (agents.handoff); None: no channel. script_stall_s: the least time a round waits for the attached
+        script's next step before the script counts as hung (agents.handoff.STALL_S)."""
         self.rate_shaping = rate_shaping
         self.secret = secret  # cluster secret (overlay.auth); None: unauthenticated (--insecure)
         self.tls = tls
@@ -132,7 +135,8 @@ class Agent:
                                  flush_samples=self._flush_samples)
         self.rounds = RoundLoop(node, self.engine, self.overlay, self.wan, self.lag, self.clock, self.plans,
                                 self.runner, send=self._send, live_peers=lambda: self.live_peers)
-        self.handoff = (Handoff(socket_path(handoff[0], node), handoff[1], node, self._attach, now=self.clock.now)
+        self.handoff = (Handoff(socket_path(handoff[0], node), handoff[1], node, self._attach, now=self.clock.now,
+                                stall_s=script_stall_s, on_gone=self._script_gone)
                         if handoff is not None else None)
         self.rounds.handoff = self.handoff
         self._verdict: asyncio.Future[Attached] | None = None
@@ -176,6 +180,9 @@ class Agent:
                     self.epoch = self.overlay.new_incarnation()
                     log.warning("node %d: the scheduler declared us lost (silent too long); rejoining as "
                                 "incarnation %d", self.node, self.epoch)
+                    if self.handoff is not None:  # its steps belong to rounds that went on without us
+                        self.handoff.drop(f"its agent (node {self.node}) was declared lost by the scheduler "
+                                          "and rejoins as a new incarnation; restart the script to rejoin")
                 else:
                     log.warning("node %d: lost the scheduler; waiting up to %.0f s for it", self.node,
                                 self.scheduler_wait_s)
@@ -322,7 +329,16 @@ class Agent:
         self._verdict = asyncio.get_running_loop().create_future()
         self._send(Attach(node=self.node, layout=layout))
         reply = await self._verdict
-        return reply.ok, reply.error or "", reply.world
+        return reply.ok, reply.error or "", reply.world, bool(reply.rejoin)
+
+    def _script_gone(self, why: str, ended: bool) -> None:
+        """The script died or stopped calling step() (or ended: said goodbye): this node leaves the job
+        (LEAVE) until one attaches again; the scheduler aborts its round (not for an end) and goes on."""
+        if self.ctl is not None:
+            try:
+                self._send(Leave(node=self.node, why=why, ended=ended or None))
+            except ConnectionError:
+                pass
 
     def _on_attached(self, msg: Attached) -> None:
         if self._verdict is not None and not self._verdict.done():

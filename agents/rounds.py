@@ -23,7 +23,7 @@ import numpy as np
 from core.compute import ComputeModel
 from core.plan import Plan
 from overlay.clock import SyncedClock
-from overlay.messages import Job, Ready, Record, Stats
+from overlay.messages import Job, Leave, Ready, Record, Stats
 from overlay.peers import Overlay
 
 from .engine import ChunkEngine
@@ -92,10 +92,16 @@ class RoundLoop:
         aux0 = (self.engine.aux_bytes, self.engine.sent_bytes)
         self.params = np.zeros(nparams, dtype=np.float32)
         self.script = msg.workload == HANDOFF
-        if self.script:
+        # back in a running job (this agent restarted, or was declared lost) with no script: it sits the
+        # job out until one attaches (the scheduler then sends the job again)
+        idle = bool(self.script and msg.start and self.handoff is not None
+                    and not (self.handoff.script or self.handoff.attaching))
+        if idle:
+            self.send(Leave(node=self.node, why=f"node {self.node} has no training script attached"))
+        elif self.script:
             await self._script(msg)
         self.trainer = await self._trainer(msg) if msg.workload and not self.script else None
-        if msg.mode != "tasks":
+        if msg.mode != "tasks" and not idle:
             await self._rounds(msg)
         else:
             await self.runner.job_over(job)
@@ -131,6 +137,8 @@ class RoundLoop:
                                 f"{script.values}")
         handoff = self.handoff
         self.runner.verifiers[msg.job] = lambda result, plan: handoff.check(result, len(plan.participants))
+        handoff.offset = msg.start or 0  # a script that (re)joins mid-job: its step 0 is this round
+        self.runner.resyncers[msg.job] = lambda rnd, _source: handoff.share(rnd)
 
     async def _rounds(self, msg: Job) -> None:
         """Iterations: compute (the job's compute model), READY, then wait as the job's rule says — for
@@ -145,13 +153,17 @@ class RoundLoop:
         computed: dict[int, float] = {}
         trained: dict[int, np.ndarray] = {}  # a training job's contribution per round (a retry reuses it)
         trainer = self.trainer
+        shifted: set[int] = set()  # rounds that handed the model to a rejoining script: our steps moved on
         stop = runner.ending(job)  # JOB_END: the job's time is up (a ready queue stops at a budget)
         while rnd < rounds and not stop.done():
             prev = (job, rnd - 1)
-            if (not bound and prev in runner.done_attempt
+            if (not bound and prev in runner.done_attempt and rnd > (msg.start or 0)
                     and runner.next_attempt.get(prev, 0) > runner.done_attempt[prev]):
                 rnd -= 1  # the round we finished was aborted meanwhile (others had not): redo it
                 self._undo_update()
+                if rnd in shifted and self.handoff is not None:
+                    shifted.discard(rnd)
+                    self.handoff.offset -= 1
                 continue
             attempt = runner.next_attempt.get((job, rnd), 0)
             if self.script:  # the script's step: its own compute, its own pace
@@ -201,6 +213,11 @@ class RoundLoop:
                 continue
             runner.prepared.pop((job, rnd), None)
             trained.pop(rnd - 1, None)  # kept one round more: an abort after we finished redoes it
+            if self.script and out.resync and self.node not in out.resync[1:] and self.handoff is not None:
+                self.handoff.offset += 1  # the round carried the model to a rejoining rank: our step is next
+                shifted.add(rnd)
+                rnd += 1
+                continue
             if self.script and self.handoff is not None:  # the sum goes back to the script
                 self.handoff.deliver(rnd, out.result if out.ok else None, sum(out.plan.weights.values()),
                                      list(out.plan.participants), "" if out.ok else out.error)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +48,7 @@ class Outcome:
     result: np.ndarray
     ok: bool
     error: str
+    resync: tuple[int, ...] = ()  # [source, *joining]: the round handed the current model to joining members
 
 
 @dataclass
@@ -84,6 +85,9 @@ class TaskRunner:
         # job -> how a receiver checks its result, when the job's workload is not the synthetic one
         # (agents.training: real training, checked within float32 rounding by its own trailer)
         self.verifiers: dict[int, Callable[[np.ndarray, Plan], tuple[bool, str]]] = {}
+        # job -> this node's contribution to a round that hands the current model to joining members
+        # (TASK resync: the source's model, zeros from everyone else), where the job's workload has one
+        self.resyncers: dict[int, Callable[[int, int], Awaitable[np.ndarray | None]]] = {}
 
     async def allowed(self, job: int, rnd: int) -> None:
         """Until a GO allows iteration `rnd` (SSP); counts the time this worker waited."""
@@ -199,7 +203,11 @@ class TaskRunner:
         t_compute = prep.t_compute if prep is not None else 0.0
         contrib = None
         missing = ""
-        if member and prep is None and job in self.verifiers:  # a real workload has nothing to stand in for it
+        if member and msg.resync and job in self.resyncers:  # the source's model, zeros from the others
+            contrib = (await self.resyncers[job](msg.round, msg.resync[0]) if self.node == msg.resync[0] else None)
+            if contrib is None:
+                contrib = np.zeros(plan.params, np.float32)
+        elif member and prep is None and job in self.verifiers:  # a real workload has nothing to stand in for it
             missing = f"node {self.node} has no contribution of iteration {mine} for task {msg.task}"
             log.error("%s", missing)
             contrib = np.zeros(plan.params, np.float32)
@@ -239,7 +247,8 @@ class TaskRunner:
                            error=error or None, beside=st.beside or None))
         self.done_attempt[key] = msg.attempt
         if st.receiver and result is not None:
-            self._wake(job, mine if member else msg.round, Outcome(msg.task, msg.attempt, plan, result, ok, error))
+            self._wake(job, mine if member else msg.round, Outcome(msg.task, msg.attempt, plan, result, ok, error,
+                                                                   tuple(msg.resync or ())))
 
     def _verify(self, result: np.ndarray, msg: Task, plan: Plan) -> tuple[bool, str]:
         """Exact check against the closed-form (weighted) sum of the members' contributions, each from

@@ -97,6 +97,7 @@ class Msg(enum.StrEnum):
     EMU = "EMU"
     ATTACH = "ATTACH"
     ATTACHED = "ATTACHED"
+    LEAVE = "LEAVE"
     PROBE = "PROBE"
     PROBE_DONE = "PROBE_DONE"
     CHUNK = "CHUNK"
@@ -366,6 +367,20 @@ class Attached(Record):
     ok: bool = f()
     world: int = _count()
     error: str | None = f(fc.text(), optional=True)
+    rejoin: bool | None = f(optional=True)  # the job runs: this rank comes back into it (the current model)
+
+
+@message
+class Leave(Record):
+    """This node's training script is gone (it died, or stopped calling `step()`; `ended`: it said
+    goodbye, its last contribution stands): the node leaves the running job until a script attaches
+    again (agents.handoff says why, and how long is too long)."""
+
+    T = Msg.LEAVE
+    SPEAKS_FOR = True
+    node: int = _node()
+    why: str = f(fc.text())
+    ended: bool | None = f(optional=True)
 
 
 @message
@@ -406,6 +421,10 @@ class Task(Record):
     # member -> the iteration its contribution comes from, where it is not `round` (a ready queue groups
     # workers at different iterations)
     iters: dict[int, int] | None = f(fc.counters, optional=True)
+    # [source, *joining]: this round hands the current model to nodes whose scripts (re)attached: the
+    # source contributes its script's model, every other member zeros; the joining scripts receive it
+    # as their first sync, the others' steps move on to the next round (agents.handoff)
+    resync: list[int] | None = f(fc.list_of(fc.node, "nodes"), optional=True)
 
 
 @message

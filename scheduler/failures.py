@@ -1,5 +1,6 @@
 """Failures: an agent lost (fenced, its tasks aborted, the job re-planned), a task's attempt aborted
-(asked for again under BSP, retried or given up when formed), an agent back (it joins the job).
+(asked for again under BSP, retried or given up when formed), an agent back (it joins the job), a
+node whose training script is gone (it leaves the job, connected, until a script attaches again).
 
 A lost agent aborts (and retries or re-plans) only the tasks it had a part in; the job's progress model
 may refuse a formed task's retry or prepare it (CREW's failover, §2.9).
@@ -25,6 +26,8 @@ from .versions import Versions
 from .view import NetworkView
 
 log = logging.getLogger("wansync.scheduler")
+
+BENCHED = 1 << 62  # js.joins value of a node that left the job (its script is gone): no round plans it
 
 
 class Host(Observed, Protocol):
@@ -65,13 +68,48 @@ class Failures:
         js = self.host.current
         if js is None or js.finished.is_set():
             return
+        self._abort_with(js, node, f"agent {node} lost: {why}")
+
+    def _abort_with(self, js: JobState, node: int, why: str) -> None:
+        """Abort every running task `node` has a part in; the progress model hears it is gone."""
         for t in sorted(js.tasks.values(), key=lambda t: t.id):
             if t.version is None or t.recorded_t is not None:
                 continue
             if node in t.involved or node in self.versions.plans[t.version].nodes:
-                self.abort(js, t.id, f"agent {node} lost: {why}")
+                self.abort(js, t.id, why)
         if js.progress is not None:
             js.progress.lost(self.host.control, js, node)
+
+    def leave(self, node: int, why: str, abort: bool = True) -> None:
+        """LEAVE: node's training script died or stopped calling step() (or ended). The agent stays (it
+        relays, heartbeats, is not fenced) but sits the running job out until a script attaches again
+        (`back`); the tasks it had a part in are aborted and go on without it (`abort`; a script that
+        ended said goodbye after its last step, whose contribution stands)."""
+        js = self.host.current
+        if js is None or js.finished.is_set() or node not in self.registry.agents or js.joins.get(node) == BENCHED:
+            return
+        js.joins[node] = BENCHED
+        log.warning("node %d leaves job %d: %s", node, js.job, why)
+        self.host.note_event("script_left", job=js.job, node=node, why=why, ended=not abort)
+        if abort:
+            self._abort_with(js, node, f"node {node} left: {why}")
+
+    def back(self, node: int) -> None:
+        """A script attached again at `node` while the job runs: a node that left rejoins it from the
+        next round not frozen yet (whose task hands the script the current model: start.py)."""
+        js = self.host.current
+        a = self.registry.agents.get(node)
+        if js is None or js.finished.is_set() or a is None or js.joins.get(node) != BENCHED:
+            return
+        start = js.joins[node] = max(js.frozen, default=-1) + 1
+        self.host.note_event("script_rejoined", job=js.job, node=node, round=start)
+        self.registry.send(a, {**js.job_msg, "start": start})
+
+    def others_stayed(self, node: int) -> bool:
+        """Some node other than `node` is in the running job (holds the current model to hand on)."""
+        js = self.host.current
+        return (js is not None and not js.finished.is_set()
+                and any(n != node and js.joins.get(n, 0) != BENCHED for n in self.registry.agents))
 
     def abort(self, js: JobState, tid: int, why: str) -> None:
         """The task's current attempt cannot end exact: everyone drops it; a BSP round is asked for

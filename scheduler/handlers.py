@@ -15,6 +15,7 @@ from overlay.messages import (
     Attach,
     Counters,
     Heartbeat,
+    Leave,
     ProbeDone,
     ProtocolError,
     Ready,
@@ -80,6 +81,7 @@ class Handlers:
                 Report: registered(self.on_report), TaskDone: registered(self.on_task_done),
                 Stats: registered(self.on_stats), Counters: registered(self.on_counters),
                 Heartbeat: registered(self.on_heartbeat),
+                Leave: registered(lambda a, msg: self.failures.leave(a.node, msg.why, abort=not msg.ended)),
                 ProbeDone: registered(lambda a, msg: self.host.prober.done(a.node, msg)),
                 **({Attach: registered(self.attachments.on_attach)} if self.attachments is not None else {})}
 

@@ -119,7 +119,9 @@ class Liveness:
         t0 = max(r.barrier_t, prev.recorded_t if prev is not None and prev.recorded_t is not None else 0.0)
         recent = [rec.round_s for rec in js.records[-5:]]
         limit = deadline.overrun_s(js.job_msg.get("compute_s", 0.0), recent, 0)
-        missing = [n for n in self.sched.plans[r.version].participants if n not in r.asked]
+        # a node a training script paces asks when its script steps: its agent says LEAVE if that stops
+        missing = [n for n in self.sched.plans[r.version].participants if n not in r.asked
+                   and not (n in self.agents and self.agents[n].paced)]
         if now - t0 > limit and missing:
             for n in missing:
                 self.sched.lose(n, f"did not ask for round {rnd} within {limit:.1f} s (stuck)")

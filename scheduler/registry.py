@@ -36,6 +36,7 @@ class AgentInfo:
     clock_error: float | None = None
     uplink_mbps: float | None = None  # its configured node caps, if it has any (REGISTER)
     downlink_mbps: float | None = None
+    paced: bool = False  # a training script paces it (ATTACH): its agent reports a script that stops (LEAVE)
 
 
 class Registry:

@@ -93,6 +93,9 @@ class Scheduler:
         self.control = ModelControl(self.registry, self.view, self.versions, self.starter, self.records,
                                     self.failures, self.liveness, self)
         self.attachments = Attachments(self.registry, nodes)
+        self.attachments.running = lambda: self.current is not None and not self.current.finished.is_set()
+        self.attachments.rejoin = self.failures.back
+        self.attachments.others = self.failures.others_stayed
         self.handlers = Handlers(self.registry, self.view, self.versions, self.cap_sharing, self.records,
                                  self.failures, self.control, self, attachments=self.attachments)
         self.server = ControlServer(cluster, secret, may_connect=self.registry.may_connect,

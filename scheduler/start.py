@@ -119,6 +119,7 @@ class TaskStart:
         if any(g.classed for g in plan.groups) and self.cap_sharing.caps:
             self.send_rates(js, self.cap_sharing.start(tid, t.attempt, plan, time.time(), self._routes().route))
         settled = js.settled()
+        resync = _resync(js, t, plan)
         for node in sorted(t.involved):
             a = agents.get(node)
             if a is None:
@@ -126,7 +127,8 @@ class TaskStart:
             have = asked.get(node, a.versions)
             msg = TaskMsg(job=js.job, task=tid, attempt=t.attempt, version=v, round=t.round,
                           members=list(plan.participants), receivers=list(plan.receiver_set), avoid=js.avoid,
-                          plan=None if v in have else plan.to_wire(), settled=settled, iters=t.iters or None)
+                          plan=None if v in have else plan.to_wire(), settled=settled, iters=t.iters or None,
+                          resync=resync)
             if self.registry.send(a, msg):
                 a.versions.add(v)
         t.start(time.time())
@@ -161,3 +163,13 @@ class TaskStart:
             if a is not None:
                 for (task, attempt), rows in per_task.items():
                     self.registry.send(a, Rates(job=js.job, task=task, attempt=attempt, rates=rows))
+
+
+def _resync(js: JobState, t: Task, plan: Plan) -> list[int] | None:
+    """[source, *joining] for a BSP round in which members (re)join the job (js.joins): the current
+    model goes to them from the lowest member that stayed; None if nobody joins, or nobody stayed."""
+    if not t.barrier:
+        return None
+    joining = [n for n in plan.participants if js.joins.get(n, 0) == t.round and t.round > 0]
+    stayed = [n for n in plan.participants if n not in joining]
+    return [stayed[0], *joining] if joining and stayed else None

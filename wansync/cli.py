@@ -432,7 +432,7 @@ def _agent(args: argparse.Namespace) -> int:
                   shaped=a["shaping"] != "none", host=lhost or "127.0.0.1", listen_port=int(lport or 0),
                   rate_shaping=a["shaping"] == "app", dispatch=dispatch_of(options), secret=secret, tls=tls,
                   hold_budget=int(a["hold_budget_mb"] * (1 << 20)), scheduler_wait_s=a["scheduler_wait_s"],
-                  advertise=advertise, handoff=handoff)
+                  advertise=advertise, handoff=handoff, script_stall_s=a["script_stall_s"])
     gcpolicy.apply(a["gc"])  # the agent is built: what exists now lives as long as the process
     try:
         with profiled(f"agent-{args.node}"):  # only with $WANSYNC_PROFILE (wansync.profiling)

@@ -224,6 +224,9 @@ DECLARED: tuple[Opt, ...] = (
     Opt("agents", "handoff_dir", "--handoff-dir", None, "serve the hand-off channel a training script attaches by "
         "(wansync train sets it): a private directory (0700) holding node-N.sock; the run's token in "
         "$WANSYNC_HANDOFF_TOKEN", (AGENT,), metavar="DIR"),
+    Opt("agents", "script_stall_s", "--script-stall", 60.0, "a training script that keeps a round waiting this long "
+        "for its next step() (and 4x its slowest step so far) is dropped as hung: its node leaves the job until a "
+        "script attaches again (default 60; docs/training-failures.md)", (AGENT, TRAIN), float, metavar="S"),
     # --- training your own script (wansync train) ---
     Opt("train", "script", "--script", None, "the training script (wansync train SCRIPT [ARGS...])", (TRAIN,),
         metavar="SCRIPT"),

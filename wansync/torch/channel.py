@@ -6,6 +6,11 @@ sends the model's layout and blocks until every rank attached and the scheduler 
 alike (else `SyncError` naming the rank that differs); then the agent hands over the shared memory.
 A step writes the flat values into send slot k % 2 (`buffer()`), says `step k`, and blocks until
 `done k`: the sum is in the result region, which `allreduce` returns as a tensor view (no copy).
+
+Failures (docs/training-failures.md): the agent going away, or dropping this script (it stopped
+calling step() for too long), raises `SyncError` naming it at the next step, never a hang. While a
+step waits, the agent may ask for this rank's model (`share`: a rank rejoined and this one is its
+source); `provide` (set by wt.Optimizer) writes it into the result region, which is free then.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import mmap
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,7 +36,7 @@ class Channel:
 
     def __init__(self, path: str, token: str, rank: int, layout: dict[str, Any], *,
                  timeout: float = ATTACH_TIMEOUT_S) -> None:
-        self.rank = rank
+        self.rank, self.path = rank, path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
@@ -49,6 +55,8 @@ class Channel:
         if welcome["t"] != "welcome" or len(fds) != 1:
             raise SyncError(f"rank {rank}: unexpected reply from the agent: {welcome['t']!r}")
         self.params, self.world = int(welcome["params"]), int(welcome["world"])
+        self.rejoined = bool(welcome.get("rejoin"))  # a script attached to this agent before: the job runs
+        self.provide: Callable[[torch.Tensor], bool] | None = None  # writes this rank's model (share)
         slot = int(welcome["slot"])
         try:
             self.mem = mmap.mmap(fds[0], wire.SLOTS * slot * 4)
@@ -87,7 +95,13 @@ class Channel:
         t = time.perf_counter()
         self._send({"t": "step", "k": k})
         msg, _ = self._recv()
+        while msg["t"] == "share":  # a rank rejoins and gets its model from this one
+            ok = self.provide is not None and bool(self.provide(self.regions[2]))
+            self._send({"t": "shared", "ok": ok})
+            msg, _ = self._recv()
         self.sync_s += time.perf_counter() - t
+        if msg["t"] == "error":
+            raise SyncError(f"rank {self.rank}: {msg.get('error')}")
         if msg["t"] != "done" or msg.get("k") != k:
             raise SyncError(f"rank {self.rank}: expected done {k} from the agent, got {msg['t']!r} {msg.get('k')!r}")
         self.step += 1
@@ -114,7 +128,17 @@ class Channel:
         try:
             self.sock.sendall(wire.encode(msg))
         except OSError as exc:
-            raise SyncError(f"rank {self.rank}: the agent's channel is gone ({exc})") from None
+            raise SyncError(self._last_word() or f"rank {self.rank}: its wansync agent is gone: the channel "
+                            f"to it ({self.path}) failed ({exc}); did the agent die, or the job end?") from None
+
+    def _last_word(self) -> str:
+        """The agent's `error` frame, if it left one before closing the channel (it dropped this script)."""
+        try:
+            self.sock.settimeout(0.0)
+            msg, _ = self._recv()
+        except (SyncError, BlockingIOError):
+            return ""
+        return f"rank {self.rank}: {msg.get('error')}" if msg.get("t") == "error" else ""
 
     def _recv(self, with_fd: bool = False) -> tuple[dict[str, Any], list[int]]:
         fds: list[int] = []
@@ -127,7 +151,8 @@ class Channel:
                 else:
                     got = self.sock.recv(want)
                 if not got:
-                    raise SyncError(f"rank {self.rank}: the agent closed the channel (did the job end?)")
+                    raise SyncError(f"rank {self.rank}: its wansync agent closed the channel ({self.path}): "
+                                    "the agent died, or the job ended")
                 buf += got
             n = wire.frame_length(buf[:wire.HEADER.size])
             while len(buf) < wire.HEADER.size + n:
@@ -135,7 +160,10 @@ class Channel:
                 if not got:
                     raise SyncError(f"rank {self.rank}: the agent closed the channel in a message")
                 buf += got
+        except BlockingIOError:
+            raise
         except OSError as exc:
-            raise SyncError(f"rank {self.rank}: the agent's channel failed ({exc})") from None
+            raise SyncError(f"rank {self.rank}: its wansync agent's channel failed ({exc}): the agent died, "
+                            "or the job ended") from None
         return wire.decode(buf[wire.HEADER.size:]), fds
 
