@@ -308,7 +308,8 @@ class Handoff:
             return False, f"result has {result.size} values, the attached model {script.values}"
         return sketch.check(result, script.params, members, SEED)
 
-    def deliver(self, k: int, result: np.ndarray | None, weight: float, members: list[int], error: str = "") -> None:
+    def deliver(self, k: int, result: np.ndarray | None, weight: float, members: list[int], error: str = "",
+                weights: list[float] | None = None) -> None:
         """Step k's outcome to the script: the sum into the result region, then `done k`. A rank that
         sent zeros for non-finite values fails the sync for everyone, named."""
         script = self.script
@@ -328,6 +329,8 @@ class Handoff:
         script.delivered, script.step = k, None
         msg = {"t": "done", "k": k, "ok": ok, "weight": float(weight), "members": list(members),
                "error": error or None}
+        if weights is not None:  # per member, in `members`' order (the script's Reduced.weights)
+            msg["weights"] = [float(w) for w in weights]
         self._spawn(self._send(script.conn, msg, quiet=True))
 
     def stats(self) -> dict[str, Any]:

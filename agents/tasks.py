@@ -84,6 +84,9 @@ class TaskRunner:
         # job -> how a receiver checks its result, when the job's workload is not the synthetic one
         # (agents.training: real training, checked within float32 rounding by its own trailer)
         self.verifiers: dict[int, Callable[[np.ndarray, Plan], tuple[bool, str]]] = {}
+        # job -> where a receiver puts another worker's checked multicast (sender, its iteration, values):
+        # a training script's job under a multicast progress model (agents/received.py)
+        self.received: dict[int, Callable[[int, int, np.ndarray], None]] = {}
 
     async def allowed(self, job: int, rnd: int) -> None:
         """Until a GO allows iteration `rnd` (SSP); counts the time this worker waited."""
@@ -233,6 +236,11 @@ class TaskRunner:
             digest = await asyncio.to_thread(_digest, result)
         if member and ok:
             self.prepared.pop((job, mine), None)  # its contribution is in (a retry would draw it again)
+        take = self.received.get(job)
+        if take is not None and ok and result is not None and st.receiver and not member \
+                and len(plan.participants) == 1:  # in the inbox before TASK_DONE: before the GO it allows
+            src = plan.participants[0]
+            take(src, (msg.iters or {}).get(src, msg.round), result)
         self.flush_samples()
         self.send(TaskDone(node=self.node, job=job, task=msg.task, attempt=msg.attempt, version=plan.version,
                            ok=ok, t_start=t_start, t_end=t_end, t_compute=t_compute, digest=digest, t_wait=t_wait,
