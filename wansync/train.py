@@ -52,6 +52,7 @@ ROUNDS = 1 << 40  # a training job has as many rounds as its scripts take steps:
 METRICS_ENV = "WANSYNC_METRICS"  # the baseline's ranks write their metrics here (JSON lines)
 BASELINE_ENV = "WANSYNC_BASELINE"
 TAIL = 2000  # characters of a failed script's stderr in the error
+SYNC_ERROR = "wansync.torch.sync.SyncError: "  # how a script's uncaught SyncError ends its stderr
 BROADCAST_SCHEME = "ring"  # the one full reduce before a partial or multicast job: rank 0's model to all
 
 
@@ -146,7 +147,11 @@ class Scripts:
         return [(i, self.why(i)) for i, p in enumerate(self.procs) if p.poll() is not None and p.returncode != 0]
 
     def why(self, rank: int) -> str:
-        tail = self.logs[rank].read_text(errors="replace")[-TAIL:].strip()
+        text = self.logs[rank].read_text(errors="replace")
+        said = [line for line in text.splitlines() if line.startswith(SYNC_ERROR)]
+        if said:  # wansync.torch said why (a refused mode, a failed sync): that, not the traceback
+            return f"exit {self.procs[rank].returncode}: {said[-1].removeprefix(SYNC_ERROR)}"
+        tail = text[-TAIL:].strip()
         return f"exit {self.procs[rank].returncode}" + (f":\n{tail}" if tail else "")
 
     async def wait(self, timeout: float, ended: Callable[[set[int]], None] | None = None) -> list[int]:
