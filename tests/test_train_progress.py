@@ -58,9 +58,9 @@ def within_bound(result: np.ndarray, terms: list[np.ndarray]) -> tuple[bool, flo
 
 
 @pytest.mark.parametrize("progress,scheme,topology,extra", [
-    ("queue", "ring", "uniform:200", ("--group", "2", "--compute-model", "lognormal:mean=0.05,cv=0.6,spread=0.5")),
+    ("queue", "ring", "uniform:200", ("--group", "3", "--compute-model", "lognormal:mean=0.05,cv=0.6,spread=0.5")),
     ("selective", "ring", "switch:4:unit=25", ("--group", "2")),
-    ("crew", "crew", "crew:4:x=0.1", ("--group", "2")),
+    ("crew", "crew", "crew:4:x=0.1", ("--group", "3")),  # 32 syncs: the last ones go short
 ])
 def test_model_mode_partial_reduce_is_the_weighted_sum_of_the_members_models(tmp_path, progress, scheme, topology,
                                                                              extra):
