@@ -41,7 +41,8 @@ def train(tmp: Path, progress: str, scheme: str, topology: str, *extra: str, pac
     """Run the recording script; every rank's records and the results file's records."""
     out = tmp / "results.jsonl"
     p = wansync("train", str(SCRIPT), "--nodes", str(NODES), "--topology", topology, "--schemes", scheme,
-                "--progress", progress, *extra, "--no-http", "--out", str(out), "--", str(tmp), str(STEPS), str(pace))
+                "--progress", progress, *extra, "--run-timeout", "240", "--no-http", "--out", str(out), "--", str(tmp),
+                str(STEPS), str(pace))
     assert p.returncode == 0, p.stderr[-4000:]
     ranks = {r: pickle.loads((tmp / f"rank-{r}.pkl").read_bytes()) for r in range(NODES)}
     return ranks, [json.loads(line) for line in out.read_text().splitlines()]
