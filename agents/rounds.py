@@ -5,7 +5,10 @@ says READY (under BSP the round's task forms once every member did, and the firs
 the plan version), and waits for the outcome of that task (agents/tasks.py runs it and reports).
 Then it applies the result to its model. An ABORT ends an attempt; the loop says READY again for
 the next one, and if this node had already finished the aborted round (others had not) it goes
-back, undoes its model update and redoes it. A job of mode "tasks" has no rounds of its own: the
+back, undoes its model update and redoes it. A training script's job (workload "handoff") takes its
+contributions from the script's steps: READY once the script called step(), padded up to the compute
+model's draw when the run has one; under a multicast progress model each step's result is the script's
+model combined with the fresh ones it received (agents/received.py). A job of mode "tasks" has no rounds of its own: the
 scheduler forms the tasks, and this node only serves them. The job's figures, with the fidelity
 guard's books, go to the scheduler in STATS at the end.
 """

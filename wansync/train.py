@@ -8,6 +8,11 @@ gives (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the hand-off 
 per-run token; wait until every rank attached with the same model (scheduler.attach); run the job
 whose contributions are the scripts' steps (workload "handoff", as many rounds as the scripts take);
 end it when every script has exited. The cluster secret never reaches a script.
+
+Under a partial or multicast progress model (docs/training-progress.md) the attach broadcast runs as a
+one-round full reduce of its own before the job, the scripts learn the model and its groups from the
+environment (wt.Optimizer refuses a mode that cannot train there), and each script that exits is
+reported to the progress model (`Scheduler.finished`), which then stops waiting for that rank.
 """
 
 from __future__ import annotations
