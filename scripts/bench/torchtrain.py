@@ -223,7 +223,7 @@ def main() -> None:
     if a.part == "partial":
         from scripts.bench.torchpartial import figures as partial_figures
 
-        out = partial_figures(str(EXAMPLE), a.quick, console, target=0.85, steps=a.steps or (40 if a.quick else 80),
+        out = partial_figures(str(EXAMPLE), a.quick, console, target=0.8, steps=a.steps or (80 if a.quick else 150),
                               mean_s=0.1 if a.quick else 0.2, seeds=[1, 2, 3] if a.quick else [1, 2, 3, 4, 5],
                               note=lambda line: console.print(line, highlight=False))
         out["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
