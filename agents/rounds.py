@@ -112,6 +112,7 @@ class RoundLoop:
         elif self.script and self.handoff is not None:
             stats["training"] = {**self.handoff.stats(), "padded_s": self.padded_s,
                                  **({"received": self.inbox.stats()} if self.inbox is not None else {})}
+        self.runner.received.pop(job, None)  # the job's inbox (its last models) goes with it
         self.send(Stats(node=self.node, job=job, stats=stats))
 
     async def _trainer(self, msg: Job) -> Trainer:
