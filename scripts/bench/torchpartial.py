@@ -42,21 +42,21 @@ STALENESS = 2
 def settings(mean_s: float) -> list[tuple[str, str, list[str], dict[str, Any]]]:
     """(progress, topology, schemes, options) of each run of a seed."""
     compute = f"lognormal:mean={mean_s:g},cv={CV:g},spread=0.5"
-    common = {"compute_model": compute}
+    common = {"workload__compute_model": compute}
     return [
-        ("queue", f"switch:{NODES}:unit=25", ["ring"], {**common, "group": GROUP}),
-        ("selective", f"switch:{NODES}:unit=25", ["ring"], {**common, "group": GROUP}),
-        ("crew", f"crew:{NODES}:x=0.1", ["opr", "crew"], {**common, "group": GROUP}),
+        ("queue", f"switch:{NODES}:unit=25", ["ring"], {**common, "progress__group": GROUP}),
+        ("selective", f"switch:{NODES}:unit=25", ["ring"], {**common, "progress__group": GROUP}),
+        ("crew", f"crew:{NODES}:x=0.1", ["opr", "crew"], {**common, "progress__group": GROUP}),
         ("mcast-bsp", f"bigswitch:{NODES}:bw=25", ["mcast"], common),
-        ("mcast-ssp", f"bigswitch:{NODES}:bw=25", ["mcast"], {**common, "staleness": STALENESS}),
+        ("mcast-ssp", f"bigswitch:{NODES}:bw=25", ["mcast"], {**common, "progress__staleness": STALENESS}),
     ]
 
 
 def run_one(progress: str, topology: str, schemes: list[str], kw: dict[str, Any], seed: int, args: list[str],
             script: str) -> list[TrainRun]:
-    opts = Options.make(topology=topology, nodes=NODES, schemes=schemes, scale=1.0, no_http=True, progress=progress,
-                        seed=seed, chunk="256KB", train__script=script,
-                        train__args=[*args, "--seed", str(seed)], run_timeout_s=600.0, **kw)
+    opts = Options.make(topology=topology, nodes=NODES, schemes=schemes, scale=1.0, no_http=True,
+                        progress__model=progress, wan__seed=seed, chunk="256KB", train__script=script,
+                        train__args=[*args, "--seed", str(seed)], train__run_timeout_s=600.0, **kw)
     return asyncio.run(train(resolve(opts), Console(stderr=True, quiet=True)))
 
 
