@@ -427,7 +427,8 @@ class Handoff:
             return False, f"result has {result.size} values, the attached model {script.values}"
         return sketch.check(result, script.params, members, SEED)
 
-    def deliver(self, rnd: int, result: np.ndarray | None, weight: float, members: list[int], error: str = "") -> None:
+    def deliver(self, rnd: int, result: np.ndarray | None, weight: float, members: list[int], error: str = "",
+                weights: list[float] | None = None) -> None:
         """Round rnd's outcome to the script (its step k = rnd - offset): the sum into the result region,
         then `done k`. A rank that sent zeros for non-finite values fails the sync for everyone, named."""
         script, k = self.script, rnd - self.offset
@@ -448,6 +449,8 @@ class Handoff:
         script.t_done = time.monotonic()
         msg = {"t": "done", "k": k, "ok": ok, "weight": float(weight), "members": list(members),
                "error": error or None}
+        if weights is not None:  # per member, in `members`' order (the script's Reduced.weights)
+            msg["weights"] = [float(w) for w in weights]
         self._spawn(self._send(script.conn, msg, quiet=True))
 
     def stats(self) -> dict[str, Any]:

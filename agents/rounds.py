@@ -5,7 +5,10 @@ says READY (under BSP the round's task forms once every member did, and the firs
 the plan version), and waits for the outcome of that task (agents/tasks.py runs it and reports).
 Then it applies the result to its model. An ABORT ends an attempt; the loop says READY again for
 the next one, and if this node had already finished the aborted round (others had not) it goes
-back, undoes its model update and redoes it. A job of mode "tasks" has no rounds of its own: the
+back, undoes its model update and redoes it. A training script's job (workload "handoff") takes its
+contributions from the script's steps: READY once the script called step(), padded up to the compute
+model's draw when the run has one; under a multicast progress model each step's result is the script's
+model combined with the fresh ones it received (agents/received.py). A job of mode "tasks" has no rounds of its own: the
 scheduler forms the tasks, and this node only serves them. The job's figures, with the fidelity
 guard's books, go to the scheduler in STATS at the end.
 """
@@ -29,6 +32,7 @@ from overlay.peers import Overlay
 from .engine import ChunkEngine
 from .handoff import Handoff
 from .looplag import LoopLag
+from .received import Inbox
 from .taskpart import TaskAborted
 from .tasks import Outcome, Prepared, Skipped, TaskRunner
 from .training import Trainer, TrainingSpec, WorkloadError, check_result
@@ -63,6 +67,8 @@ class RoundLoop:
         self.trainer: Trainer | None = None  # a real-training job's model and data (agents.training)
         self.handoff: Handoff | None = None  # a training script's channel (workload "handoff")
         self.script = False  # the running job's contributions come from the attached script
+        self.inbox: Inbox | None = None  # a multicast job's received models (agents/received.py)
+        self.padded_s = 0.0  # the compute model's padding on top of the script's own step times
 
     def start(self, msg: Job) -> None:
         """JOB: run it (the engine was told to expect its traffic)."""
@@ -109,7 +115,9 @@ class RoundLoop:
         if self.trainer is not None:
             stats["training"] = self.trainer.stats()
         elif self.script and self.handoff is not None:
-            stats["training"] = self.handoff.stats()
+            stats["training"] = {**self.handoff.stats(), "padded_s": self.padded_s,
+                                 **({"received": self.inbox.stats()} if self.inbox is not None else {})}
+        self.runner.received.pop(job, None)  # the job's inbox (its last models) goes with it
         self.send(Stats(node=self.node, job=job, stats=stats))
 
     async def _trainer(self, msg: Job) -> Trainer:
@@ -137,8 +145,15 @@ class RoundLoop:
                                 f"{script.values}")
         handoff = self.handoff
         self.runner.verifiers[msg.job] = lambda result, plan: handoff.check(result, len(plan.participants))
-        handoff.offset = msg.start or 0  # a script that (re)joins mid-job: its step 0 is this round
+        # round = step + offset: a script that (re)joins mid-job takes its step 0 at the job's start round;
+        # steps an earlier job took (the launcher's attach broadcast) come before it
+        handoff.offset = (msg.start or 0) - (script.delivered + 1)
         self.runner.resyncers[msg.job] = lambda rnd, _source: handoff.share(rnd)
+        self.padded_s = 0.0
+        self.inbox = None
+        if msg.rule == "bound":  # other workers' multicasts come to this one: combined after each step
+            self.inbox = Inbox(self.node, msg.staleness or 0)
+            self.runner.received[msg.job] = self.inbox.put
 
     async def _rounds(self, msg: Job) -> None:
         """Iterations: compute (the job's compute model), READY, then wait as the job's rule says — for
@@ -155,6 +170,7 @@ class RoundLoop:
         trainer = self.trainer
         shifted: set[int] = set()  # rounds that handed the model to a rejoining script: our steps moved on
         stop = runner.ending(job)  # JOB_END: the job's time is up (a ready queue stops at a budget)
+        t_free = time.time()  # the script computes from here (its previous result, or the job's start)
         while rnd < rounds and not stop.done():
             prev = (job, rnd - 1)
             if (not bound and prev in runner.done_attempt and rnd > (msg.start or 0)
@@ -171,7 +187,14 @@ class RoundLoop:
                 got = await _first(self.handoff.contribution(rnd), stop)
                 if got is None:
                     break  # the script detached (or the job ended)
-                contrib, computed[rnd] = got, 0.0
+                contrib = got
+                if rnd not in computed:  # READY when the script's step is in, padded up to the compute model's
+                    own = time.time() - t_free
+                    pad = model.draw(self.node, rnd) - own if msg.compute else 0.0
+                    if pad > 0:
+                        await _first(asyncio.sleep(pad), stop)
+                        self.padded_s += pad
+                    computed[rnd] = own + max(pad, 0.0)
             # ~0.1 s per 2.5 M parameters: off the loop, which must keep heartbeats and relays going
             elif trainer is None:
                 contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
@@ -197,6 +220,9 @@ class RoundLoop:
             if bound:
                 if rnd + 1 < rounds:  # blocks while this worker is `s` ahead of the slowest
                     await runner.allowed(job, rnd + 1)
+                if self.script and self.handoff is not None and self.inbox is not None:
+                    self._combine(rnd, contrib)
+                    t_free = time.time()
                 rnd += 1
                 continue
             assert fut is not None
@@ -219,8 +245,11 @@ class RoundLoop:
                 rnd += 1
                 continue
             if self.script and self.handoff is not None:  # the sum goes back to the script
-                self.handoff.deliver(rnd, out.result if out.ok else None, sum(out.plan.weights.values()),
-                                     list(out.plan.participants), "" if out.ok else out.error)
+                members = list(out.plan.participants)
+                self.handoff.deliver(rnd, out.result if out.ok else None,
+                                     sum(out.plan.weights.values()), members, "" if out.ok else out.error,
+                                     weights=[float(out.plan.weights[m]) for m in members])
+                t_free = time.time()
             elif out.ok and trainer is not None:  # the group's weighted average is this worker's model now
                 trainer.apply(out.result, dict(out.plan.weights))
                 self.params = trainer.model
@@ -233,6 +262,14 @@ class RoundLoop:
             rnd += 1
         if bound:  # the last iterations' contributions still travel: wait until their tasks are done here
             await runner.idle(job)
+
+    def _combine(self, rnd: int, own: np.ndarray) -> None:
+        """A multicast job's step result: this worker's model with the fresh ones it received, uniformly
+        weighted (agents/received.py says which and why)."""
+        assert self.handoff is not None and self.inbox is not None
+        c = self.inbox.combine(rnd, own)
+        members = sorted([self.node, *c.applied])
+        self.handoff.deliver(rnd, c.total, c.weight, members, weights=[1.0] * len(members))
 
     def _undo_update(self) -> None:
         """Undo this round's model update: its result is about to be computed again."""

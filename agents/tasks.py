@@ -88,6 +88,9 @@ class TaskRunner:
         # job -> this node's contribution to a round that hands the current model to joining members
         # (TASK resync: the source's model, zeros from everyone else), where the job's workload has one
         self.resyncers: dict[int, Callable[[int, int], Awaitable[np.ndarray | None]]] = {}
+        # job -> where a receiver puts another worker's checked multicast (sender, its iteration, values):
+        # a training script's job under a multicast progress model (agents/received.py)
+        self.received: dict[int, Callable[[int, int, np.ndarray], None]] = {}
 
     async def allowed(self, job: int, rnd: int) -> None:
         """Until a GO allows iteration `rnd` (SSP); counts the time this worker waited."""
@@ -241,6 +244,11 @@ class TaskRunner:
             digest = await asyncio.to_thread(_digest, result)
         if member and ok:
             self.prepared.pop((job, mine), None)  # its contribution is in (a retry would draw it again)
+        take = self.received.get(job)
+        if take is not None and ok and result is not None and st.receiver and not member \
+                and len(plan.participants) == 1:  # in the inbox before TASK_DONE: before the GO it allows
+            src = plan.participants[0]
+            take(src, (msg.iters or {}).get(src, msg.round), result)
         self.flush_samples()
         self.send(TaskDone(node=self.node, job=job, task=msg.task, attempt=msg.attempt, version=plan.version,
                            ok=ok, t_start=t_start, t_end=t_end, t_compute=t_compute, digest=digest, t_wait=t_wait,

@@ -236,8 +236,11 @@ class Controller:
                 out.append(self._launch(list(self.queue)[:cfg.p], t, "partial"))
         elif len(self.queue) > cfg.p or (len(self.queue) == cfg.p and not cfg.strict_trigger):
             out += self._sr_pass(t) if cfg.scheme == "sr" else self._pa_pass(t)
-        if self.queue and len(self.queue) + len([n for n in self._active() if self.w[n].state != "queued"]) < cfg.p:
-            out.append(self._launch(list(self.queue), t, "partial"))  # nobody else can come: the rest go
+        # nobody else can come: the rest go (fewer than p can ever queue; or exactly p, everyone queued, which
+        # the strict trigger, more than p, would wait on for ever)
+        coming = [n for n in self._active() if self.w[n].state != "queued"]
+        if self.queue and (len(self.queue) + len(coming) < cfg.p or (not coming and len(self.queue) >= cfg.p)):
+            out.append(self._launch(list(self.queue), t, "partial"))
         return out
 
     def _snapshot(self) -> dict[int, float]:

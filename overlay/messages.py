@@ -345,6 +345,9 @@ class Job(Record):
     # what a member contributes: None, the synthetic integers (exact checks); else a workload spec the
     # agent runs (agents.training: real training, e.g. "digits:n=16,shard=iid")
     workload: str | None = f(fc.text(), optional=True)
+    # multicast progress models: how many iterations older than its own a received model may be when a
+    # worker applies it (agents/received.py); None: a worker applies only its own tasks' results
+    staleness: int | None = _count(optional=True)
 
 
 @message

@@ -222,7 +222,8 @@ class Scheduler:
                             t0=js.t0, warmup=warmup, ahead=ahead, mode=mode,
                             rule=None if progress is None else progress.rule, compute=compute,
                             compute_scale=compute_scale if compute else None, seed=seed if compute else None,
-                            workload=workload).wire()
+                            workload=workload,
+                            staleness=None if progress is None else progress.staleness()).wire()
         for a in list(self.agents.values()):
             self.registry.send(a, js.job_msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": js.plan.version,
@@ -289,6 +290,12 @@ class Scheduler:
                                        **({"sharing": dict(sharing)} if sharing else {}),
                                        "max_attempts": max_attempts})
         return await t.finished
+
+    def finished(self, js: JobState, node: int) -> None:
+        """The worker has no iteration left in `js` (its training script ended): the progress model stops
+        waiting for it (a ready queue's last workers then go together)."""
+        if js.progress is not None and js is self.current and not js.finished.is_set():
+            js.progress.finished(self.control, js, node)
 
     async def close_job(self, js: JobState, timeout: float = 60.0) -> JobState:
         """End a tasks job: every agent sends its STATS."""

@@ -67,11 +67,6 @@ def test_the_ddp_baseline_needs_the_kernel_backend():
     assert p.returncode == 2 and "--backend tc" in p.stderr
 
 
-def test_a_progress_model_other_than_bsp_is_refused_for_now():
-    p = wansync("train", str(EXAMPLE), "--progress", "queue", "--nodes", "3")
-    assert p.returncode == 2 and "--progress bsp" in p.stderr
-
-
 @pytest.mark.root
 def test_the_ddp_baseline_crosses_the_shaped_links(tmp_path):
     if os.geteuid() != 0:

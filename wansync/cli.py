@@ -208,9 +208,6 @@ def _train(args: argparse.Namespace) -> int:
                               train__args=[*options.train["args"], *args.script_args])
     if not Path(options.train["script"]).is_file():
         raise CliError(f"no such script: {options.train['script']}")
-    if options.progress["model"] != "bsp":
-        raise CliError(f"wansync train runs full-reduce training (--progress bsp); --progress "
-                       f"{options.progress['model']} with your own script is not there yet")
     if options.train["baseline"] is not None and options.wan["backend"] != "tc":
         raise CliError("--baseline ddp needs --backend tc: on the application backend nothing shapes Gloo's bytes, "
                        "so the comparison would not be on the same WAN")

@@ -8,6 +8,11 @@ gives (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the hand-off 
 per-run token; wait until every rank attached with the same model (scheduler.attach); run the job
 whose contributions are the scripts' steps (workload "handoff", as many rounds as the scripts take);
 end it when every script has exited. The cluster secret never reaches a script.
+
+Under a partial or multicast progress model (docs/training-progress.md) the attach broadcast runs as a
+one-round full reduce of its own before the job, the scripts learn the model and its groups from the
+environment (wt.Optimizer refuses a mode that cannot train there), and each script that exits is
+reported to the progress model (`Scheduler.finished`), which then stops waiting for that rank.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from agents.handoff import socket_path
 from core.sketch import trailer_len
 from overlay.auth import SECRET_ENV
 from overlay.handoff import CHANNEL_ENV, TOKEN_ENV
+from scheduler.progress import MODELS
 from scheduler.service import JobState, Scheduler
 
 from .backend import AppBackend
@@ -45,11 +51,14 @@ from .procs import reap
 from .report import summarize
 from .results import SCHEMA_VERSION
 from .runspec import RunConfig
+from .torch.modes import GROUPS_ENV, PROGRESS_ENV
 
 ROUNDS = 1 << 40  # a training job has as many rounds as its scripts take steps: it ends when they exit
 METRICS_ENV = "WANSYNC_METRICS"  # the baseline's ranks write their metrics here (JSON lines)
 BASELINE_ENV = "WANSYNC_BASELINE"
 TAIL = 2000  # characters of a failed script's stderr in the error
+SYNC_ERROR = "wansync.torch.sync.SyncError: "  # how a script's uncaught SyncError ends its stderr
+BROADCAST_SCHEME = "ring"  # the one full reduce before a partial or multicast job: rank 0's model to all
 
 
 class TrainError(RuntimeError):
@@ -143,13 +152,20 @@ class Scripts:
         return [(i, self.why(i)) for i, p in enumerate(self.procs) if p.poll() is not None and p.returncode != 0]
 
     def why(self, rank: int) -> str:
-        tail = self.logs[rank].read_text(errors="replace")[-TAIL:].strip()
+        text = self.logs[rank].read_text(errors="replace")
+        said = [line for line in text.splitlines() if line.startswith(SYNC_ERROR)]
+        if said:  # wansync.torch said why (a refused mode, a failed sync): that, not the traceback
+            return f"exit {self.procs[rank].returncode}: {said[-1].removeprefix(SYNC_ERROR)}"
+        tail = text[-TAIL:].strip()
         return f"exit {self.procs[rank].returncode}" + (f":\n{tail}" if tail else "")
 
-    async def wait(self, timeout: float) -> list[int]:
-        """Every rank's exit status, once all ended (TrainError if one failed or they overran)."""
+    async def wait(self, timeout: float, ended: Callable[[set[int]], None] | None = None) -> list[int]:
+        """Every rank's exit status, once all ended (TrainError if one failed or they overran);
+        `ended`: told every poll which ranks have exited cleanly so far."""
         end = time.time() + timeout
         while any(p.poll() is None for p in self.procs):
+            if ended is not None:
+                ended({i for i, p in enumerate(self.procs) if p.returncode == 0})
             if gone := self.dead():
                 raise TrainError(f"rank {gone[0][0]}'s script failed ({gone[0][1]})")
             if time.time() > end:
@@ -178,6 +194,10 @@ class TrainJobs:
                            "PYTHONUNBUFFERED": "1"}
         if backend.data_ifname is not None:  # Gloo must send over the shaped links, not the control bridge
             self.script_env["GLOO_SOCKET_IFNAME"] = backend.data_ifname
+        progress = cfg.options.progress["model"]
+        # who a rank's result comes from: wt.Optimizer refuses a mode that cannot train so (torch/modes.py)
+        self.groups = MODELS[progress].groups if progress in MODELS else "full"
+        self.script_env.update({PROGRESS_ENV: progress, GROUPS_ENV: self.groups})
 
     @property
     def agent_env(self) -> dict[str, str]:
@@ -194,9 +214,24 @@ class TrainJobs:
             layout = await scripts.first(sched.attached(t["attach_timeout_s"]))
             self.console.print(f"{scheme}: every rank attached ({layout['params']:,} values); training",
                                highlight=False)
-            job = asyncio.ensure_future(run_job(params=layout["params"] + trailer_len(n), rounds=ROUNDS,
-                                                workload="handoff"))
-            codes = await scripts.wait(t["run_timeout_s"])
+            values = layout["params"] + trailer_len(n)
+            if self.groups != "full":  # the attach broadcast must reach every rank: one full reduce first
+                await scripts.first(sched.run_job(BROADCAST_SCHEME, rounds=1, params=values,
+                                                  chunk_params=self.cfg.chunk, workload="handoff"))
+            first = sched.current
+            job = asyncio.ensure_future(run_job(params=values, rounds=ROUNDS, workload="handoff"))
+            told: set[int] = set()
+
+            def ended(ranks: set[int]) -> None:
+                """A rank whose script ended has no step left: the progress model stops waiting for it."""
+                js = sched.current
+                if js is None or js is first:
+                    return  # the job has not opened yet: told on a later poll
+                for rank in sorted(ranks - told):
+                    sched.finished(js, rank)
+                told.update(ranks)
+
+            codes = await scripts.wait(t["run_timeout_s"], ended)
             js = sched.current
             assert js is not None
             await sched.close_job(js, timeout=60)

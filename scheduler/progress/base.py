@@ -55,6 +55,10 @@ class Progress(Protocol):
     uses_barrier: bool  # the scheduler's round barrier forms its tasks (one per round, READY goes there)
     multicasts: bool  # forms one-source multicasts: runs under a one-source scheme (mcast, mcast-l3)
     reduces: bool  # its tasks run under a reduce scheme (ring, mst, ...)
+    # who a worker's result comes from (what a training mode may assume, wansync.torch.modes): "full"
+    # (every worker, every sync), "partial" (the group the model formed: it changes) or "multicast"
+    # (the models other workers multicast to it, applied as agents/received.py says)
+    groups: str
 
     def ahead(self, nodes: int) -> int:
         """Tasks an agent may receive frames for beyond its own."""
@@ -82,6 +86,16 @@ class Progress(Protocol):
         """The model's own deadlines, on every liveness tick while the job runs."""
         ...
 
+    def finished(self, ctl: Control, js: JobState, node: int) -> None:
+        """The worker has no iteration left in this job (its training script ended); it still serves
+        the tasks it has a part in. A model that waits for more workers stops counting on it."""
+        ...
+
+    def staleness(self) -> int | None:
+        """How many iterations older than its own a received model may be when a worker applies it
+        (multicast models: their bound; None: a worker applies only its own tasks' results)."""
+        ...
+
 
 def all_recorded(js: JobState) -> bool:
     return all(t.recorded_t is not None for t in js.tasks.values())
@@ -96,6 +110,7 @@ class Model:
     uses_barrier = False
     multicasts = False
     reduces = True
+    groups = "full"
 
     def ahead(self, nodes: int) -> int:
         return max(AHEAD_MIN, AHEAD_FACTOR * nodes)
@@ -109,6 +124,12 @@ class Model:
 
     def watch(self, ctl: Control, js: JobState, now: float) -> None:
         pass
+
+    def finished(self, ctl: Control, js: JobState, node: int) -> None:
+        pass
+
+    def staleness(self) -> int | None:
+        return None
 
 
 MODELS: dict[str, Callable[..., Progress]] = {}

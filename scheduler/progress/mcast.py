@@ -103,6 +103,7 @@ class McastBsp(_Choosing, Model):
     rule = "bound"
     multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3) ...
     reduces = False  # ... and nothing else
+    groups = "multicast"
 
     def __init__(self, select: str = "selmcast", p: int | None = None, k: int | None = 4, seed: int = 1,
                  caps: str = "declared", **_: Any) -> None:
@@ -115,6 +116,9 @@ class McastBsp(_Choosing, Model):
 
     def start(self, ctl: Control, js: JobState) -> None:
         self._setup(ctl, js, self.select, self.p_opt, {"k": self.k, "seed": self.seed})
+
+    def staleness(self) -> int | None:
+        return 0  # lockstep: a worker applies the models of the round it just finished
 
     def ready(self, ctl: Control, js: JobState, node: int, rnd: int, have: set[int]) -> None:
         if self.rounds and rnd > self.rounds[-1].round + 1 or not self.rounds and rnd > 0:

@@ -23,6 +23,7 @@ from .base import Control, Model, register
 class ReadyQueue(Model):
     name = "queue"
     rule = "result"
+    groups = "partial"
 
     def __init__(self, group: int = 2, **_: Any) -> None:
         decision = decide("queue", group=group)
@@ -53,6 +54,11 @@ class ReadyQueue(Model):
 
     def lost(self, ctl: Control, js: JobState, node: int) -> None:
         self._act(ctl, js, self.decision.lost(node, time.time(), alive=ctl.alive()))
+
+    def finished(self, ctl: Control, js: JobState, node: int) -> None:
+        """Nobody waits for it: its last READY is in (the queued ones go together once nobody else comes)."""
+        self.decision.last_in.add(node)
+        self._act(ctl, js, self.decision.form(ctl.alive()))
 
     def _act(self, ctl: Control, js: JobState, actions: Sequence[Action]) -> None:
         for a in actions:

@@ -37,6 +37,7 @@ from .base import Control, Model, register
 class SelectiveReduce(Model):
     name = "selective"
     rule = "result"
+    groups = "partial"
 
     def __init__(self, scheme: str = "sr", group: int = 2, *, eta: float = 0.3, theta: float = 1.0,
                  dt: float = 0.01, c: int | None = None, prob_model: str = "hazard", warm: bool = True,
@@ -102,6 +103,10 @@ class SelectiveReduce(Model):
             out = self.decision.lost(node, time.time())
             if not self.stopped:
                 self._launch(ctl, js, out)
+
+    def finished(self, ctl: Control, js: JobState, node: int) -> None:
+        """Gone from the controller's queue and estimates, as a worker whose last iteration is in."""
+        self.lost(ctl, js, node)
 
     def stop(self) -> None:
         """Form no more tasks (the job's time is up); tasks in flight still end and are recorded."""

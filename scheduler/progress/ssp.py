@@ -34,6 +34,7 @@ class Ssp(Model):
     name = "ssp"
     rule = "bound"
     multicasts = True  # forms one-source multicasts (schemes mcast, mcast-l3), or one-member reduces
+    groups = "multicast"
 
     def __init__(self, staleness: int = 2, **_: Any) -> None:
         self.decision = decide("ssp", staleness=staleness)
@@ -76,6 +77,9 @@ class Ssp(Model):
 
     def lost(self, ctl: Control, js: JobState, node: int) -> None:
         self._act(ctl, js, self.decision.lost(node, time.time(), alive=ctl.alive()))
+
+    def staleness(self) -> int | None:
+        return self.s
 
     def _done(self, ctl: Control, js: JobState, node: int, k: int) -> None:
         """The worker's iteration k needs no multicast (nobody to tell): done at once."""

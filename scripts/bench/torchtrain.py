@@ -19,6 +19,7 @@ example_lines_changed, ddp_valid (DDP's bytes on the htb counters, its ranks not
 syncs_wrong, live_guard_valid. The full run: 8 workers, 3 seeds, internet2 (delay 0) and hetero.
 
     python scripts/bench/torchtrain.py [--quick]
+    python scripts/bench/torchtrain.py [--quick] --part partial   # scripts/bench/torchpartial.py
 """
 
 from __future__ import annotations
@@ -214,8 +215,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the check's run: 4 workers on hetero, one seed")
     ap.add_argument("--factor", type=float, default=4.0, help="rates times F (default 4: 80-620 Mbit/s)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 40 quick, 120 full)")
+    ap.add_argument("--part", choices=("full", "partial"), default="full",
+                    help="full: full reduce against DDP (default); partial: every partial and multicast progress "
+                         "model with emulated stragglers (scripts/bench/torchpartial.py)")
     a = ap.parse_args()
     console = Console()
+    if a.part == "partial":
+        from scripts.bench.torchpartial import figures as partial_figures
+
+        out = partial_figures(str(EXAMPLE), a.quick, console, target=0.8, steps=a.steps or (80 if a.quick else 150),
+                              mean_s=0.1 if a.quick else 0.2, seeds=[1, 2, 3] if a.quick else [1, 2, 3, 4, 5],
+                              note=lambda line: console.print(line, highlight=False))
+        out["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                       capture_output=True, text=True).stdout.strip()
+        print(json.dumps(out, default=float))
+        return
     figures: dict[str, Any] = {"example_lines_changed": lines_changed()}
     with tempfile.TemporaryDirectory(prefix="torchtrain-") as d:
         tmp = Path(d)

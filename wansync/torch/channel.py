@@ -107,7 +107,8 @@ class Channel:
         self.step += 1
         if not msg.get("ok"):
             raise SyncError(f"rank {self.rank}: sync {k} failed: {msg.get('error') or 'no reason given'}")
-        return Reduced(self.regions[2], float(msg["weight"]), tuple(int(m) for m in msg["members"]))
+        return Reduced(self.regions[2], float(msg["weight"]), tuple(int(m) for m in msg["members"]),
+                       tuple(float(w) for w in msg.get("weights") or ()))
 
     def log(self, **metrics: float) -> None:
         self._send({"t": "log", "metrics": {k: float(v) for k, v in metrics.items()}})

@@ -33,9 +33,10 @@ from typing import Any
 
 import torch
 
+from . import modes
 from .layout import Tensors
 from .replica import broadcast, open_sync
-from .sync import Sync
+from .sync import Sync, SyncError
 
 MODES = ("grad", "model", "outer")
 
@@ -63,6 +64,8 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
         if sync_every < 1:
             raise ValueError(f"sync_every {sync_every}: at least 1")
+        if (why := modes.from_env(mode)) is not None:  # before attaching: the launcher shows why
+            raise SyncError(why)
         # What torch.optim.Optimizer.__init__ sets, less the param groups, which stay inner's.
         self.inner = inner
         for hooks in ("step_pre", "step_post", "state_dict_pre", "state_dict_post", "load_state_dict_pre",
@@ -148,6 +151,10 @@ class Optimizer(torch.optim.Optimizer):
         self.tensors.buffers_into(flat)
         flat[layout.flag] = 1.0 if overflow else 0.0
         reduced = self.sync.allreduce()
+        if len(reduced.members) != self.sync.world:
+            raise SyncError(f"rank {self.sync.rank}: grad mode got the gradients of ranks {list(reduced.members)} "
+                            f"of {self.sync.world}; it needs every rank's at every step "
+                            f"({modes.WHY[('grad', 'partial')]})")
         if float(reduced.result[layout.flag]) > 0:
             return  # some rank overflowed: every rank skips this step
         self.tensors.grads_from(reduced.result, 1.0 / reduced.weight)

@@ -25,11 +25,13 @@ class Reduced:
     """One synchronization's outcome: `result` is the sum of the members' buffers (weighted by the
     scheme's weights; a view into memory the data plane owns, valid until the next `buffer()`),
     `weight` the sum of the members' weights (the number of members for a plain sum), `members`
-    the ranks that contributed."""
+    the ranks that contributed, `weights` their weights in that order (empty where the data plane
+    does not say)."""
 
     result: torch.Tensor
     weight: float
     members: tuple[int, ...]
+    weights: tuple[float, ...] = ()
 
 
 class Sync(Protocol):

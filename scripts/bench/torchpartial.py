@@ -1,0 +1,128 @@
+"""`torchtrain.py --part partial`: the example script in model mode under every partial and multicast
+progress model (issue "Training under every progress model"; docs/training-progress.md).
+
+Pinned setting (--quick, the check's run): 8 workers, examples/train_digits.py (hidden 128, SGD lr 0.05
+momentum 0.9, batch 32, a sync every step) with emulated stragglers: the compute model
+lognormal:mean=M,cv=0.6,spread=0.5 (per node a mean within +-50 % of M, lognormal draws, CV 0.6) pads
+each step of the script up to its draw; 3 seeds (topology rates, compute draws and the script's seed).
+Per seed, from the same start, the application backend:
+
+    P-Reduce vs selective reduce   --progress queue / selective, --group 3, ring, switch:8 (unit 25)
+    OPR vs CREW                    --progress crew --group 3, schemes opr and crew, crew:8:x=0.1
+    SelMcast BSP vs SSP            --progress mcast-bsp / mcast-ssp (--staleness 2), mcast, bigswitch:8
+
+Time to target: rank 0's held-out accuracy reaching TARGET, the clock starting when every rank is
+attached. Figures (medians over seeds of per-seed ratios): sr_tta_over_pr, crew_tta_over_opr,
+ssp_tta_over_bsp; progress_trained (the models with a run that reached the target with no wrong sync),
+syncs_wrong, stale_applied (models a worker applied more than the staleness bound older than its own,
+from every node's combination log), live_guard_valid. failure_cases and deploy_trained are another
+part's (null here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from wansync.options import Options
+from wansync.runspec import resolve
+from wansync.train import TrainRun, train
+
+NODES = 8
+GROUP = 3
+CV = 0.6
+STALENESS = 2
+
+
+def settings(mean_s: float) -> list[tuple[str, str, list[str], dict[str, Any]]]:
+    """(progress, topology, schemes, options) of each run of a seed."""
+    compute = f"lognormal:mean={mean_s:g},cv={CV:g},spread=0.5"
+    common = {"workload__compute_model": compute}
+    return [
+        ("queue", f"switch:{NODES}:unit=25", ["ring"], {**common, "progress__group": GROUP}),
+        ("selective", f"switch:{NODES}:unit=25", ["ring"], {**common, "progress__group": GROUP}),
+        ("crew", f"crew:{NODES}:x=0.1", ["opr", "crew"], {**common, "progress__group": GROUP}),
+        ("mcast-bsp", f"bigswitch:{NODES}:bw=25", ["mcast"], common),
+        ("mcast-ssp", f"bigswitch:{NODES}:bw=25", ["mcast"], {**common, "progress__staleness": STALENESS}),
+    ]
+
+
+def run_one(progress: str, topology: str, schemes: list[str], kw: dict[str, Any], seed: int, args: list[str],
+            script: str) -> list[TrainRun]:
+    opts = Options.make(topology=topology, nodes=NODES, schemes=schemes, scale=1.0, no_http=True,
+                        progress__model=progress, wan__seed=seed, chunk="256KB", train__script=script,
+                        train__args=[*args, "--seed", str(seed)], train__run_timeout_s=600.0, **kw)
+    return asyncio.run(train(resolve(opts), Console(stderr=True, quiet=True)))
+
+
+def stale_applied(r: TrainRun) -> int:
+    """Received models applied more than the bound older than the worker's own iteration."""
+    bad = 0
+    for st in r.agents.values():
+        rec = st.get("received")
+        if not rec:
+            continue
+        s, log = rec["staleness"], rec["applied"]
+        bad += sum(1 for k, t in zip(log[0::3], log[2::3], strict=False) if k - t > s)
+    return bad
+
+
+def figures(script: str, quick: bool, console: Console, target: float, steps: int, mean_s: float,
+            seeds: list[int], note: Callable[[str], None]) -> dict[str, Any]:
+    args = ["--mode", "model", "--hidden", "128", "--steps", str(steps), "--eval-every", "5"]
+    per_seed: list[dict[str, TrainRun]] = []
+    for seed in seeds:
+        runs: dict[str, TrainRun] = {}
+        for progress, topology, schemes, kw in settings(mean_s):
+            for r in run_one(progress, topology, schemes, kw, seed, args, script):
+                name = progress if progress != "crew" else r.name  # crew's run: schemes opr and crew
+                runs[name] = r
+                note(f"seed {seed} {name}: time to {target} {r.time_to(target)}, final {r.last()}, "
+                     f"syncs {r.syncs} wrong {r.syncs_wrong}, guard {r.guard_verdict}")
+        per_seed.append(runs)
+    table(console, per_seed, target)
+
+    def ratio(a: str, b: str) -> float | None:
+        vals = []
+        for runs in per_seed:
+            ta, tb = runs[a].time_to(target), runs[b].time_to(target)
+            if ta is not None and tb:
+                vals.append(ta / tb)
+        return statistics.median(vals) if vals else None
+
+    every = [r for runs in per_seed for r in runs.values()]
+    model_of = {"opr": "crew", "crew": "crew"}
+    trained = sorted({model_of.get(name, name) for runs in per_seed for name, r in runs.items()
+                      if r.time_to(target) is not None and r.syncs_wrong == 0})
+    return {
+        "part": "partial", "quick": quick, "nodes": NODES, "group": GROUP, "compute_cv": CV, "target": target,
+        "steps": steps, "seeds": len(seeds), "progress_trained": trained,
+        "sr_tta_over_pr": ratio("selective", "queue"), "crew_tta_over_opr": ratio("crew", "opr"),
+        "ssp_tta_over_bsp": ratio("mcast-ssp", "mcast-bsp"),
+        "failure_cases": None, "deploy_trained": None,
+        "syncs_wrong": sum(r.syncs_wrong for r in every), "stale_applied": sum(stale_applied(r) for r in every),
+        "live_guard_valid": all(r.guard_valid is True for r in every),
+        "live_guard_verdicts": sorted({r.guard_verdict for r in every}),
+        "runs": [{name: {"tta_s": r.time_to(target), "final_acc": r.last(), "syncs": r.syncs,
+                         "guard": r.guard_verdict} for name, r in runs.items()} for runs in per_seed],
+    }
+
+
+def table(console: Console, per_seed: list[dict[str, TrainRun]], target: float) -> None:
+    t = Table(title=f"time to accuracy {target:.2f} (rank 0), per seed")
+    t.add_column("run")
+    for i in range(len(per_seed)):
+        t.add_column(f"seed {i + 1} s", justify="right")
+    t.add_column("final accuracy", justify="right")
+    t.add_column("wrong", justify="right")
+    for name in per_seed[0]:
+        tts = [runs[name].time_to(target) for runs in per_seed]
+        t.add_row(name, *[f"{x:.1f}" if x is not None else "not reached" for x in tts],
+                  " ".join(f"{runs[name].last() or 0:.3f}" for runs in per_seed),
+                  str(sum(runs[name].syncs_wrong for runs in per_seed)))
+    console.print(t)
