@@ -15,8 +15,8 @@ Time to target: rank 0's held-out accuracy reaching TARGET, the clock starting w
 attached. Figures (medians over seeds of per-seed ratios): sr_tta_over_pr, crew_tta_over_opr,
 ssp_tta_over_bsp; progress_trained (the models with a run that reached the target with no wrong sync),
 syncs_wrong, stale_applied (models a worker applied more than the staleness bound older than its own,
-from every node's combination log), live_guard_valid. failure_cases and deploy_trained are another
-part's (null here).
+from every node's combination log), live_guard_valid, failure_cases (wansync.failcases: the four failure
+cases run for real and judged). deploy_trained: `wansync deploy --train` is not built yet (null).
 """
 
 from __future__ import annotations
@@ -104,13 +104,28 @@ def figures(script: str, quick: bool, console: Console, target: float, steps: in
         "steps": steps, "seeds": len(seeds), "progress_trained": trained,
         "sr_tta_over_pr": ratio("selective", "queue"), "crew_tta_over_opr": ratio("crew", "opr"),
         "ssp_tta_over_bsp": ratio("mcast-ssp", "mcast-bsp"),
-        "failure_cases": None, "deploy_trained": None,
+        "failure_cases": failures(console), "deploy_trained": None,
         "syncs_wrong": sum(r.syncs_wrong for r in every), "stale_applied": sum(stale_applied(r) for r in every),
         "live_guard_valid": all(r.guard_valid is True for r in every),
         "live_guard_verdicts": sorted({r.guard_verdict for r in every}),
         "runs": [{name: {"tta_s": r.time_to(target), "final_acc": r.last(), "syncs": r.syncs,
                          "guard": r.guard_verdict} for name, r in runs.items()} for runs in per_seed],
     }
+
+
+def failures(console: Console) -> int:
+    """The four failure cases (wansync.failcases: trainer killed, hung, agent killed, trainer
+    restarted), each run for real and judged; how many ended as specified."""
+    from wansync.failcases import run_all
+
+    results = asyncio.run(run_all())
+    t = Table(title="training failures (3 nodes, BSP, ring)")
+    for col in ("case", "as specified", "seconds", "why not"):
+        t.add_column(col)
+    for case, ok, why, seconds in results:
+        t.add_row(case, "yes" if ok else "NO", f"{seconds:.1f}", why[:120])
+    console.print(t)
+    return sum(ok for _, ok, _, _ in results)
 
 
 def table(console: Console, per_seed: list[dict[str, TrainRun]], target: float) -> None:
