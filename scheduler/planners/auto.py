@@ -101,7 +101,8 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     though never before one candidate has a prediction, and never skipping `in_force`. A candidate
     whose lower bound is no better than the fastest expectation so far cannot win and is not simulated
     (branch and bound: the simulation of a many-tree plan is what a decision costs). A planner that
-    raises, or a plan the simulator cannot finish, is skipped with the reason. `memory` holds each
+    raises, or a plan the simulator cannot finish (or not within `budget_s` of CPU), is skipped with
+    the reason. `memory` holds each
     candidate's planner memory.
     prune=False simulates every candidate (a ranking, `wansync advise`); `net` is what to simulate on
     (default the view's rates; advise passes a configured WAN's, delays included). `ratio`: per scheme,
@@ -161,12 +162,11 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
             del plans[name]
             continue
         t1 = time.thread_time()
-        # what is left of the budget; the whole budget for the scheme in force and until one candidate
-        # has a prediction (so a decision costs at most a few budgets, and is never empty for a slow one)
-        first = name == in_force or best == math.inf
-        allowed = budget_s if first else max(budget_s - (t1 - start), 0.05 * budget_s)
+        # a simulation started within the budget may take the budget itself, no more: a decision costs
+        # at most about twice its budget, and a plan whose simulation alone would take longer (classed
+        # trees under node caps: tens of CPU-s) is skipped rather than holding the decision up
         try:
-            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=allowed).round_s
+            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=budget_s).round_s
         except SimulationOverBudget as exc:
             out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction in time: simulation {exc}")
             if name != in_force:  # the scheme in force stays runnable: it is kept when nothing else is predicted
