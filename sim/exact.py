@@ -21,10 +21,10 @@ import numpy as np
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
-from core import capshare
 from core.dispatch import DISPATCH, Dispatch
 from core.maxmin import max_min_rates
 
+from .caprates import CapRates
 from .model import MBIT, Model, SimulationOverBudget, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction
 from .sharing import class_rates
 
@@ -64,12 +64,7 @@ class Exact:
         self.cap = list(m.cap)
         self.key_cap: list[float] = []  # m.key_cap (the plans' rates), overridden by the scheduler's cap rates
         # the scheduler's per-flow rates at node caps (live: agents REGISTER their caps), or None: no caps
-        self.sharing: capshare.CapSharing | None = None
-        if cap_rates and (m.net.uplink_mbps or m.net.downlink_mbps):
-            self.sharing = capshare.CapSharing()
-            for node in {*m.net.uplink_mbps, *m.net.downlink_mbps}:
-                self.sharing.set_caps(node, m.net.uplink_mbps.get(node), m.net.downlink_mbps.get(node))
-        self.rated: dict[int, set[int]] = {}  # per task with flows at caps: the keys given a cap rate
+        self.caps = CapRates.of(m, self._set_key_cap, cap_rates)
         self.busy: list[bool] = []
         self.rate: list[float] = []
         self.left: list[float] = []  # bytes of the head transfer still to send, as of since[k]
@@ -137,7 +132,7 @@ class Exact:
         self.fifo_busy += [False] * grow
         self.wake_at += [_INF] * grow
         task = m.tasks[t_idx]
-        if self.sharing is not None and any(g.classed for g in task.plan.groups):
+        if self.caps is not None and any(g.classed for g in task.plan.groups):
             heapq.heappush(self.events, (task.start_s, _CAPS, t_idx, _STARTS))
         start_at = m.begin[t_idx]  # every node's own contribution is there once it began
         self.done.append([task.start_s] * n)
@@ -175,27 +170,7 @@ class Exact:
         return self.result()
 
     def result(self) -> TasksPrediction:
-        m = self.m
-        for t_idx, task in enumerate(m.tasks):
-            if self.missing[t_idx]:
-                stuck = [m.nodes[v] for v, r in enumerate(self.is_receiver[t_idx])
-                         if r and self.finals[t_idx][v] < len(task.plan.layout)]
-                held = any(b and self.key_cap[k] == 0 for k, b in enumerate(self.busy))
-                why = "the scheduler's cap rates held a flow for good" if held else "a rate stayed at 0"
-                raise SimulationStalled(f"task {task.key!r}: receivers {stuck[:8]} never received every chunk "
-                                        f"({why})")
-        link_of_res = {r: link for link, r in m.res_of_link.items()}
-        busy = {link_of_res[r]: s for r, s in enumerate(self.res_busy) if s > 0}
-        out = {}
-        for t_idx, task in enumerate(m.tasks):
-            full = len(task.plan.layout)
-            done = {m.nodes[v]: d for v, d in enumerate(self.done[t_idx]) if self.finals[t_idx][v] == full}
-            recv = {r: done[r] for r in task.plan.receiver_set}
-            kb = [0] * len(m.key_path)
-            for k, b in self.task_bytes[t_idx].items():
-                kb[k] = b
-            out[task.key] = TaskPrediction(task.start_s, max(recv.values()), recv, done, m.link_bytes(kb))
-        return TasksPrediction(out, m.link_bytes(self.key_bytes), busy, "exact", self.aux_bytes)
+        return _prediction(self)
 
     def advance(self, until: float, stop_at_end: bool = True) -> list[tuple[Hashable, int | None, float]]:
         """Handle every event up to `until` (inclusive); with stop_at_end, stop after the first instant
@@ -223,7 +198,11 @@ class Exact:
                 elif kind == _SEND:
                     self._dispatch(k, ver, t)
                 elif kind == _CAPS:
-                    self._cap_rates(k, ver)
+                    assert self.caps is not None
+                    if ver == _STARTS:
+                        self.caps.starts(k)
+                    else:
+                        self.caps.ends(k)
                 else:
                     _, a, b, mbps = self.m.later_events[k]
                     r = self.m.res_of_event(a, b)
@@ -236,31 +215,6 @@ class Exact:
         ended, self.ended = self.ended, []
         m = self.m
         return [(m.tasks[i].key, None if v < 0 else m.nodes[v], e) for i, v, e in ended]
-
-    # the scheduler's cap rates (core.capshare)
-    def _cap_rates(self, t_idx: int, what: int) -> None:
-        """A task with classed trees starts or ends: the scheduler splits the node caps again and the
-        senders pace their flows (every route of the edge) to the new rates from now on."""
-        assert self.sharing is not None
-        m = self.m
-        if what == _STARTS:
-            task = m.tasks[t_idx]
-            update = self.sharing.start(t_idx, 0, task.plan, task.start_s, m.net.route)
-            if update:
-                self.rated[t_idx] = set()
-        else:
-            update = self.sharing.end(t_idx, 0)
-            for x in self.rated.pop(t_idx):  # back to the plan's own rates (the task is over anyway)
-                self._set_key_cap(x, m.key_cap[x])
-        for per_task in update.values():
-            for (task_idx, _), rows in per_task.items():
-                g_base = m.group_task.index(task_idx)
-                for tree, a, b, mbps in rows:
-                    g_idx = g_base + int(tree)
-                    for k in m.edge_keys(g_idx, int(a), int(b)):
-                        for x in (k, *m.aux_keys[g_idx].get(k, ())):
-                            self.rated[task_idx].add(x)
-                            self._set_key_cap(x, mbps * MBIT)
 
     def _set_key_cap(self, k: int, bps: float) -> None:
         if self.key_cap[k] != bps:
@@ -291,7 +245,7 @@ class Exact:
                 recv = self.is_receiver[t_idx]
                 end = max(d for d, r in zip(done, recv, strict=True) if r)
                 self.ended.append((t_idx, -1, end))
-                if t_idx in self.rated:  # live: the task is recorded, its share goes to the others
+                if self.caps is not None and self.caps.holds(t_idx):  # live: recorded, its share to the others
                     heapq.heappush(self.events, (end, _CAPS, t_idx, _ENDS))
         for k in self.m.bcast_keys[g][v]:
             self._send(k, t, c, _BCAST, g)
@@ -487,3 +441,29 @@ def exact_cost_s(m: Model) -> float:
     _, label = connected_components(graph, directed=False)
     size = np.bincount(label[:nk], minlength=label.max() + 1)[label[:nk]]
     return float((m.transfers_per_key() * (7e-6 + 1.5e-6 * (size - 1))).sum())
+
+
+def _prediction(ex: Exact) -> TasksPrediction:
+    """Every task's prediction from the engine's books once it ran to the end (SimulationStalled where
+    a receiver never got every chunk)."""
+    m = ex.m
+    for t_idx, task in enumerate(m.tasks):
+        if ex.missing[t_idx]:
+            stuck = [m.nodes[v] for v, r in enumerate(ex.is_receiver[t_idx])
+                     if r and ex.finals[t_idx][v] < len(task.plan.layout)]
+            held = any(b and ex.key_cap[k] == 0 for k, b in enumerate(ex.busy))
+            why = "the scheduler's cap rates held a flow for good" if held else "a rate stayed at 0"
+            raise SimulationStalled(f"task {task.key!r}: receivers {stuck[:8]} never received every chunk "
+                                    f"({why})")
+    link_of_res = {r: link for link, r in m.res_of_link.items()}
+    busy = {link_of_res[r]: s for r, s in enumerate(ex.res_busy) if s > 0}
+    out = {}
+    for t_idx, task in enumerate(m.tasks):
+        full = len(task.plan.layout)
+        done = {m.nodes[v]: d for v, d in enumerate(ex.done[t_idx]) if ex.finals[t_idx][v] == full}
+        recv = {r: done[r] for r in task.plan.receiver_set}
+        kb = [0] * len(m.key_path)
+        for k, b in ex.task_bytes[t_idx].items():
+            kb[k] = b
+        out[task.key] = TaskPrediction(task.start_s, max(recv.values()), recv, done, m.link_bytes(kb))
+    return TasksPrediction(out, m.link_bytes(ex.key_bytes), busy, "exact", ex.aux_bytes)
