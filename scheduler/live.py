@@ -106,6 +106,11 @@ class LiveState:
             self._counters(data["node"], float(data["time"]), data["links"])
         elif kind == "task":
             self._task(data)
+        elif kind == "prediction":  # a round's prediction, simulated after the round was recorded
+            for r in reversed(self.rounds):
+                if r["job"] == data["job"] and r["round"] == data["round"]:
+                    r["prediction_s"] = data["prediction_s"]
+                    break
         elif kind == "timeline":
             if data["kind"] == "job":
                 mode = self.modes[data["job"]] = data.get("mode", "rounds")

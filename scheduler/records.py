@@ -57,51 +57,71 @@ class Records:
         self.send_rates = send_rates
         self.host = host
         self.predict = predict
-        # per job, records announced once their prediction arrives (a future may serve several)
+        # per job, records whose prediction is still being simulated (a future may serve several)
         self._pending: dict[int, list[tuple[Future, TaskRecord]]] = {}
         self._draining: set[int] = set()
 
     def record(self, js: JobState, t: Task) -> None:
-        """Every receiver of the task reported: its record, at once for the scheduler's decisions; on
-        the event stream (results file, dashboard) with the simulator's prediction, when that is known."""
+        """Every receiver of the task reported: its record, with the simulator's prediction where it is
+        known at once (else a `prediction` event follows when it is: see recorded)."""
         plans = self.versions.plans
         plan = plans[t.version] if t.version is not None else js.plan
         if not set(t.receivers_of(plan)) <= set(t.done):
             return
         t.started_t = None
         rec = t.record(js, plan, self.view.coverage())
-        got: float | None | Future = None
+        pending = None
         if self.predict is not None and rec.version in plans:
             try:
                 got = self.predict(plans[rec.version], rec.t_start - js.t0)
             except NotImplementedError as exc:  # a plan the simulator cannot replay yet: no prediction
                 log.info("task %d: no prediction (%s)", t.id, exc)
-        self.recorded(js, t, rec, got)
+            else:
+                if isinstance(got, Future) and not got.done():
+                    pending = got
+                else:
+                    rec.prediction_s = _value(got, t.id)
+        self.recorded(js, t, rec, pending)
 
-    def _announce(self, js: JobState, rec: TaskRecord, prediction: float | None | Future) -> None:
-        """The record goes on the event stream once its prediction is known, in the order recorded."""
-        if not isinstance(prediction, Future):
-            known: Future = Future()
-            known.set_result(prediction)
-            prediction = known
-        self._pending.setdefault(js.job, []).append((prediction, rec))
-        if prediction.done():
-            self._flush(js)
-        else:
+    def recorded(self, js: JobState, t: Task, rec: TaskRecord, pending: Future | None = None) -> None:
+        """The record counts at once (the `task` event: rounds, faults, progress go on); a prediction
+        still being simulated (`pending`) reaches the record, and the event stream as `prediction`,
+        when it is known — before the job is finished (_drain)."""
+        self.send_rates(js, self.cap_sharing.end(t.id, t.attempt))
+        js.records.append(rec)
+        plan = self.versions.plans.get(rec.version)
+        if t.barrier and rec.ok and not rec.aborted and plan is not None:
+            measured(js.memory, plan.scheme, rec.round_s)
+        t.recorded_t = time.time()
+        data = rec.to_json()
+        if pending is not None:
+            data["prediction_pending"] = True
+            self._pending.setdefault(js.job, []).append((pending, rec))
             loop = asyncio.get_running_loop()
-            prediction.add_done_callback(lambda _: _call_soon(loop, self._flush, js))
+            pending.add_done_callback(lambda f: _call_soon(loop, self._predicted, js, f))
+        self.host.on_event("task", data)
+        if t.finished is not None and not t.finished.done():
+            t.finished.set_result(rec)
+        if js.progress is not None:
+            js.progress.task_done(self.host.control, js, rec)
+        self.maybe_finish(js)
 
-    def _flush(self, js: JobState) -> None:
-        """Announce the job's records whose predictions (and every earlier one's) are known."""
+    def _predicted(self, js: JobState, fut: Future) -> None:
+        """A prediction arrived: the records waiting for it get it."""
         waiting = self._pending.get(js.job, [])
-        while waiting and waiting[0][0].done():
-            fut, rec = waiting.pop(0)
+        mine = [rec for f, rec in waiting if f is fut]
+        waiting[:] = [(f, rec) for f, rec in waiting if f is not fut]
+        for rec in mine:
             rec.prediction_s = _value(fut, rec.task)
-            self.host.on_event("task", rec.to_json())
+            self._tell(rec)
+
+    def _tell(self, rec: TaskRecord) -> None:
+        self.host.on_event("prediction", {"job": rec.job, "task": rec.task, "attempt": rec.attempt,
+                                          "round": rec.round, "prediction_s": rec.prediction_s})
 
     async def _drain(self, js: JobState) -> None:
         """The job is over: its records wait for the predictions under way (PREDICTION_WAIT_S at most;
-        those still running then are announced without one), then the job is finished."""
+        those still running then stay without one), then the job is finished."""
         try:
             waiting = [asyncio.wrap_future(f) for f, _ in self._pending.get(js.job, []) if not f.done()]
             if waiting:
@@ -112,27 +132,13 @@ class Records:
                     rec.prediction_s = _value(fut, rec.task)
                 else:
                     late += 1
-                self.host.on_event("task", rec.to_json())
+                self._tell(rec)
             if late:
                 log.warning("job %d: %d round(s) recorded without a prediction: the simulator took longer than "
                             "%.0f s after the job's end", js.job, late, PREDICTION_WAIT_S)
         finally:
             self._draining.discard(js.job)
             js.finished.set()
-
-    def recorded(self, js: JobState, t: Task, rec: TaskRecord, prediction: float | None | Future = None) -> None:
-        self.send_rates(js, self.cap_sharing.end(t.id, t.attempt))
-        js.records.append(rec)
-        plan = self.versions.plans.get(rec.version)
-        if t.barrier and rec.ok and not rec.aborted and plan is not None:
-            measured(js.memory, plan.scheme, rec.round_s)
-        t.recorded_t = time.time()
-        self._announce(js, rec, prediction)
-        if t.finished is not None and not t.finished.done():
-            t.finished.set_result(rec)
-        if js.progress is not None:
-            js.progress.task_done(self.host.control, js, rec)
-        self.maybe_finish(js)
 
     def give_up(self, js: JobState, t: Task, why: str) -> None:
         """A formed task no attempt could end exact: recorded as aborted (nothing of it was applied)."""

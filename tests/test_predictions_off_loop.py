@@ -1,6 +1,7 @@
-"""The blind prediction of a round never holds the scheduler: rounds go on while it is simulated, the
-rounds' records reach the event stream in order once their predictions are known, and a job ends
-only after them (or after PREDICTION_WAIT_S without them).
+"""The blind prediction of a round never holds the scheduler: rounds are recorded (and their `task`
+events go out) while it is simulated, each prediction follows as a `prediction` event, the results
+file writes a round once its prediction is known, and a job ends only after them (or after
+PREDICTION_WAIT_S without them).
 
 Found live: tree packing under node caps with a rate trace took tens of CPU-seconds to simulate per
 round, on the scheduler's loop, and the run froze (no heartbeat read, no abort)."""
@@ -8,7 +9,9 @@ round, on the scheduler's loop, and the run froze (no heartbeat read, no abort).
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 from helpers.exact import assert_job_exact
@@ -18,6 +21,7 @@ from core.plan import Job
 from emulation.topology import uniform
 from scheduler import planners, records
 from wansync.predict import RoundPredictor, oracle_view
+from wansync.results import Recorder, Results
 
 PARAMS, CHUNK, ROUNDS = 20_000, 2_000, 4
 
@@ -37,16 +41,43 @@ async def test_rounds_go_on_while_their_predictions_are_simulated(cluster_of):
                 "every round to be recorded while no prediction is known")
     js = c.sched.current
     await until(lambda: js.job in c.sched.records._draining, "the job to wait for its predictions")
-    assert c.kinds("task") == [] and not job.done()  # nothing announced without its prediction
+    # every round counted at once (its event drives faults, progress, tests), its prediction pending
+    assert [t["round"] for t in c.kinds("task")] == list(range(ROUNDS))
+    assert all(t["prediction_pending"] and t["prediction_s"] is None for t in c.kinds("task"))
+    assert c.kinds("prediction") == [] and not job.done()  # the job waits for its predictions
     assert len(asked) == ROUNDS
-    for i in reversed(range(ROUNDS)):  # the last round's prediction first: announced in round order anyway
+    for i in reversed(range(ROUNDS)):
         asked[i].set_result(10.0 + i)
     js = await asyncio.wait_for(job, 30)
-    tasks = c.kinds("task")
-    assert [t["round"] for t in tasks] == list(range(ROUNDS))
-    assert [t["prediction_s"] for t in tasks] == [10.0 + i for i in range(ROUNDS)]
-    assert [r.prediction_s for r in sorted(js.records, key=lambda r: r.round)] == [10.0 + i for i in range(ROUNDS)]
+    told = {p["round"]: p["prediction_s"] for p in c.kinds("prediction")}
+    assert told == {i: 10.0 + i for i in range(ROUNDS)}
+    assert {r.round: r.prediction_s for r in js.records} == told
     assert_job_exact(c.sched, js)
+
+
+@pytest.mark.unit
+def test_the_results_file_writes_a_round_once_its_prediction_is_known(tmp_path):
+    out = tmp_path / "r.jsonl"
+    results = Results(out)
+    handlers = []
+    Recorder(results, SimpleNamespace(subscribe=handlers.append), SimpleNamespace(listeners=[]))
+    [on_event] = handlers
+    rec = {"type": "task", "job": 1, "task": 0, "attempt": 0, "round": 0, "round_s": 1.1, "prediction_s": None}
+    on_event("task", {**rec, "prediction_pending": True})
+    on_event("task", {**rec, "task": 1, "round": 1, "prediction_s": 2.0, "round_s": 2.2})
+    results.close()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["task"] for line in lines] == [1]  # the known one at once; the pending one held
+    results = Results(out)
+    handlers.clear()
+    Recorder(results, SimpleNamespace(subscribe=handlers.append), SimpleNamespace(listeners=[]))
+    [on_event] = handlers
+    on_event("task", {**rec, "prediction_pending": True})
+    on_event("prediction", {"job": 1, "task": 0, "attempt": 0, "round": 0, "prediction_s": 1.0})
+    results.close()
+    [line] = [json.loads(x) for x in out.read_text().splitlines() if json.loads(x).get("task") == 0]
+    assert line["prediction_s"] == 1.0 and line["prediction_err_pct"] == pytest.approx(10.0)
+    assert "prediction_pending" not in line
 
 
 @pytest.mark.loopback
@@ -55,8 +86,8 @@ async def test_a_prediction_that_never_comes_does_not_hold_the_job_for_ever(clus
     c = await cluster_of(uniform(3, 400.0, 0.0), "pred-late")
     c.sched.records.predict = lambda plan, start_s: Future()  # never answered
     js = await asyncio.wait_for(c.sched.run_job("ring", rounds=2, params=PARAMS, chunk_params=CHUNK), 30)
-    tasks = c.kinds("task")
-    assert [t["round"] for t in tasks] == [0, 1] and all(t["prediction_s"] is None for t in tasks)
+    assert [t["round"] for t in c.kinds("task")] == [0, 1]
+    assert [(p["round"], p["prediction_s"]) for p in c.kinds("prediction")] == [(0, None), (1, None)]
     assert all(r.ok for r in js.records)
 
 

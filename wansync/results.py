@@ -41,15 +41,22 @@ class Recorder:
     def __init__(self, results: Results, sched: Scheduler, live: LiveState) -> None:
         self.results = results
         self.sched = sched
+        self._held: dict[tuple[int, int, int], dict[str, Any]] = {}  # task records awaiting their prediction
         sched.subscribe(self._on_event)
         live.listeners.append(self._on_live)
 
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
         write = self.results.write
         if kind == "task":
-            if data["prediction_s"]:
-                data["prediction_err_pct"] = 100.0 * (data["round_s"] - data["prediction_s"]) / data["prediction_s"]
-            write(data)
+            rec = {k: v for k, v in data.items() if k != "prediction_pending"}
+            if data.get("prediction_pending"):  # written with its prediction, when the simulator has it
+                self._held[(rec["job"], rec["task"], rec["attempt"])] = rec
+            else:
+                write(_with_error(rec))
+        elif kind == "prediction":
+            rec = self._held.pop((data["job"], data["task"], data["attempt"]), None)
+            if rec is not None:
+                write(_with_error({**rec, "prediction_s": data["prediction_s"]}))
         elif kind == "samples":
             for src, dst, nbytes, seconds, *probed in data["samples"]:
                 write({"type": "link_sample", "src": src, "dst": dst, "bytes": nbytes, "seconds": seconds,
@@ -70,3 +77,10 @@ class Recorder:
         if kind == "point":
             self.results.write({"type": "throughput", "src": item["src"], "dst": item["dst"], "at": item["t"],
                                 "mbps": item["mbps"], "bytes": item["bytes"]})
+
+
+def _with_error(rec: dict[str, Any]) -> dict[str, Any]:
+    """A task record with the simulator's error against it (where there is a prediction)."""
+    if rec.get("prediction_s"):
+        rec["prediction_err_pct"] = 100.0 * (rec["round_s"] - rec["prediction_s"]) / rec["prediction_s"]
+    return rec
