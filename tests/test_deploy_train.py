@@ -121,3 +121,18 @@ def test_a_wrong_script_is_refused_before_anything_starts(hosts: standin.Standin
     assert p.returncode == 2 and want in p.stderr, p.stderr[-2000:]
     assert not (tmp_path / "out").exists(), "the deploy began before refusing"
     assert not [h for h in hosts.hosts if (h.workdir / "runs").exists() and any((h.workdir / "runs").iterdir())]
+
+
+def test_a_host_is_installed_again_when_the_training_packages_change(tmp_path: Path) -> None:
+    """The build id a host is checked by covers the requirements beside wansync (torch, --train-package)."""
+    import zipfile
+
+    from wansync.wheels import prepare
+
+    with zipfile.ZipFile(tmp_path / "wansync-0-py3-none-any.whl", "w") as z:
+        z.writestr("wansync-0.dist-info/RECORD", "wansync/__init__.py,sha256=x,1\n")
+    plain = prepare(tmp_path)
+    with_torch = prepare(tmp_path, extra=("torch==2.13.0",))
+    more = prepare(tmp_path, extra=("torch==2.13.0", "scikit-learn"))
+    assert len({plain.build_id, with_torch.build_id, more.build_id}) == 3
+    assert with_torch.build_id.startswith(plain.build_id) and more.extra == ("torch==2.13.0", "scikit-learn")
