@@ -96,7 +96,8 @@ def test_deploy_train_trains_the_readme_example(hosts: standin.StandinHosts, tmp
 
 
 @needs_hosts
-@pytest.mark.parametrize("case", ["missing", "directory", "not-python", "missing-file", "same-name"])
+@pytest.mark.parametrize("case", ["missing", "directory", "not-python", "missing-file", "same-name",
+                                  "file-without-train"])
 def test_a_wrong_script_is_refused_before_anything_starts(hosts: standin.StandinHosts, tmp_path: Path,
                                                            case: str) -> None:
     bad = tmp_path / "bad.py"
@@ -113,11 +114,15 @@ def test_a_wrong_script_is_refused_before_anything_starts(hosts: standin.Standin
         (tmp_path / "d").mkdir()
         (tmp_path / "d" / "bad.py").write_text("")
         extra = ["--train-file", str(tmp_path / "d" / "bad.py")]
-    cmd = deploy(hosts, tmp_path, "--topology", "uniform:200", "--schemes", "ring", "--no-http",
-                 "--train", str(bad), *extra)
+    train = ["--train", str(bad)]
+    if case == "file-without-train":
+        (tmp_path / "d.csv").write_text("1\n")
+        train, extra = [], ["--train-file", str(tmp_path / "d.csv")]
+    cmd = deploy(hosts, tmp_path, "--topology", "uniform:200", "--schemes", "ring", "--no-http", *train, *extra)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     want = {"missing": "no such file", "directory": "not a file", "not-python": "not a Python script (line 1)",
-            "missing-file": "--train-file", "same-name": "a second 'bad.py'"}[case]
+            "missing-file": "--train-file", "same-name": "a second 'bad.py'",
+            "file-without-train": "are for --train SCRIPT"}[case]
     assert p.returncode == 2 and want in p.stderr, p.stderr[-2000:]
     assert not (tmp_path / "out").exists(), "the deploy began before refusing"
     assert not [h for h in hosts.hosts if (h.workdir / "runs").exists() and any((h.workdir / "runs").iterdir())]
