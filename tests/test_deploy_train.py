@@ -96,6 +96,21 @@ def test_deploy_train_trains_the_readme_example(hosts: standin.StandinHosts, tmp
 
 
 @needs_hosts
+def test_a_failing_script_ends_the_run_naming_its_rank(hosts: standin.StandinHosts, tmp_path: Path) -> None:
+    """The script fails on one host: the launcher says which rank and why (its log's end, over SSH), the
+    run ends with an error, and nothing is left on the hosts."""
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys\nif os.environ['RANK'] == '1':\n    sys.exit('boom: no data on rank 1')\n"
+                      "import time\ntime.sleep(600)\n")
+    cmd = deploy(hosts, tmp_path, "--topology", "uniform:200", "--nodes", str(N_HOSTS), "--schemes", "ring",
+                 "--no-http", "--train", str(script), "--train-package", "scikit-learn")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "rank 1's script failed" in p.stderr and "boom: no data on rank 1" in p.stderr, p.stderr[-3000:]
+    assert left_behind(hosts) == {"processes": [], "tc_classes": [], "run_dir_files": []}
+
+
+@needs_hosts
 @pytest.mark.parametrize("case", ["missing", "directory", "not-python", "missing-file", "same-name",
                                   "file-without-train"])
 def test_a_wrong_script_is_refused_before_anything_starts(hosts: standin.StandinHosts, tmp_path: Path,
