@@ -3,7 +3,8 @@ does the README's example (examples/train_digits.py, a few steps) reach the targ
 
 `deploy_trained()` is what scripts/bench/torchpartial.py reports as `deploy_trained`. The hosts' install
 prefixes live in ~/.cache/wansync/standin-train/ (a host with the same build and packages is not installed
-again: the first call installs torch and scikit-learn from the offline wheelhouse, later ones only run),
+again: the first call installs torch and scikit-learn from the offline wheelhouse, about 1.2 GB a host, later
+ones only run),
 the hosts themselves are made and removed per call. Needs root (network namespaces); without it the
 answer is False and the reason is printed.
 
