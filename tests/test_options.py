@@ -71,6 +71,8 @@ def _sample(opt, files: dict[str, str]) -> tuple[list[str], object]:
         "--out": (["r.jsonl"], "r.jsonl"), "--min-receivers": (["2"], 2), "--eta": (["0.5"], 0.5),
         "--handoff-dir": (["/run/h"], "/run/h"), "--script": (["t.py"], "t.py"), "--script-arg": (["x"], ["x"]),
         "--target-accuracy": (["0.9"], 0.9), "--probe-budget": (["0.5"], 0.5),
+        "--train": (["t.py"], "t.py"), "--train-file": (["d.csv"], ["d.csv"]),
+        "--train-package": (["scikit-learn"], ["scikit-learn"]),
     }
     if opt.flag in special:
         return special[opt.flag]
@@ -144,8 +146,10 @@ def test_every_flag_reaches_the_options_of_the_scheduler_and_the_agents(command,
                 host.run_dir = "/w/runs/r"
                 there = host_options(cfg, host, "c", "app")
                 value = getattr(there, opt.group)[opt.name]
-                if opt.name in ("trace_file", "secret_file", "scenario", "out"):
+                if opt.name in ("trace_file", "secret_file", "scenario", "out", "script"):
                     assert value is None or value.startswith("/w/runs/r/"), (opt.flag, value)
+                elif opt.name == "files":  # alone (no --train, which deploy refuses) nothing is shipped
+                    assert value == want, (opt.flag, value)
                 elif opt.name not in SET_BY_LAUNCHER and opt.flag not in ("--chunk", "--probe-bytes", "--http"):
                     assert value == want, f"deploy {opt.flag} did not reach the hosts' options"
     assert seen == sum(len(v) for v in declared.values()), "some declared option has no flag"

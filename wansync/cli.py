@@ -135,6 +135,9 @@ def _main(argv: list[str] | None = None) -> int:
     args, rest = ap.parse_known_args(argv)
     if args.cmd == "train":  # what wansync does not know is the script's (after `--`, all of it is)
         args.script_args = [a for a in rest if a != "--"] if rest[:1] != ["--"] else rest[1:]
+    elif args.cmd == "deploy" and getattr(args, "train_script", None) is not None:  # the same for deploy --train
+        args.script_arg = [*getattr(args, "script_arg", []), *(rest[1:] if rest[:1] == ["--"] else
+                                                                [a for a in rest if a != "--"])]
     elif rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     # Ctrl-C must reach us (and so reap the agents) even if a shell started us with SIGINT ignored

@@ -50,13 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pid-file", type=Path, required=True)
     ap.add_argument("--log", type=Path, required=True)
     ap.add_argument("--echo", action="store_true", help="copy the command's output to ours as well")
+    ap.add_argument("--env-file", type=Path, default=None,
+                    help="KEY=VALUE lines added to the command's environment (a secret token stays off argv)")
+    ap.add_argument("--cwd", type=Path, default=None, help="the command's working directory")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         ap.error("no command")
     log = args.log.open("ab")
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = dict(os.environ)
+    if args.env_file is not None:
+        for line in args.env_file.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key:
+                env[key] = value
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                         cwd=args.cwd)
     args.pid_file.write_text(f"{p.pid}\n")
     copiers = [threading.Thread(target=_copy, args=(p.stdout, log, sys.stdout.buffer if args.echo else None),
                                 daemon=True),

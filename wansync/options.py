@@ -226,20 +226,29 @@ DECLARED: tuple[Opt, ...] = (
         "$WANSYNC_HANDOFF_TOKEN", (AGENT,), metavar="DIR"),
     Opt("agents", "script_stall_s", "--script-stall", 60.0, "a training script that keeps a round waiting this long "
         "for its next step() (and 4x its slowest step so far) is dropped as hung: its node leaves the job until a "
-        "script attaches again (default 60; docs/training-failures.md)", (AGENT, TRAIN), float, metavar="S"),
+        "script attaches again (default 60; docs/training-failures.md)", (AGENT, TRAIN, DEPLOY), float, metavar="S"),
     # --- training your own script (wansync train) ---
     Opt("train", "script", "--script", None, "the training script (wansync train SCRIPT [ARGS...])", (TRAIN,),
         metavar="SCRIPT"),
-    Opt("train", "args", "--script-arg", (), "an argument of the script (repeatable; or after SCRIPT)", (TRAIN,),
-        action="append", metavar="ARG", dest="script_arg"),
+    Opt("train", "script", "--train", None, "train this script on the hosts (wansync.torch), as `wansync train` "
+        "does here; arguments wansync does not know are the script's (docs/real-hosts.md)", (DEPLOY,),
+        metavar="SCRIPT", dest="train_script"),
+    Opt("train", "args", "--script-arg", (), "an argument of the script (repeatable; or after SCRIPT)",
+        (TRAIN, DEPLOY), action="append", metavar="ARG", dest="script_arg"),
+    Opt("train", "files", "--train-file", (), "a file or directory the script reads, copied beside it on every host "
+        "(repeatable; it lands under its own name in the script's directory, the script's working directory)",
+        (DEPLOY,), action="append", metavar="PATH", dest="train_file"),
+    Opt("train", "packages", "--train-package", (), "a package the script imports beyond wansync[torch] (e.g. "
+        "scikit-learn), put into the hosts' offline wheelhouse and installed (repeatable)", (DEPLOY,),
+        action="append", metavar="REQ", dest="train_package"),
     Opt("train", "baseline", "--baseline", None, "also run the script with plain torch.distributed on Gloo on the "
         "same WAN (ddp; --backend tc only: nothing else shapes Gloo's bytes)", (TRAIN,), choices=("ddp",)),
     Opt("train", "target", "--target-accuracy", None, "time to this accuracy (what the script logs with "
-        "wt.log(accuracy=...)); default: what the baseline reaches, else none", (TRAIN,), float, metavar="A"),
+        "wt.log(accuracy=...)); default: what the baseline reaches, else none", (TRAIN, DEPLOY), float, metavar="A"),
     Opt("train", "attach_timeout_s", "--attach-timeout", 300.0, "every rank's script must attach within S "
-        "seconds (default 300)", (TRAIN,), float, metavar="S"),
+        "seconds (default 300)", (TRAIN, DEPLOY), float, metavar="S"),
     Opt("train", "run_timeout_s", "--run-timeout", 3600.0, "a scheme's scripts must end within S seconds "
-        "(default 3600)", (TRAIN,), float, metavar="S"),
+        "(default 3600)", (TRAIN, DEPLOY), float, metavar="S"),
     # --- the cluster ---
     Opt("cluster", "name", "--cluster", "wansync", "cluster id agents give (must match the scheduler's; run and "
         "deploy draw a fresh one)", (SCHEDULER, AGENT)),

@@ -120,13 +120,16 @@ class Scripts:
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
 
+    async def launch(self, extra: dict[str, str], workdir: Path, channels: Path | None = None) -> None:
+        """`start`, as TrainJobs calls it (a deployment's scripts start over SSH: deploy/training.py)."""
+        self.start(extra, workdir, channels)
+
     def start(self, extra: dict[str, str], workdir: Path, channels: Path | None = None) -> None:
         """One process per rank; `channels`: the directory of the agents' sockets (none: the baseline)."""
         t = self.cfg.options.train
         n = self.cfg.topo.nodes
         for rank in range(n):
-            env = {**self.env, **extra, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
-                   "LOCAL_WORLD_SIZE": str(n)}
+            env = {**self.env, **extra, **rank_env(rank, n, rank, n)}
             if channels is not None:
                 env[CHANNEL_ENV] = str(socket_path(channels, rank))
             if METRICS_ENV in extra:
@@ -180,11 +183,20 @@ class Scripts:
         self.procs, self.logs = [], []
 
 
-class TrainJobs:
-    """`cluster.conduct`'s job per scheme for `wansync train`: the scripts' training, end to end."""
+def rank_env(rank: int, world: int, local_rank: int, local_world: int) -> dict[str, str]:
+    """Who a script is, as torchrun says it."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(local_world)}
 
-    def __init__(self, cfg: RunConfig, backend: AppBackend, console: Console) -> None:
+
+class TrainJobs:
+    """`cluster.conduct`'s job per scheme for `wansync train` (and `wansync deploy --train`, whose
+    `scripts` start them on the hosts): the scripts' training, end to end."""
+
+    def __init__(self, cfg: RunConfig, backend: AppBackend, console: Console,
+                 scripts: Callable[[TrainJobs], Scripts] | None = None) -> None:
         self.cfg, self.backend, self.console = cfg, backend, console
+        self.scripts = scripts or (lambda jobs: Scripts(jobs.cfg, jobs.backend, jobs.script_env, jobs.console))
         self.dir = Path(tempfile.mkdtemp(prefix="wansync-train-"))  # 0700: the channel's sockets live here
         self.token = secrets.token_urlsafe(24)
         self.master_port = _free_port()
@@ -197,7 +209,8 @@ class TrainJobs:
         progress = cfg.options.progress["model"]
         # who a rank's result comes from: wt.Optimizer refuses a mode that cannot train so (torch/modes.py)
         self.groups = MODELS[progress].groups if progress in MODELS else "full"
-        self.script_env.update({PROGRESS_ENV: progress, GROUPS_ENV: self.groups})
+        self.run_env = {PROGRESS_ENV: progress, GROUPS_ENV: self.groups, "PYTHONUNBUFFERED": "1"}  # wansync's own
+        self.script_env.update(self.run_env)
 
     @property
     def agent_env(self) -> dict[str, str]:
@@ -207,9 +220,9 @@ class TrainJobs:
     async def __call__(self, sched: Scheduler, scheme: str, run_job: Callable[..., Any]) -> JobState:
         t = self.cfg.options.train
         work = Path(tempfile.mkdtemp(prefix=f"{scheme}-", dir=self.dir))
-        scripts = Scripts(self.cfg, self.backend, self.script_env, self.console)
+        scripts = self.scripts(self)
         n = self.cfg.topo.nodes
-        scripts.start({TOKEN_ENV: self.token, "WANSYNC_SCHEME": scheme}, work, channels=self.dir)
+        await scripts.launch({TOKEN_ENV: self.token, "WANSYNC_SCHEME": scheme}, work, channels=self.dir)
         try:
             layout = await scripts.first(sched.attached(t["attach_timeout_s"]))
             self.console.print(f"{scheme}: every rank attached ({layout['params']:,} values); training",
@@ -381,11 +394,16 @@ async def train(cfg: RunConfig, console: Console | None = None) -> list[TrainRun
 
         await conduct(cfg, Session(cluster, secret, agents, backend, job=jobs, after=baseline), console,
                       show_table=False)
-        base = next((r for r in jobs.runs if r.name == "ddp"), None)
-        target = o.train["target"] if o.train["target"] is not None else (base.last() if base else None)
-        table(console, jobs.runs, target)
-        if o.output["out"] is not None:
-            write_runs(Path(o.output["out"]), jobs.runs, target)
-        return jobs.runs
+        return report(console, jobs.runs, o)
     finally:
         jobs.close()
+
+
+def report(console: Console, runs: list[TrainRun], o: Any) -> list[TrainRun]:
+    """The end of a training run (here or on hosts): the table, and the runs in the results file."""
+    base = next((r for r in runs if r.name == "ddp"), None)
+    target = o.train["target"] if o.train["target"] is not None else (base.last() if base else None)
+    table(console, runs, target)
+    if o.output["out"] is not None:
+        write_runs(Path(o.output["out"]), runs, target)
+    return runs

@@ -39,6 +39,7 @@ class Wheelhouse:
     pip: Path  # pip's own wheel: runs from the wheel file, so a venv needs no ensurepip
     build_id: str
     python: str  # "3.11": the Python these wheels are for
+    extra: tuple[str, ...] = ()  # requirements installed beside wansync (deploy --train)
 
     @property
     def size(self) -> int:
@@ -93,8 +94,10 @@ def _pip_wheel() -> Path:
     return found[-1]
 
 
-def prepare(wheelhouse: Path | None = None, cache: Path = CACHE) -> Wheelhouse:
-    """The wheelhouse to copy: `wheelhouse` as given, or built here (dependencies cached)."""
+def prepare(wheelhouse: Path | None = None, cache: Path = CACHE, extra: tuple[str, ...] = ()) -> Wheelhouse:
+    """The wheelhouse to copy: `wheelhouse` as given, or built here (dependencies cached). `extra`:
+    requirements installed beside wansync (`deploy --train`: torch and the script's packages); their
+    wheels are collected with the dependencies and they are part of the build id a host is checked by."""
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if wheelhouse is not None:
         wheels = sorted(Path(wheelhouse).glob("*.whl"))
@@ -105,12 +108,12 @@ def prepare(wheelhouse: Path | None = None, cache: Path = CACHE) -> Wheelhouse:
         pip = pips[-1] if pips else _pip_wheel()
         if not pips:
             wheels.append(pip)
-        return Wheelhouse(own[-1], wheels, pip, build_id(own[-1]), py)
+        return Wheelhouse(own[-1], wheels, pip, _with_extra(build_id(own[-1]), extra), py, extra)
     src = source_tree()
     if src is None:
         raise WheelError("this wansync was not installed from a source tree, so it cannot build its own wheel: "
                          "give --wheelhouse DIR (pip wheel wansync -w DIR, with the hosts' Python version)")
-    deps = tomllib.loads((src / "pyproject.toml").read_text())["project"].get("dependencies", [])
+    deps = [*tomllib.loads((src / "pyproject.toml").read_text())["project"].get("dependencies", []), *extra]
     key = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
     dep_dir = cache / f"py{py}-{key}"
     if not (dep_dir / ".complete").exists():
@@ -129,7 +132,14 @@ def prepare(wheelhouse: Path | None = None, cache: Path = CACHE) -> Wheelhouse:
             own_dir.mkdir(parents=True, exist_ok=True)
             own = own_dir / built.name
             shutil.copy2(built, own)
-    bid = build_id(own)
+    bid = _with_extra(build_id(own), extra)
     pip = _pip_wheel()
     wheels = [own, pip] + sorted(w for w in dep_dir.glob("*.whl") if not w.name.startswith(("wansync-", "pip-")))
-    return Wheelhouse(own, wheels, pip, bid, py)
+    return Wheelhouse(own, wheels, pip, bid, py, extra)
+
+
+def _with_extra(bid: str, extra: tuple[str, ...]) -> str:
+    """A host with wansync's build but not the extra requirements is installed again."""
+    if not extra:
+        return bid
+    return bid + "+" + hashlib.sha256("\n".join(sorted(extra)).encode()).hexdigest()[:8]

@@ -76,6 +76,12 @@ def main(args: argparse.Namespace, options: Options) -> int:
             secret = load_secret(options.security["secret_file"], env={})
         except SecretError as exc:
             raise OptionsError(str(exc)) from None
+    if options.train["script"] is None and (options.train["files"] or options.train["packages"]):
+        raise OptionsError("--train-file and --train-package are for --train SCRIPT")
+    if options.train["script"] is not None:  # deploy --train: a wrong script is refused before anything starts
+        from .training import check_script
+
+        check_script(options)
     out_dir = options.output["out"]
     cfg = resolve(options.replace(output__out=None), secret=secret)  # --out is a directory here
     if (options.workload["compute_model"] or "").startswith("csv:"):  # the agents would open a path only here

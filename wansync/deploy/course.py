@@ -15,9 +15,11 @@ from typing import Any
 
 from rich.console import Console
 
+from ..backend import AppBackend
 from ..inventory import HostSpec
 from ..remote import Remote
 from ..runspec import RunConfig
+from ..train import TrainJobs
 from ..wheels import Wheelhouse
 from .hosts import Host, each
 from .install import install
@@ -25,6 +27,7 @@ from .processes import Processes
 from .rundir import host_options, prepare_run_dir
 from .shaping import HostShaping
 from .teardown import collect_and_clean
+from .training import RemoteScripts, requirements, ship
 
 
 class Deployment:
@@ -43,6 +46,10 @@ class Deployment:
         self.secret = cfg.secret or secrets.token_urlsafe(32).encode()
         self.tasks: set[asyncio.Task] = set()
         self.processes = Processes(cfg, self.hosts, console, self.out, self.spawn, self._on_job)
+        self.train: TrainJobs | None = None  # deploy --train: wansync train's jobs, scripts started over SSH
+        if cfg.options.train["script"] is not None:
+            self.train = TrainJobs(cfg, AppBackend(), console, scripts=lambda jobs: RemoteScripts(jobs, self.hosts))
+            self.scheduler_here = True  # the scripts' training is driven from here
         self.shaping = HostShaping(cfg, self.hosts, self.say, self.spawn, self.processes.dead)
 
     def say(self, text: str) -> None:
@@ -65,13 +72,17 @@ class Deployment:
             await each(self.hosts, lambda h: h.connect(self.run_id))
             connected = self.hosts
             await each(self.hosts, Host.check_python)
-            self.wheelhouse = await install(self.hosts, self.wheelhouse, self.wheel_dir, self.say)
+            self.wheelhouse = await install(self.hosts, self.wheelhouse, self.wheel_dir, self.say,
+                                            extra=requirements(self.cfg.options))
             await each(self.hosts, lambda h: prepare_run_dir(
                 h, self.cfg, self.secret, host_options(self.cfg, h, self.cluster, self.shape)))
+            if self.train is not None:
+                train = self.train
+                await each(self.hosts, lambda h: ship(h, self.cfg.options, train.token))
             if self.shape == "tc":
                 await self.shaping.shape()
             if self.scheduler_here:
-                return await self.processes.run_here(self.cluster, self.secret, self.scheduler_address)
+                return await self.processes.run_here(self.cluster, self.secret, self.scheduler_address, self.train)
             return await self.processes.run_on_first_host()
         finally:
             with contextlib.suppress(asyncio.CancelledError):
@@ -83,6 +94,8 @@ class Deployment:
         for t in list(self.tasks):
             t.cancel()
         await collect_and_clean(hosts, self.out, self.processes.dead, self.console)
+        if self.train is not None:
+            self.train.close()
         for h in self.hosts:
             h.remote.close()
         self.say(f"results and logs: {self.out}/")

@@ -48,11 +48,14 @@ class Host:
     def venv_python(self) -> str:
         return f"{self.workdir}/venv/bin/python"
 
-    def hostrun(self, label: str, cmd: list[str], echo: bool = False) -> str:
-        """cmd under the supervisor, in the run dir: pid file, log, ends with the SSH session."""
+    def hostrun(self, label: str, cmd: list[str], echo: bool = False, env_file: str | None = None,
+                cwd: str | None = None) -> str:
+        """cmd under the supervisor, in the run dir: pid file, log, ends with the SSH session;
+        `env_file`: KEY=VALUE lines for its environment (a token never on a command line)."""
         r = self.run_dir
         wrapper = [self.venv_python, "-m", "wansync.hostrun", "--pid-file", f"{r}/{label}.pid", "--log",
-                   f"{r}/{label}.log"] + (["--echo"] if echo else [])
+                   f"{r}/{label}.log"] + (["--echo"] if echo else []) + \
+            (["--env-file", env_file] if env_file else []) + (["--cwd", cwd] if cwd else [])
         return f"cd {shlex.quote(r)} && exec {q(*wrapper, '--', *cmd)}"
 
     async def connect(self, run_id: str) -> None:

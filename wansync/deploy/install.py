@@ -14,13 +14,14 @@ from .hosts import DeployError, Host, each
 
 
 async def install(hosts: list[Host], wheelhouse: Wheelhouse | None, wheel_dir: Path | None,
-                  say: Callable[[str], None]) -> Wheelhouse:
-    """Build (or take) the wheelhouse, check every host's Python fits it, install where needed."""
+                  say: Callable[[str], None], extra: tuple[str, ...] = ()) -> Wheelhouse:
+    """Build (or take) the wheelhouse, check every host's Python fits it, install where needed;
+    `extra`: requirements beside wansync (deploy --train: torch and the script's packages)."""
     wh = wheelhouse
     if wh is None:
         say("building the wheelhouse (wansync + dependencies; dependencies are cached)")
         try:
-            wh = await asyncio.to_thread(prepare, wheel_dir)
+            wh = await asyncio.to_thread(prepare, wheel_dir, extra=extra)
         except WheelError as exc:
             raise DeployError(f"wheelhouse: {exc}") from None
     wrong = [h for h in hosts if h.version != wh.python]
@@ -51,6 +52,7 @@ async def _install_on(h: Host, wh: Wheelhouse, say: Callable[[str], None]) -> No
         f"[ -x {shlex.quote(h.venv_python)} ] || {q(h.python, '-m', 'venv', '--without-pip', h.workdir + '/venv')}",
         f"{pip} install {flags} {own}",
         f"{pip} install {flags} --no-deps --force-reinstall {own}",
+        *([f"{pip} install {flags} {q(*wh.extra)}"] if wh.extra else []),
         f"echo {wh.build_id} > {shlex.quote(stamp)}", f"rm -rf {shlex.quote(wheels)}"])
     await h.remote.run(script, what=f"installing wansync into {h.workdir}/venv", timeout_s=900)
     h.installed = "installed"

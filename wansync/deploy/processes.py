@@ -21,6 +21,7 @@ from ..backend import AppBackend
 from ..cluster import CONTROL_PREFIX, Session, conduct
 from ..remote import RemoteError
 from ..runspec import RunConfig
+from ..train import TrainError, TrainJobs, report
 from .hosts import DeployError, Host, each
 from .teardown import stop_processes
 
@@ -52,7 +53,8 @@ class Processes:
     async def start_agents(self, sched_host: Callable[[Host], str], port: int) -> None:
         async def start(h: Host) -> None:
             cmd = self.agent_cmd(h, f"{sched_host(h)}:{port}")
-            proc = await h.remote.start(h.hostrun(f"agent-{h.node}", cmd))
+            env_file = f"{h.run_dir}/agent.env" if self.cfg.options.train["script"] is not None else None
+            proc = await h.remote.start(h.hostrun(f"agent-{h.node}", cmd, env_file=env_file))
             h.procs["agent"] = proc
             self.spawn(self._watch_agent(h, proc))
         await each(self.hosts, start)
@@ -163,15 +165,24 @@ class Processes:
                  f"{self.hosts[0].name})")
 
     # --- the scheduler here ---------------------------------------------------------------------------------
-    async def run_here(self, cluster: str, secret: bytes, scheduler_address: str | None) -> int:
-        """`--scheduler-here`: `conduct` in this process, its agents over SSH."""
+    async def run_here(self, cluster: str, secret: bytes, scheduler_address: str | None,
+                       train: TrainJobs | None = None) -> int:
+        """`--scheduler-here`: `conduct` in this process, its agents over SSH; `train`: every scheme's job
+        is the scripts' training (deploy --train), ending with `wansync train`'s table."""
         cfg = self.cfg
         cfg.options = cfg.options.replace(output__out=str(self.out / "results.jsonl"))
         listen = self.hosts[0].spec
         session = Session(cluster, secret, _SshAgents(self, scheduler_address), _JobBackend(self.on_job),
-                          host="0.0.0.0", port=listen.scheduler_port, register_timeout_s=120)
+                          host="0.0.0.0", port=listen.scheduler_port, register_timeout_s=120, job=train)
+        if train is not None:
+            train.cfg = cfg
         try:
-            jobs = await conduct(cfg, session, self.console)
+            jobs = await conduct(cfg, session, self.console, show_table=train is None)
+            if train is not None:
+                runs = report(self.console, train.runs, cfg.options)
+                return 1 if any(r.syncs_wrong for r in runs) else 0
+        except TrainError as exc:
+            raise DeployError(f"training: {exc}") from None
         except OSError as exc:
             raise DeployError(f"the scheduler here cannot listen on 0.0.0.0:{listen.scheduler_port}: "
                               f"{exc.strerror or exc}") from None

@@ -30,6 +30,10 @@ def host_options(cfg: RunConfig, h: Host, cluster: str, shape: str) -> Options:
         values["output__scenario"] = f"{r}/scenario.toml"
     if cfg.options.http is not None:  # served there on a free port, forwarded here over SSH
         values["output__http"] = "127.0.0.1:0"
+    if cfg.options.train["script"] is not None:  # deploy --train: the script's copies, the agent's channel
+        from .training import host_train_options
+
+        values.update(host_train_options(h, cfg.options))
     return opts.replace(**values)
 
 
