@@ -60,6 +60,7 @@ class Exact:
         self.m = m
         self._deadline = None if cpu_budget_s is None else time.thread_time() + cpu_budget_s
         self._budget = cpu_budget_s
+        self._instants = 0  # event instants handled, over every advance() (the budget is looked at by them)
         self.dispatch = dispatch
         self.cap = list(m.cap)
         self.key_cap: list[float] = []  # m.key_cap (the plans' rates), overridden by the scheduler's cap rates
@@ -178,12 +179,12 @@ class Exact:
         receiver, time it holds the full result) and (task key, None, the task's end). A time may lie
         ahead of the clock (arrivals are resolved when their transfer ends), never behind it."""
         events, version, wake_at = self.events, self.version, self.wake_at
-        instants = 0
         while events and events[0][0] <= until and not (stop_at_end and self.ended):
             t = events[0][0]
             self.now = t
-            instants += 1
-            if self._deadline is not None and instants % BUDGET_EVERY == 0 and time.thread_time() > self._deadline:
+            self._instants += 1
+            if (self._deadline is not None and self._instants % BUDGET_EVERY == 0
+                    and time.thread_time() > self._deadline):
                 raise SimulationOverBudget(f"over its budget of {self._budget:g} CPU-s at {t:.3f} s simulated")
             while events and events[0][0] <= t:
                 _, kind, k, ver = heapq.heappop(events)
