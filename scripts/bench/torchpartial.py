@@ -118,15 +118,12 @@ def figures(script: str, quick: bool, console: Console, target: float, steps: in
 def failures(console: Console) -> int:
     """The four failure cases (wansync.failcases: trainer killed, hung, agent killed, trainer
     restarted), each run for real and judged; how many ended as specified."""
+    from train_failures import table as failures_table
+
     from wansync.failcases import run_all
 
     results = asyncio.run(run_all())
-    t = Table(title="training failures (3 nodes, BSP, ring)")
-    for col in ("case", "as specified", "seconds", "why not"):
-        t.add_column(col)
-    for case, ok, why, seconds in results:
-        t.add_row(case, "yes" if ok else "NO", f"{seconds:.1f}", why[:120])
-    console.print(t)
+    console.print(failures_table(results))
     return sum(ok for _, ok, _, _ in results)
 
 

@@ -32,6 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from wansync.failcases import CASES, run_all  # noqa: E402
 
 
+def table(results: list[tuple[str, bool, str, float]]) -> Table:
+    """The cases run_all ran: as specified or not, how long, and why not."""
+    tab = Table(title="training failures (3 nodes, BSP, ring)")
+    for col in ("case", "as specified", "seconds", "why not"):
+        tab.add_column(col)
+    for case, ok, why, seconds in results:
+        tab.add_row(case, "yes" if ok else "NO", f"{seconds:.1f}", why[:120])
+    return tab
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", choices=CASES, help="run only this case (repeatable)")
@@ -39,12 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     results = asyncio.run(run_all(tuple(args.case or CASES), deadline_s=args.deadline))
-    tab = Table(title="training failures (3 nodes, BSP, ring)")
-    for col in ("case", "as specified", "seconds", "why not"):
-        tab.add_column(col)
-    for case, ok, why, seconds in results:
-        tab.add_row(case, "yes" if ok else "NO", f"{seconds:.1f}", why[:120])
-    Console(stderr=True).print(tab)
+    Console(stderr=True).print(table(results))
     print(json.dumps({"failure_cases": sum(ok for _, ok, _, _ in results),
                       "cases": {c: ok for c, ok, _, _ in results}, "why": {c: w for c, ok, w, _ in results if not ok},
                       "seconds": {c: round(s, 1) for c, _, _, s in results}}))
