@@ -1,30 +1,34 @@
-"""A rank of the CUDA check (scripts/device/cuda_check.py): a model on the GPU, five grad-mode steps
-through wansync.torch, its final parameters saved for the checker to compare with its own reference."""
+"""A rank of the CUDA check (scripts/device/cuda_check.py): a model on the GPU, a few steps through
+wansync.torch in one mode, its final parameters saved for the checker to compare with its own
+reference. The model, the batches and the schedule are the checker's (`cuda_check.py`)."""
 
 import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
-import wansync.torch as wt
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_check import LR, STEPS, SYNC_EVERY, batch, device, make_model  # noqa: E402
+
+import wansync.torch as wt  # noqa: E402
 
 out, mode = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
-dev = torch.device("cuda")
-torch.manual_seed(rank)  # different on purpose: the broadcast at attach must make rank 0's the start
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
+dev = device()
+# a different seed per rank on purpose: the broadcast at attach must make rank 0's model the start
+model = make_model(seed=rank, dtype=torch.bfloat16 if mode == "bf16" else torch.float32).to(dev)
 if mode == "ddp":
     model = wt.ddp(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
 else:
-    opt = wt.Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
-for k in range(5):
-    g = torch.Generator().manual_seed(100 * rank + k)
-    x, y = torch.randn(16, 32, generator=g).to(dev), torch.randint(0, 4, (16,), generator=g).to(dev)
-    loss = F.cross_entropy(model(x), y)
+    kind = "grad" if mode == "bf16" else mode
+    opt = wt.Optimizer(torch.optim.SGD(model.parameters(), lr=LR), model, mode=kind,
+                       sync_every=1 if kind == "grad" else SYNC_EVERY)
+for k in range(STEPS):
+    x, y = batch(rank, k, dev, next(model.parameters()).dtype)
+    loss = torch.nn.functional.cross_entropy(model(x).float(), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
 state = (model.module if mode == "ddp" else model).state_dict()
-torch.save({k: v.detach().cpu() for k, v in state.items()}, f"{out}/{mode}-r{rank}.pt")
+torch.save({k: v.detach().float().cpu() for k, v in state.items()}, f"{out}/{mode}-r{rank}.pt")
