@@ -79,11 +79,12 @@ def contribution(rnd: int, attempt: int, node: int, params: int) -> np.ndarray:
     return _spread(table, params)
 
 
-def expected(rnd: int, attempt: int, nodes: Iterable[int], params: int,
-             weights: Mapping[int, float] | None = None, iters: Mapping[int, int] | None = None) -> np.ndarray:
-    """The exact (weighted) sum of the given nodes' contributions, of round `rnd` or each node's own
-    iteration (`iters`: a ready queue groups workers at different iterations). Summed per cell (4096
-    of them), in the same order and precision per element as summing the whole contributions."""
+def expected_period(rnd: int, attempt: int, nodes: Iterable[int], weights: Mapping[int, float] | None = None,
+                    iters: Mapping[int, int] | None = None) -> np.ndarray:
+    """One period (PERIOD elements) of the exact (weighted) sum of the given nodes' contributions, of
+    round `rnd` or each node's own iteration (`iters`: a ready queue groups workers at different
+    iterations); element i of the sum is element i mod PERIOD of this. Summed per cell (4096 of
+    them), in the same order and precision per element as summing the whole contributions."""
     nodes = list(nodes)
     it = {n: (rnd if iters is None else iters.get(n, rnd)) for n in nodes}
     if weights is None or all(weights[n] == 1.0 for n in nodes):
@@ -91,10 +92,34 @@ def expected(rnd: int, attempt: int, nodes: Iterable[int], params: int,
         for n in nodes:
             total += _raw_table(it[n], attempt, n)
         total -= 32 * len(nodes)
-        return _spread(total.astype(np.float32), params)
+        return total.astype(np.float32)[_CELLS]
     acc = np.zeros(_U.size, dtype=np.float64)
     for n in nodes:
         values = _raw_table(it[n], attempt, n).astype(np.float32)
         values -= 32
         acc += weights[n] * values
-    return _spread(acc.astype(np.float32), params)
+    return acc.astype(np.float32)[_CELLS]
+
+
+def expected(rnd: int, attempt: int, nodes: Iterable[int], params: int,
+             weights: Mapping[int, float] | None = None, iters: Mapping[int, int] | None = None) -> np.ndarray:
+    """The exact (weighted) sum of the given nodes' contributions, every element (see expected_period)."""
+    return np.resize(expected_period(rnd, attempt, nodes, weights, iters), params)
+
+
+CHECK_ROWS = 256  # periods compared at a time: 2 MB of float32, a block that stays in cache
+
+
+def mismatches(result: np.ndarray, period: np.ndarray) -> int:
+    """How many elements of `result` differ from the periodic sum whose one period is `period`
+    (NaN differs from everything), compared a block of periods at a time against the period itself:
+    no array the model's size is made (the receiver's check costs one read of the result)."""
+    if result.ndim != 1 or period.shape != (PERIOD,):
+        raise ValueError(f"a flat result and one period of {PERIOD} elements, got {result.shape} and {period.shape}")
+    whole = result.size // PERIOD
+    rows = result[: whole * PERIOD].reshape(whole, PERIOD)
+    bad = 0
+    for i in range(0, whole, CHECK_ROWS):
+        bad += int(np.count_nonzero(rows[i : i + CHECK_ROWS] != period))
+    tail = result[whole * PERIOD :]
+    return bad + int(np.count_nonzero(tail != period[: tail.size]))

@@ -8,8 +8,6 @@ planners and routes apply. Everything is drawn from one numpy generator seeded b
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import coo_array
-from scipy.sparse.csgraph import connected_components
 
 from .link import LinkSpec
 from .topotypes import INTERNET2_DELAY_S, PAPER_RATE_RANGE, Topology, TopologyError
@@ -49,7 +47,11 @@ def waxman(nodes: int, seed: int = 1, mean_degree: float = 3.0, alpha: float = 0
 
 
 def _joining_edges(pos: np.ndarray, edges: set[tuple[int, int]], nodes: int) -> set[tuple[int, int]]:
-    """Shortest edges that connect every component to the largest one (Topology demands connectivity)."""
+    """Shortest edges that connect every component to the largest one (Topology demands connectivity).
+    scipy is imported here, not with the module: an agent imports the topologies but never draws one."""
+    from scipy.sparse import coo_array
+    from scipy.sparse.csgraph import connected_components
+
     if edges:
         a, b = np.array(sorted(edges)).T
     else:

@@ -6,5 +6,7 @@ bash scripts/install-system-deps.sh
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e ".[test]"
+# bytecode now: every agent process imports these, and PYTHONDONTWRITEBYTECODE would make each compile them
+.venv/bin/python -m compileall -q -j 0 agents core emulation overlay scheduler sim wansync >/dev/null
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q "$@"

@@ -7,6 +7,7 @@ import pytest
 
 from emulation.topology import TopologyError, build, hetero, internet2, load
 from emulation.trace import redraw
+from overlay import routing
 from overlay.routing import NoRoute, Routes, adjacency
 
 pytestmark = pytest.mark.unit
@@ -55,7 +56,10 @@ def brute_force_route(adj: dict[int, set[int]], src: int, dst: int) -> tuple[int
     return best
 
 
-def test_min_hop_routes_match_brute_force_on_small_graphs():
+@pytest.mark.parametrize("search", ["python", "scipy"])
+def test_min_hop_routes_match_brute_force_on_small_graphs(search, monkeypatch):
+    # overlays past BFS_PY_MAX nodes search with scipy: both searches must give the rule's routes
+    monkeypatch.setattr(routing, "BFS_PY_MAX", 10**9 if search == "python" else 0)
     rng = random.Random(13)
     for _ in range(150):
         ids = rng.sample(range(40), rng.randint(2, 8))  # sparse, unordered ids: not 0..n-1

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers.exact import closed_form, exact_sum
 
-from agents.workload import contribution, expected
+from agents.workload import CHECK_ROWS, PERIOD, contribution, expected, expected_period, mismatches
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +43,24 @@ def test_fractional_weights_sum_each_weighted_contribution_in_float64():
     for n in nodes:
         acc += closed_form(9, n, params).astype(np.float32) * np.float32(weights[n])
     assert np.array_equal(expected(9, 0, nodes, params, weights=weights), acc.astype(np.float32))
+
+
+@pytest.mark.parametrize("params", (*SIZES, PERIOD * CHECK_ROWS * 2 + 5))
+def test_the_receivers_check_counts_every_element_that_differs_from_the_exact_sum(params):
+    """mismatches() compares a result with one period of the sum, a block at a time: against the sum
+    computed element by element here, it finds nothing on the exact result and exactly the elements
+    changed, wherever they are (first, last, in the tail past the last whole period, across blocks)."""
+    nodes, iters = [0, 3, 7], {3: 2}
+    want = exact_sum(5, nodes, params, iters=iters)
+    period = expected_period(5, 0, nodes, iters=iters)
+    assert mismatches(want.copy(), period) == 0
+    hit = sorted({0, params - 1, params // 2, min(params - 1, PERIOD * CHECK_ROWS + 1)})
+    for n in range(1, len(hit) + 1):
+        bad = want.copy()
+        bad[hit[:n]] += 1.0
+        assert mismatches(bad, period) == n
+    bad = want.copy()
+    bad[-1] = np.nan
+    assert mismatches(bad, period) == 1
+    with pytest.raises(ValueError, match="one period"):
+        mismatches(want, period[:-1])

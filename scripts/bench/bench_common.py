@@ -122,7 +122,6 @@ def mem_available_mib() -> float:
 
 
 def result_digest(values: Any) -> str:
-    """What agents report for a result (agents/tasks.py's digest), computed here: hex CRC-32 then
-    Adler-32, big-endian, of the float32 bytes; the benchmarks compare it with their own exact sums."""
-    data = memoryview(values).cast("B")
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+    """What agents report for a result (agents/tasks.py's digest), computed here: hex CRC-32 of the
+    float32 bytes; the benchmarks compare it with their own exact sums."""
+    return f"{zlib.crc32(memoryview(values).cast('B')):08x}"

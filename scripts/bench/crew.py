@@ -107,7 +107,7 @@ GRACE_S = 40.0  # running tasks must end this long after a job's budget (else: h
 
 # --- the exact sums, written out again from the workload's definition (agents/workload.py) -----------
 def exact_digest(members: Iterable[int], iters: dict[int, int], params: int) -> str:
-    """Hex CRC-32 then Adler-32 (what agents report) of the float32 bytes of the members' exact sum, each
+    """Hex CRC-32 (what agents report) of the float32 bytes of the members' exact sum, each
     member's contribution from its own iteration (attempt 0): ((7i + 13n + 31r + (i >> 5) n) mod 64) - 32,
     summed in int64."""
     i = np.arange(params, dtype=np.int64)

@@ -37,9 +37,8 @@ def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0,
 
 
 def digest_of(result: np.ndarray) -> str:
-    """What agents report for a result: hex of CRC-32 then Adler-32 (big-endian) of its float32 bytes."""
-    data = np.ascontiguousarray(result, dtype=np.float32).tobytes()
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+    """What agents report for a result: hex of the CRC-32 of its float32 bytes."""
+    return f"{zlib.crc32(np.ascontiguousarray(result, dtype=np.float32).tobytes()):08x}"
 
 
 @lru_cache(maxsize=256)
