@@ -14,9 +14,8 @@ an agent, which routes over a few dozen nodes, does not pay its 0.1-0.2 s import
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-
 from collections import deque
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 

@@ -26,7 +26,7 @@ from core.maxmin import max_min_rates
 
 from .caprates import CapRates
 from .model import MBIT, Model, SimulationOverBudget, SimulationStalled, TaskPrediction, TaskRun, TasksPrediction
-from .sharing import class_rates
+from .sharing import class_rates, without_loose_caps
 
 _INF = float("inf")
 BUDGET_EVERY = 16  # instants between two looks at the CPU clock (a budget is overrun by at most that)
@@ -411,7 +411,7 @@ class Exact:
             new.extend(class_rates(self.m, shared, cap, key_cap, self.fresh).tolist())
         elif shared:  # one water-filling for all shared components: max-min decomposes over them
             keys = keys + shared
-            pair_flow, res_ids = self.m.pairs(shared)
+            pair_flow, res_ids = without_loose_caps(*self.m.pairs(shared), np.asarray(cap), self.m.nlinks, len(shared))
             uniq, pair_res = np.unique(res_ids, return_inverse=True)
             new.extend(max_min_rates(pair_flow, pair_res, np.asarray(cap)[uniq], len(shared)).tolist())
         self._apply(t, keys, new)

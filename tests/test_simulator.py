@@ -152,6 +152,21 @@ def test_uplink_cap_is_shared(mode):
     assert pred.node_done_s[1] == pytest.approx(t + d + 2 * t + d)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cap_that_cannot_fill_changes_nothing_and_one_just_below_its_links_binds(mode):
+    # node 0 broadcasts on its two links: a cap at their sum or above can never fill (the engine drops
+    # it from the max-min, sim/sharing.py), one a little below must still slow both broadcasts
+    links = {(a, b): LinkSpec(RATE, DELAY) for a in range(3) for b in range(3) if a != b}
+    plan = plan_of({0: None, 1: 0, 2: 0})
+    free = simulate(plan, sim_network(Topology("mesh", 3, links)), mode=mode)
+    for cap in (2 * RATE, 40 * RATE):
+        loose = simulate(plan, sim_network(Topology("mesh", 3, links, uplink_mbps={0: cap})), mode=mode)
+        assert loose.node_done_s == pytest.approx(free.node_done_s, rel=1e-12)
+    tight = simulate(plan, sim_network(Topology("mesh", 3, links, uplink_mbps={0: 1.5 * RATE})), mode=mode)
+    t, d = tau(plan), DELAY
+    assert tight.node_done_s[1] == pytest.approx(t + d + t / 0.75 + d)  # each broadcast at 0.75 RATE
+
+
 def test_zero_rate_for_good_stalls():
     plan = plan_of({0: 1, 1: None})
     trace = Trace((RateEvent(0.0, 0, 1, 0.0),))
