@@ -221,3 +221,11 @@ def test_the_loop_is_chosen_by_backend_unless_named():
     assert resolve_loop("asyncio", "tc") == "asyncio" and resolve_loop("uvloop", "app") == "uvloop"
     with pytest.raises(ValueError, match="--loop must be one of"):
         resolve_loop("trio", "app")
+
+
+def test_a_script_flag_that_begins_like_a_wansync_flag_reaches_the_script():
+    # argparse would take `--mode` as an abbreviation of `--model`: wansync takes no abbreviations
+    args, rest = parser().parse_known_args(["train", "script.py", "--mode", "model", "--nodes", "3"])
+    assert rest == ["--mode", "model"] and args.nodes == 3 and getattr(args, "model", None) is None
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--node", "3"])

@@ -45,7 +45,8 @@ class CliError(Exception):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="wansync", description=__doc__.split("\n")[0])
+    # no abbreviations: a script's `--mode` must reach the script, not become wansync's `--model`
+    ap = argparse.ArgumentParser(prog="wansync", description=__doc__.split("\n")[0], allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="local cluster: a scheduler and one agent process per node, every scheme")
@@ -114,6 +115,8 @@ def parser() -> argparse.ArgumentParser:
                      help="agents (default): our data plane's per-chunk costs; none: links alone (GPU clusters)")
     adv.add_argument("--json", action="store_true", help="print the ranking as one JSON object")
     _verbose(adv)
+    for p in sub.choices.values():  # read at parse time: no subcommand takes an abbreviation either
+        p.allow_abbrev = False
     return ap
 
 
