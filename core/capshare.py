@@ -80,9 +80,15 @@ class CapSharing:
                 self.caps[(node, kind)] = mbps
 
     def start(self, task: int, attempt: int, plan: Plan, t_start: float,
-              route: Callable[[int, int], tuple[int, ...]]) -> dict[int, dict[tuple[int, int], Update]]:
+              route: Callable[[int, int], tuple[int, ...]],
+              links_mbps: Callable[[int, str], float] | None = None) -> dict[int, dict[tuple[int, int], Update]]:
         """A task attempt starts: its classed tree edges that cross a cap join. Returns what to send:
-        node -> (task, attempt) -> rows, for every sender whose rates changed (this task's included)."""
+        node -> (task, attempt) -> rows, for every sender whose rates changed (this task's included).
+        links_mbps(node, "up" | "down"): the summed rate of the node's links that way (the scheduler's
+        view live, the network in the simulator); a cap at least that is loose: every byte through it
+        crosses those links first, so it never fills, and its flows are not paced for it (split equally
+        between many flows, it would only hold each below its own link's share)."""
+        loose = set() if links_mbps is None else {c for c, mbps in self.caps.items() if mbps >= links_mbps(*c)}
         flows = []
         classed = [g for g in plan.groups if g.classed]
         # one level for all of a task's trees, its most urgent one's: a lower tree held behind a higher
@@ -100,7 +106,7 @@ class CapSharing:
                 except ValueError:  # no route now (a lost node): the task aborts; nothing to share
                     continue
                 caps = tuple(c for c in [(u, "up") for u in path[:-1]] + [(v, "down") for v in path[1:]]
-                             if c in self.caps)
+                             if c in self.caps and c not in loose)
                 if caps:
                     flows.append(Flow((task, attempt, gi, a, b), caps, g.weight, level))
         if not flows:

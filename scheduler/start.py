@@ -117,7 +117,8 @@ class TaskStart:
                 return
         t.involved = self.involved(plan, js.avoid)
         if any(g.classed for g in plan.groups) and self.cap_sharing.caps:
-            self.send_rates(js, self.cap_sharing.start(tid, t.attempt, plan, time.time(), self._routes().route))
+            self.send_rates(js, self.cap_sharing.start(tid, t.attempt, plan, time.time(), self._routes().route,
+                                                       self.view.links_mbps))
         settled = js.settled()
         resync = _resync(js, t, plan)
         for node in sorted(t.involved):

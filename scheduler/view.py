@@ -92,6 +92,13 @@ class NetworkView:
     def rate(self, a: int, b: int) -> float:
         return self.g.edges[a, b]["rate"]
 
+    def links_mbps(self, node: int, kind: str) -> float:
+        """The summed rate estimate of the node's links out of it ("up") or into it ("down")."""
+        if node not in self.g:
+            return 0.0
+        edges = self.g.out_edges(node, data="rate") if kind == "up" else self.g.in_edges(node, data="rate")
+        return float(sum(rate for _, _, rate in edges))
+
 
     # --- node caps -----------------------------------------------------------------------------------
     def set_cap(self, node: int, kind: str, mbps: float | None) -> None:

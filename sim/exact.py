@@ -65,7 +65,7 @@ class Exact:
         self.cap = list(m.cap)
         self.key_cap: list[float] = []  # m.key_cap (the plans' rates), overridden by the scheduler's cap rates
         # the scheduler's per-flow rates at node caps (live: agents REGISTER their caps), or None: no caps
-        self.caps = CapRates.of(m, self._set_key_cap, cap_rates)
+        self.caps = CapRates.of(m, self._set_key_cap, cap_rates, lambda: self.cap)
         self.busy: list[bool] = []
         self.rate: list[float] = []
         self.left: list[float] = []  # bytes of the head transfer still to send, as of since[k]

@@ -245,6 +245,33 @@ class Model:
                 cap[r] = mbps * MBIT
         self.cap = cap
         self.later_events = sorted((e for e in net.events if e[0] > self.t0), key=lambda e: e[0])
+        self.never_full = self._never_full()
+
+    def _never_full(self) -> set[int]:
+        """Node caps that can never fill: at their lowest over the trace still at least the sum of the
+        node's links that way at their highest. Every byte through a cap crosses one of those links, so
+        such a cap changes no rate; left out of the keys' resources, it does not tie every flow of its
+        node into one max-min problem (a 10 Gbit/s port before a few 100 Mbit/s links)."""
+        low = {r: c for r, c in enumerate(self.cap) if r >= self.nlinks}
+        high = dict(enumerate(self.cap[: self.nlinks]))
+        for r, mbps in ((self.res_of_event(a, b), m) for _, a, b, m in self.net.events):
+            assert r is not None
+            if r >= self.nlinks:
+                low[r] = min(low[r], mbps * MBIT)
+            else:
+                high[r] = max(high[r], mbps * MBIT)
+        for r, mbps in ((self.up_res.get(a), m) for a, m in self.net.uplink_mbps.items()):
+            low[r] = min(low[r], mbps * MBIT)
+        for r, mbps in ((self.down_res.get(b), m) for b, m in self.net.downlink_mbps.items()):
+            low[r] = min(low[r], mbps * MBIT)
+        for (a, b), r in self.res_of_link.items():
+            high[r] = max(high[r], self.net.rates_mbps[(a, b)] * MBIT)
+        through: dict[int, float] = {}
+        for (a, b), r in self.res_of_link.items():
+            for cap_r in (self.up_res.get(a), self.down_res.get(b)):
+                if cap_r is not None:
+                    through[cap_r] = through.get(cap_r, 0.0) + high[r]
+        return {r for r, c in low.items() if c >= through.get(r, 0.0)}
 
     def res_of_event(self, a: int, b: int) -> int | None:
         """The resource a trace event (t, a, b, rate) changes: link a->b, or a node cap (a, -1): a's
@@ -293,9 +320,9 @@ class Model:
                 raise ValueError(f"route {path} uses {a}->{b}, which is not a link")
             res.append(r)
             delay += self.net.delays_s.get((a, b), 0.0) + self.costs.hop_s
-            if a in self.up_res:
+            if a in self.up_res and self.up_res[a] not in self.never_full:
                 res.append(self.up_res[a])
-            if b in self.down_res:
+            if b in self.down_res and self.down_res[b] not in self.never_full:
                 res.append(self.down_res[b])
         ack = (self.net.delays_s.get((path[0], path[1]), 0.0) + self.net.delays_s.get((path[1], path[0]), 0.0)
                + self.costs.ack_s)

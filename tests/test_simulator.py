@@ -19,6 +19,7 @@ from emulation.link import LinkSpec
 from emulation.simnet import sim_network
 from emulation.topology import Topology, internet2
 from emulation.trace import RateEvent, Trace
+from emulation.tracetypes import PORT
 from emulation.waxman import crew_mesh, from_spec, waxman
 from overlay.routing import Routes, adjacency
 from scheduler.planners import netstorm
@@ -165,6 +166,10 @@ def test_a_cap_that_cannot_fill_changes_nothing_and_one_just_below_its_links_bin
     tight = simulate(plan, sim_network(Topology("mesh", 3, links, uplink_mbps={0: 1.5 * RATE})), mode=mode)
     t, d = tau(plan), DELAY
     assert tight.node_done_s[1] == pytest.approx(t + d + t / 0.75 + d)  # each broadcast at 0.75 RATE
+    # loose as configured, but a trace tightens it before the broadcasts: it binds from then on
+    later = Trace((RateEvent(t / 2, 0, PORT, 1.5 * RATE),))
+    traced = simulate(plan, sim_network(Topology("mesh", 3, links, uplink_mbps={0: 40 * RATE}), later), mode=mode)
+    assert traced.node_done_s == pytest.approx(tight.node_done_s, rel=1e-9)
 
 
 def test_zero_rate_for_good_stalls():
