@@ -23,7 +23,13 @@ class Row:
     status: str
     experiment: str = ""
     key: str = ""  # the figure of the experiment's summary quoted beside the paper's value
+    cell: str = ""  # only the cells matching `k=v,k=v` (default: every cell)
     reason: str = ""
+
+    def matches(self, cell: dict[str, Any]) -> bool:
+        """Whether an experiment's cell is one this row quotes."""
+        want = dict(kv.split("=", 1) for kv in self.cell.split(",") if kv)
+        return all(str(cell.get(k)) == v for k, v in want.items())
 
 
 class ManifestError(ValueError):

@@ -13,12 +13,14 @@ from .summary import fmt, markdown
 HEADER = "<!-- wansync-results paper={paper} commit={commit} -->"
 
 
-def quoted(summary: dict[str, Any] | None, key: str) -> str:
-    """An experiment's figure over its cells: `cell: median [lo, hi]`, for the manifest's table."""
+def quoted(summary: dict[str, Any] | None, key: str, row: Row | None = None) -> str:
+    """An experiment's figure over its cells (those the row names): `cell: median [lo, hi]`."""
     if not summary or not key:
         return "-"
     parts = []
     for c in summary["cells"]:
+        if row is not None and not row.matches(c["cell"]):
+            continue
         f = c["figures"].get(key)
         if f is None:
             continue
@@ -42,7 +44,8 @@ def render(paper: str, meta: dict[str, Any], exps: dict[str, Experiment], summar
         lines += ["## The paper's rows", "", "| id | paper | paper's value | paper's setting | our setting | status "
                   "| ours |", "|---|---|---|---|---|---|---|"]
         for r in rows:
-            ours = quoted(summaries.get(r.experiment), r.key) if r.status == "reproduced" else f"declined: {r.reason}"
+            ours = (quoted(summaries.get(r.experiment), r.key, r) if r.status == "reproduced"
+                    else f"declined: {r.reason}")
             cells = [r.id, r.figure, r.paper_value, r.paper_setting, r.our_setting,
                      r.status + (f" (`{r.experiment}`)" if r.experiment else ""), ours]
             lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
