@@ -31,7 +31,7 @@ from wansync.reproduce.manifest import load  # noqa: E402
 from wansync.reproduce.page import header_of  # noqa: E402
 from wansync.reproduce.readme_marks import marks  # noqa: E402
 from wansync.reproduce.registry import PAPERS, experiments, sources  # noqa: E402
-from wansync.reproduce.summary import same, summarize  # noqa: E402
+from wansync.reproduce.verify import mismatched, recomputed  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 LIVE_EXP, MIN_SEEDS = "live_quick", 6
@@ -45,17 +45,13 @@ def paper_figures(paper: str, con: Console) -> dict[str, Any]:
                            "cells": 0, "cells_ok": 0, "page": "none", "stale_files": []}
     rows = load(d / "manifest.toml") if (d / "manifest.toml").exists() else []
     out["rows"], out["declined"] = len(rows), sum(r.status == "declined" for r in rows)
-    runs = runlog.read(d / runlog.RUNS)
-    committed = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+    got, fresh = recomputed(paper, d)
     exps = experiments(paper)
-    got = committed.get("experiments", {})
-    for eid in sorted(set(got) | {r["experiment"] for r in runs}):
+    out["mismatched"] = mismatched(paper, d)
+    for eid, s in fresh.items():
         exp = exps.get(eid)
-        fresh = summarize(paper, eid, exp.ratios if exp else (), runs)
-        if eid not in got or not same(fresh, got[eid]):
-            out["mismatched"].append(eid)
         if exp is not None and exp.seeded:
-            for c in fresh["cells"]:
+            for c in s["cells"]:
                 out["cells"] += 1
                 n = len(c["seeds"])
                 out["cells_ok"] += n >= MIN_SEEDS and all(f["meets_target"] for f in c["figures"].values())

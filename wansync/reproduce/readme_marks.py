@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-MARK = re.compile(r"(?P<shown>[-+]?\d+(?:\.\d+)?)\s*(?:x|×|%)?\s*<!-- result (?P<ref>\S+) (?P<key>\S+) -->")
+MARK = re.compile(r"(?<![\d.])(?P<shown>-?\d+(?:\.\d+)?)\s*(?:x|×|%)?\s*<!-- result (?P<ref>\S+) (?P<key>\S+) -->")
 
 
 @dataclass(frozen=True)

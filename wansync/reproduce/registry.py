@@ -76,5 +76,7 @@ def sources(paper: str) -> list[str]:
     """The files a paper's results depend on (its benchmark script, the planner and progress modules of the
     schemes compared, the engine package): a results page is stale once any changed after its commit."""
     experiments(paper)
+    if paper not in _MODULES:
+        return []
     module = importlib.import_module(_MODULES[paper])
     return list(getattr(module, "SOURCES", []))
