@@ -32,7 +32,8 @@ def quoted(summary: dict[str, Any] | None, key: str, row: Row | None = None) -> 
 def render(paper: str, meta: dict[str, Any], exps: dict[str, Experiment], summaries: dict[str, dict[str, Any]],
            rows: list[Row], figures: dict[str, str]) -> str:
     lines = [HEADER.format(paper=paper, commit=meta["commit"]), f"# Results: {meta.get('title', paper)}", "",
-             f"- command: `{meta['command']}`", f"- commit: `{meta['commit']}`" + (
+             "- command: " + "; then ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]])),
+             f"- commit: `{meta['commit']}`" + (
                  " (the working tree differed from it in a file these results depend on)" if meta.get("dirty") else ""),
              f"- machine: {meta['machine']}",
              "- depends on: " + ", ".join(f"`{s}`" for s in meta["sources"]),

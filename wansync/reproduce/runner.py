@@ -90,8 +90,12 @@ def write_results(paper: str, out: Path, argv: list[str] | None = None) -> dict[
             "dirty": any(r.get("dirty") for r in runs), "machine": runs[-1]["machine"] if runs else "",
             "sources": sources(paper), "runs": len(runs)}
     old = out / "summary.json"
-    if old.exists() and argv is None:  # rewritten without a command line: keep the campaign's
-        meta["command"] = json.loads(old.read_text()).get("meta", {}).get("command", meta["command"])
+    before = json.loads(old.read_text()).get("meta", {}) if old.exists() else {}
+    commands = before.get("commands") or ([before["command"]] if before.get("command") else [])
+    if argv is not None and meta["command"] not in commands:  # every invocation that added runs, in order
+        commands.append(meta["command"])
+    meta["commands"] = commands or [meta["command"]]
+    meta["command"] = meta["commands"][-1]
     (out / "summary.json").write_text(json.dumps({"meta": meta, "experiments": summaries}, indent=1,
                                                  sort_keys=True) + "\n")
     figures = {}
