@@ -115,9 +115,25 @@ def parser() -> argparse.ArgumentParser:
                      help="agents (default): our data plane's per-chunk costs; none: links alone (GPU clusters)")
     adv.add_argument("--json", action="store_true", help="print the ranking as one JSON object")
     _verbose(adv)
+
+    rp = sub.add_parser("reproduce", help="a paper's experiments over seeds: raw runs as JSON lines, summaries with "
+                                          "intervals, figures (docs/reproduce.md)")
+    rp.add_argument("paper", choices=("netstorm", "packing", "selmcast", "selective", "crew"))
+    rp.add_argument("--quick", action="store_true", help="the short campaign: fewer cells, smaller settings")
+    rp.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 10; --quick 3)")
+    rp.add_argument("--out", type=Path, default=None, help="results directory (default ./wansync-reproduce-PAPER); "
+                                                           "runs already in its runs.jsonl are not run again")
+    rp.add_argument("--only", default=None, metavar="EXP,...", help="only these experiments")
+    _verbose(rp)
     for p in sub.choices.values():  # read at parse time: no subcommand takes an abbreviation either
         p.allow_abbrev = False
     return ap
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from .reproduce.runner import main as reproduce_main
+
+    return reproduce_main(args)
 
 
 def _verbose(p: argparse.ArgumentParser) -> None:
@@ -148,7 +164,8 @@ def _main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     commands = {"train": _train, "run": _run, "agent": _agent, "scheduler": _scheduler, "deploy": _deploy,
-                "simulate": _simulate, "advise": _advise, "emu": _emu, "plot": _plot}
+                "simulate": _simulate, "advise": _advise, "emu": _emu, "plot": _plot,
+                "reproduce": _reproduce}
     try:
         return commands[args.cmd](args)
     except (OptionsError, CliError) as exc:

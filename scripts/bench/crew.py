@@ -257,6 +257,23 @@ def ratio(rows: list[dict[str, Any]], a: tuple, b: tuple) -> dict[str, float]:
     return med_spread(xs) if xs else {"median": float("nan"), "min": float("nan"), "max": float("nan")}
 
 
+def one_task_times(net_kind: str, seed: int, schemes: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Fig. 4's draw: one partial reduce of 5 random workers per scheme on the same network, (completion s,
+    planning ms) each."""
+    topo = network(net_kind, N, seed)
+    view, net = oracle_view(topo), sim_network(topo)
+    members = tuple(sorted(random.Random(seed).sample(range(N), 5)))
+    out = {}
+    for s in schemes:
+        spec = planners.resolve(s)
+        chunk = CHUNK_PARAMS * (8 if s in ("ps", "gring", "toa", "a2a", "blink") else 1)
+        t = time.perf_counter()
+        plan = spec.plan(view, Job(MODEL_BYTES // 4, chunk, members, dict(spec.options)))
+        ms = 1e3 * (time.perf_counter() - t)
+        out[s] = (_one_task(plan, net), ms)
+    return out
+
+
 class SimPart:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -334,16 +351,9 @@ class SimPart:
             times: dict[str, list[float]] = {s: [] for s in schemes}
             plan_ms: dict[str, list[float]] = {s: [] for s in schemes}
             for seed in self.seeds:
-                topo = network(net_kind, N, seed)
-                view, net = oracle_view(topo), sim_network(topo)
-                members = tuple(sorted(random.Random(seed).sample(range(N), 5)))
-                for s in schemes:
-                    spec = planners.resolve(s)
-                    chunk = CHUNK_PARAMS * (8 if s in ("ps", "gring", "toa", "a2a", "blink") else 1)
-                    t = time.perf_counter()
-                    plan = spec.plan(view, Job(MODEL_BYTES // 4, chunk, members, dict(spec.options)))
-                    plan_ms[s].append(1e3 * (time.perf_counter() - t))
-                    times[s].append(_one_task(plan, net))
+                for s, (task_s, ms) in one_task_times(net_kind, seed, schemes).items():
+                    plan_ms[s].append(ms)
+                    times[s].append(task_s)
             out[net_kind] = {s: {"task_s": statistics.median(times[s]), "plan_ms": statistics.median(plan_ms[s])}
                              for s in schemes}
             table.add_row(net_kind, *[f"{out[net_kind][s]['task_s']:.2f} s / {out[net_kind][s]['plan_ms']:.1f} ms"

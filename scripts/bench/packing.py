@@ -76,6 +76,14 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
 
 
+def internet2_seed(seed: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """One internet2 draw: every scheme's simulated round s, and packing's plan info (T_LP, solve s, ...)."""
+    params = model_params(MODEL, SCALE)
+    topo = build(f"internet2:seed={seed}").scaled(SCALE)
+    preds = {p.scheme: p for p in predict(topo, None, SIM_SCHEMES, params, chunk_params(SCALE))}
+    return {s: p.prediction.round_s for s, p in preds.items()}, dict(preds["packing"].plan.info)
+
+
 def sim_internet2() -> dict[str, Any]:
     """Seeds 0-4: every scheme planned on the configured rates and simulated blind (the data plane's
     measured costs), against T_LP."""
@@ -87,10 +95,7 @@ def sim_internet2() -> dict[str, Any]:
         t.add_column(col, justify="right")
     ratios, speedups, solves = [], [], []
     for seed in SEEDS:
-        topo = build(f"internet2:seed={seed}").scaled(SCALE)
-        preds = {p.scheme: p for p in predict(topo, None, SIM_SCHEMES, params, chunk_params(SCALE))}
-        info = preds["packing"].plan.info
-        rounds = {s: p.prediction.round_s for s, p in preds.items()}
+        rounds, info = internet2_seed(seed)
         ratios.append(rounds["packing"] / info["t_lp_s"])
         speedups.append(rounds["netstorm"] / rounds["packing"])
         solves.append(info["solve_s"])
@@ -123,33 +128,34 @@ def solve_times(sizes: tuple[int, ...]) -> dict[str, Any]:
     return out
 
 
-def gpu_rounds(spec: str, schemes: list[str], params: int, options: dict | None = None
-               ) -> tuple[dict[str, float], dict[str, Any]]:
+def gpu_rounds(spec: str, schemes: list[str], params: int, options: dict | None = None,
+               gpus_total: int = GPU_MACHINES * GPU_PER_MACHINE) -> tuple[dict[str, float], dict[str, Any]]:
     """Simulated round seconds per scheme on a GPU cluster (no per-chunk agent costs: GPUs), and
     packing's plan info."""
     topo = build(spec)
-    gpus = range(GPU_MACHINES * GPU_PER_MACHINE)  # gpunic's NIC nodes (after the GPUs) only relay
+    gpus = range(gpus_total)  # gpunic's NIC nodes (after the GPUs) only relay
     preds = {p.scheme: p for p in predict(topo, None, schemes, params, params // 64, options, costs=NONE,
                                           members=gpus)}
     return {s: p.prediction.round_s for s, p in preds.items()}, dict(preds[schemes[0]].plan.info)
 
 
-def gpu_point(kind: str, g: int, flat: bool) -> dict[str, Any]:
+def gpu_point(kind: str, g: int, flat: bool, n_machines: int = GPU_MACHINES,
+              per_machine: int = GPU_PER_MACHINE) -> dict[str, Any]:
     """One bandwidth of Fig. 4: packing and its baselines simulated on a 4x4 GPU cluster (each point
     is a part of its own, so the worker processes share them out). Besides the paper's baselines,
     BLINK's one-root packing stretched over the whole cluster (BLINK itself packs trees inside a
     machine and runs a ring between machines): shown, not counted as a baseline."""
     params = GPU_MB * 250_000
-    k = GPU_PER_MACHINE
-    machines = [[m * k + i for i in range(k)] for m in range(GPU_MACHINES)]
+    k = per_machine
+    machines = [[m * k + i for i in range(k)] for m in range(n_machines)]
     # GPUs pay no per-chunk agent costs: chunks as fine as the pipelines want (1024 parameters at least)
     fine = {"machines": machines, "min_chunk_params": 1024}
-    spec = f"{kind}:{GPU_MACHINES}x{k}:inter={g}"
-    r, info = gpu_rounds(spec, ["packing", *GPU_BASELINES], params, fine)
+    spec = f"{kind}:{n_machines}x{k}:inter={g}"
+    r, info = gpu_rounds(spec, ["packing", *GPU_BASELINES], params, fine, n_machines * k)
     if flat and kind == "gpumesh":  # the full run's extra column (as long as packing's; on gpunic the
         # GPUs of different machines meet only through the NICs, which one-root packing over them cannot use)
         one_machine = {**fine, "machines": [sum(machines, [])]}
-        r["one-root packing"] = gpu_rounds(spec, ["blink"], params, one_machine)[0]["blink"]
+        r["one-root packing"] = gpu_rounds(spec, ["blink"], params, one_machine, n_machines * k)[0]["blink"]
     return {"_gpu": [(kind, g, r, info["t_lp_s"])]}
 
 
@@ -178,6 +184,21 @@ def gpu_table(points: list[tuple[str, int, dict[str, float], float]]) -> dict[st
     return out
 
 
+def fig5_point(members: list[int], machines: list[list[int]], g: int, params: int = GPU_MB * 250_000
+               ) -> tuple[str, float]:
+    """One distribution of active GPUs at one inter-machine rate: the best baseline and packing's speedup."""
+    topo = build(f"gpumesh:4x4:inter={g}")
+    view, net = oracle_view(topo), sim_network(topo)
+    preds = {}
+    for scheme in ["packing", *GPU_BASELINES]:
+        spec = resolve(scheme)
+        job = Job(params, params // 64, tuple(members), {"machines": machines, **spec.options})
+        plan = spec.plan(view, job)
+        preds[scheme] = simulate(plan.with_version(1).validate(topo.links), net, costs=NONE).round_s
+    best = min(GPU_BASELINES, key=lambda s: preds[s])
+    return best, preds[best] / preds["packing"]
+
+
 def fig5() -> dict[str, Any]:
     """Partially active 4x4 mesh: only some GPUs per machine synchronize; packing may relay through the
     inactive ones (and their inter-machine links), the baselines run on the active GPUs alone."""
@@ -193,16 +214,7 @@ def fig5() -> dict[str, Any]:
         machines = [[m * 4 + i for i in range(k)] for m, k in enumerate(dist)]
         row = [str(dist)]
         for g in (10, 100):
-            topo = build(f"gpumesh:4x4:inter={g}")
-            view, net = oracle_view(topo), sim_network(topo)
-            preds = {}
-            for scheme in ["packing", *GPU_BASELINES]:
-                spec = resolve(scheme)
-                job = Job(params, params // 64, tuple(members), {"machines": machines, **spec.options})
-                plan = spec.plan(view, job)
-                preds[scheme] = simulate(plan.with_version(1).validate(topo.links), net, costs=NONE).round_s
-            best = min(GPU_BASELINES, key=lambda s: preds[s])
-            gain = preds[best] / preds["packing"]
+            best, gain = fig5_point(members, machines, g, params)
             best_gain = max(best_gain, gain)
             row += [best, f"{gain:.2f}"]
         t.add_row(*row)

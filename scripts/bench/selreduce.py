@@ -342,6 +342,7 @@ class LiveBench:
             Recorder(self.results, self.sched, LiveState(self.sched))
         self.procs: dict[int, subprocess.Popen] = {}
         self.runs: list[LiveRun] = []
+        self.schemes = tuple(getattr(args, "schemes", None) or SCHEMES)  # wansync reproduce: sr and pr alone
 
     def spawn(self, node: int, port: int) -> None:
         if self.options_file is None:
@@ -356,7 +357,7 @@ class LiveBench:
 
     async def run(self) -> None:
         port = await self.sched.start()
-        self.results.write({"type": "run", "topology": self.topo_spec, "nodes": LIVE_N, "schemes": list(SCHEMES),
+        self.results.write({"type": "run", "topology": self.topo_spec, "nodes": LIVE_N, "schemes": list(self.schemes),
                             "model": f"mlp 64-{'-'.join(map(str, LIVE_HIDDEN))}-10", "params": self.spec.vector_params,
                             "chunk_params": LIVE_CHUNK, "scale": 1.0, "seed": self.args.seed, "mode": "rounds"})
         for n in range(LIVE_N):
@@ -366,7 +367,7 @@ class LiveBench:
             await self.warmup()
             shards = ["iid"] + (["noniid"] if not self.args.quick else [])
             for shard in shards:
-                for scheme in SCHEMES:
+                for scheme in self.schemes:
                     dead = [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
                     if dead:
                         raise RuntimeError(f"agent process(es) exited: {dead}")

@@ -1,0 +1,1 @@
+"""One module per paper: its experiments, registered on import (wansync.reproduce.registry)."""
