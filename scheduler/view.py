@@ -99,7 +99,6 @@ class NetworkView:
         edges = self.g.out_edges(node, data="rate") if kind == "up" else self.g.in_edges(node, data="rate")
         return float(sum(rate for _, _, rate in edges))
 
-
     # --- node caps -----------------------------------------------------------------------------------
     def set_cap(self, node: int, kind: str, mbps: float | None) -> None:
         """A node's configured cap (REGISTER): the nominal estimate until samples are in (None: no cap)."""
