@@ -36,6 +36,11 @@ log = logging.getLogger("wansync.engine")
 # Over budget a frame is refused unacknowledged and resent later.
 HOLD_BUDGET = 256 << 20
 MAX_RATE_TABLES = 1024  # task attempts whose RATES this node keeps (those that began are dropped at their end)
+# Tasks beyond the window whose frames may still be held (per job): a node left out of many tasks (a
+# straggler under a queue model) learns of its next one from the TASK, which its peers' frames may
+# overtake. Holding them (within the budget) spares a refusal's reconnect and resend; the bound keeps
+# what a peer sending frames of tasks that never come can park here to a few tasks' worth.
+EARLY_TASKS = 4
 
 
 class ChunkEngine:
@@ -224,6 +229,8 @@ class ChunkEngine:
         if job not in self.jobs:
             self.top = {job: first_task}
             self.settled = {}
+            for k in [k for k in self._stash if k[0] != job]:  # refused from now on: what was held goes
+                self._unstash(k)
         self.jobs = {job: ahead}
 
     def note_task(self, job: int, task: int, settled: int | None) -> None:
@@ -235,10 +242,13 @@ class ChunkEngine:
         self.top[job] = max(self.top.get(job, task), task)
         if settled is not None:
             self.settled[job] = max(self.settled.get(job, settled), settled)
+            for k in [k for k in self._stash if k[0] == job and k[1] < self.settled[job] - 1]:
+                self._unstash(k)  # over everywhere: never begun here
 
-    def _outside(self, h: dict[str, Any]) -> str | None:
+    def _outside(self, h: dict[str, Any], *, early: bool = False) -> str | None:
         """Why this node expects no frame like `h` now, or None. The task before the oldest running here
-        is still expected: others may finish it (through us) after we did, or abort it and make us go back."""
+        is still expected: others may finish it (through us) after we did, or abort it and make us go back.
+        `early`: a frame beyond the window is expected too while at most EARLY_TASKS such tasks are held."""
         job, task = h["job"], h["task"]
         ahead = self.jobs.get(job)
         if ahead is None:
@@ -247,11 +257,17 @@ class ChunkEngine:
         low = min((k[1] for k in self.tasks if k[0] == job), default=top)
         if job in self.settled:  # concurrent tasks: others still run tasks this node relays for
             low = min(low, self.settled[job])
-        if task > top + ahead:
+        if task > top + ahead and not (early and self._early_room(job, task, top + ahead)):
             return f"task {task} is more than {ahead} ahead of task {top}"
         if task < low - 1:
             return f"task {task} is over (this node is at task {low})"
         return None
+
+    def _early_room(self, job: int, task: int, edge: int) -> bool:
+        """Whether frames of `task` (beyond `edge`, the window's end) may be held: it is already one of
+        the held tasks beyond the window, or fewer than EARLY_TASKS are."""
+        beyond = {k[1] for k in self._stash if k[0] == job and k[1] > edge}
+        return task in beyond or len(beyond) < EARLY_TASKS
 
     def admit_relay(self, h: dict[str, Any], peer: int) -> None:
         why = self._outside(h)
@@ -293,7 +309,7 @@ class ChunkEngine:
         on the same connection would wait behind the future ones, and the future task can only
         begin once the current one ends: a deadlock."""
         peer = _sender(h)
-        why = self._outside(h)
+        why = self._outside(h, early=True)
         if why is not None:
             self._refuse(h, peer, why)
         if self.budget.room(peer, h["nbytes"]):

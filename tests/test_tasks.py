@@ -162,6 +162,22 @@ async def test_a_relay_keeps_passing_on_an_older_task_while_it_runs_newer_ones_o
 
 
 @pytest.mark.loopback
+async def test_a_straggler_holds_frames_that_overtake_its_task_far_beyond_the_window():
+    """A node left out of many tasks (a straggler under a queue model) is still at task 0 when its peers'
+    frames for task 50 arrive ahead of its TASK: they are held, not refused (a refusal costs the sender a
+    reconnect and a resend), and the task ends exact once it begins there."""
+    topo = Topology("line", 3, {k: LinkSpec(1000.0) for a, b in ((0, 1), (1, 2)) for k in ((a, b), (b, a))})
+    plan = star.plan(NetworkView(topo.links), Job(PARAMS, CHUNK, (0, 1, 2), {"hub": 2})).with_version(1)
+    async with LocalNet(topo) as net:
+        for eng in net.engines.values():
+            eng.open_job(1, 0, ahead=1)  # every node at task 0, one task of window
+        straggler = net.engines[2]
+        held = lambda: {k[1] for k in straggler._stash} == {50} and straggler.held_bytes() > 0  # noqa: E731
+        await net.run_round(plan, rnd=50, starts={2: lambda: until(held, what="the straggler held task 50")})
+        assert straggler.refused_frames == 0 and straggler.stashed_frames > 0
+
+
+@pytest.mark.loopback
 @pytest.mark.parametrize("scheme", ["star", "ring", "mst", "ktree", "netstorm"])
 async def test_every_planner_runs_a_partial_reduce_exactly(scheme):
     sched, agents, tasks = await start_cluster(uniform(5), cluster=f"p-{scheme}")
