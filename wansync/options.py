@@ -245,6 +245,10 @@ DECLARED: tuple[Opt, ...] = (
         "same WAN (ddp; --backend tc only: nothing else shapes Gloo's bytes)", (TRAIN,), choices=("ddp",)),
     Opt("train", "target", "--target-accuracy", None, "time to this accuracy (what the script logs with "
         "wt.log(accuracy=...)); default: what the baseline reaches, else none", (TRAIN, DEPLOY), float, metavar="A"),
+    Opt("train", "start", "--script-start", "fork", "how the scripts start beside agents on this host: fork (default: "
+        "from one process that imported the script's installed top-level imports, such as torch, once per launcher; "
+        "the application backend only) or exec (python SCRIPT per rank, as the tc backend and deploy always do)",
+        (TRAIN,), choices=("fork", "exec")),
     Opt("train", "attach_timeout_s", "--attach-timeout", 300.0, "every rank's script must attach within S "
         "seconds (default 300)", (TRAIN, DEPLOY), float, metavar="S"),
     Opt("train", "run_timeout_s", "--run-timeout", 3600.0, "a scheme's scripts must end within S seconds "

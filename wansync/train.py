@@ -47,6 +47,7 @@ from scheduler.service import JobState, Scheduler
 
 from .backend import AppBackend
 from .guard import GUARD_MAX_RUNQ_PER_CPU, GUARD_MAX_RUNQ_PER_RUN_S
+from .prefork import ForkedScript, fork_script
 from .procs import reap
 from .report import summarize
 from .results import SCHEMA_VERSION
@@ -57,6 +58,7 @@ ROUNDS = 1 << 40  # a training job has as many rounds as its scripts take steps:
 METRICS_ENV = "WANSYNC_METRICS"  # the baseline's ranks write their metrics here (JSON lines)
 BASELINE_ENV = "WANSYNC_BASELINE"
 TAIL = 2000  # characters of a failed script's stderr in the error
+HIDDEN = (SECRET_ENV, TOKEN_ENV, BASELINE_ENV)  # of the launcher's environment, never a script's
 SYNC_ERROR = "wansync.torch.sync.SyncError: "  # how a script's uncaught SyncError ends its stderr
 BROADCAST_SCHEME = "ring"  # the one full reduce before a partial or multicast job: rank 0's model to all
 
@@ -117,7 +119,7 @@ class Scripts:
 
     def __init__(self, cfg: RunConfig, backend: AppBackend, env: dict[str, str], console: Console) -> None:
         self.cfg, self.backend, self.env, self.console = cfg, backend, env, console
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | ForkedScript] = []
         self.logs: list[Path] = []
 
     async def launch(self, extra: dict[str, str], workdir: Path, channels: Path | None = None) -> None:
@@ -136,10 +138,13 @@ class Scripts:
                 env[METRICS_ENV] = str(workdir / f"metrics-{rank}.jsonl")
             log = workdir / f"rank-{rank}.stderr"
             self.logs.append(log)
+            prefix = self.backend.exec_prefix(rank)
+            if t["start"] == "fork" and not prefix:  # beside its agent is here: fork, torch already imported
+                self.procs.append(fork_script(t["script"], list(t["args"]), env, log, hidden=HIDDEN))
+                continue
             with open(log, "wb") as err:
                 cmd = [sys.executable, t["script"], *t["args"]]
-                self.procs.append(subprocess.Popen(self.backend.exec_prefix(rank) + cmd, env=env,
-                                                   stdin=subprocess.DEVNULL, stderr=err))
+                self.procs.append(subprocess.Popen(prefix + cmd, env=env, stdin=subprocess.DEVNULL, stderr=err))
 
     async def first(self, aw: Any) -> Any:
         """`aw`'s result, unless a script fails first (TrainError naming its rank and why)."""
@@ -201,7 +206,7 @@ class TrainJobs:
         self.token = secrets.token_urlsafe(24)
         self.master_port = _free_port()
         self.runs: list[TrainRun] = []
-        env = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, TOKEN_ENV, BASELINE_ENV)}
+        env = {k: v for k, v in os.environ.items() if k not in HIDDEN}
         self.script_env = {**env, "MASTER_ADDR": backend.data_host(0), "MASTER_PORT": str(self.master_port),
                            "PYTHONUNBUFFERED": "1"}
         if backend.data_ifname is not None:  # Gloo must send over the shaped links, not the control bridge
