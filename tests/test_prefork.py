@@ -1,8 +1,8 @@
 """Scripts forked from a preloaded server (wansync.prefork) get what `python SCRIPT ARGS` gives them: their
 environment and nothing else of the launcher's (the cluster secret included, even in /proc/self/environ),
 argv, their directory on sys.path, their stderr log, exit status and atexit handlers; installed imports
-run once in the server, the script's own modules once per script. Each case drives a fresh launcher
-process, which owns its fork server as `wansync train` does."""
+run once in the server, the script's own modules once per script, the launcher's main module never.
+Each case drives a fresh launcher process, which owns its fork server as `wansync train` does."""
 
 import json
 import os
@@ -29,7 +29,8 @@ def done():
 atexit.register(done)
 with open("/proc/self/environ", "rb") as f:
     proc_env = f.read()
-json.dump({"argv": sys.argv[1:], "rank": os.environ.get("RANK"), "secret": os.environ.get("__SECRET__"),
+json.dump({"argv": sys.argv[1:], "rank": os.environ.get("RANK"), "launcher": os.environ.get("LAUNCHER_ONLY"),
+           "secret": os.environ.get("__SECRET__"),
            "secret_in_proc": b"s3cret-value" in proc_env, "path0": sys.path[0], "stdin": sys.stdin.read()},
           open(out, "w"))
 print("to the log", file=sys.stderr)
@@ -43,8 +44,10 @@ import json, os, sys
 from pathlib import Path
 from wansync.prefork import fork_script
 work = Path(sys.argv[1])
+open(work / "driver.log", "a").write("x")   # no main guard: a child must not import the launcher's main
 os.environ["__SECRET__"] = "s3cret-value"   # the launcher's own: no script may see it
 env = {k: v for k, v in os.environ.items() if k != "__SECRET__"}
+os.environ["LAUNCHER_ONLY"] = "1"   # the launcher's, not given to the scripts
 procs = [fork_script(str(work / "job" / "train.py"), ["--steps", "7"],
                      {**env, "RANK": str(r), "OUT": str(work / f"out-{r}.json")}, work / f"rank-{r}.stderr",
                      hidden=("__SECRET__",)) for r in range(3)]
@@ -66,19 +69,21 @@ def work(tmp_path: Path) -> Path:
 def test_a_forked_script_gets_what_python_script_would_and_installed_imports_run_once(work: Path):
     env = {**os.environ, "PYTHONPATH": f"{work / 'site'}{os.pathsep}{ROOT}"}
     env.pop(SECRET_ENV, None)
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(work)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    (work / "driver.py").write_text(DRIVER)
+    done = subprocess.run([sys.executable, str(work / "driver.py"), str(work)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == [3, 1, 5]  # exit statuses as python would give
     for r in range(3):
         seen = json.loads((work / f"out-{r}.json").read_text())
-        assert seen == {"argv": ["--steps", "7"], "rank": str(r), "secret": None, "secret_in_proc": False,
-                        "path0": str(work / "job"), "stdin": ""}
+        assert seen == {"argv": ["--steps", "7"], "rank": str(r), "launcher": None, "secret": None,
+                        "secret_in_proc": False, "path0": str(work / "job"), "stdin": ""}
         assert (work / f"out-{r}.json.atexit").read_text() == "ran"
         assert "to the log" in (work / f"rank-{r}.stderr").read_text()
     assert "RuntimeError: rank 1 fails" in (work / "rank-1.stderr").read_text()
     assert (work / "counted.log").read_text() == "x"  # once, in the server: not once per script
     assert (work / "beside.log").read_text() == "xxx"  # the script's own module: once per script
+    assert (work / "driver.log").read_text() == "x"
 
 
 @pytest.mark.unit
