@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 START_TIMEOUT_S = 60.0  # the server's answer to a fork (its preload happens before it reads the first)
+# what a preloaded package imports later, on first use, at a cost worth paying once: torch's first
+# optimizer imports torch._dynamo (and sympy), 1.4 s of a script's start on this machine
+LAZY = {"torch": "torch._dynamo"}
 SERVER_GONE = 255  # the exit status of a script whose server died before it (its own is lost)
 
 
@@ -186,9 +189,10 @@ def serve(argv: list[str]) -> None:
     """Import the modules named after the two pipe fds, then fork a script per request until the request
     pipe closes; report each child's pid and, once it ends, its exit status."""
     req_fd, rep_fd, modules = int(argv[0]), int(argv[1]), argv[2:]
-    for name in modules:
+    for name in [*modules, *(LAZY.get(m.split(".")[0], "") for m in modules)]:
         try:
-            importlib.import_module(name)
+            if name:
+                importlib.import_module(name)
         except Exception:  # noqa: BLE001  # the script imports it again and fails there, with its own traceback
             pass
     wake_r, wake_w = os.pipe()
