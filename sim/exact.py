@@ -411,10 +411,9 @@ class Exact:
             new.extend(class_rates(self.m, shared, cap, key_cap, self.fresh).tolist())
         elif shared:  # one water-filling for all shared components: max-min decomposes over them
             keys = keys + shared
-            capacity = np.asarray(cap)
-            pair_flow, res_ids = without_loose_caps(*self.m.pairs(shared), capacity, self.m.nlinks, len(shared))
+            pair_flow, res_ids = without_loose_caps(*self.m.pairs(shared), np.asarray(cap), self.m.nlinks, len(shared))
             uniq, pair_res = np.unique(res_ids, return_inverse=True)
-            new.extend(max_min_rates(pair_flow, pair_res, capacity[uniq], len(shared)).tolist())
+            new.extend(max_min_rates(pair_flow, pair_res, np.asarray(cap)[uniq], len(shared)).tolist())
         self._apply(t, keys, new)
 
     def _apply(self, t: float, keys: list[int], new: list[float]) -> None:
