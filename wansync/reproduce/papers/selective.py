@@ -15,8 +15,9 @@ from rich.console import Console
 from ..benches import bench
 from ..registry import Experiment, register
 
+# sim/ runs the simulated experiments, agents/ (the chunk engine) the live one; P-Reduce is the queue model
 SOURCES = ["scripts/bench/selreduce.py", "core/selective.py", "scheduler/progress/selective.py",
-           "scheduler/planners/ring.py", "sim/"]
+           "scheduler/progress/queue.py", "scheduler/planners/ring.py", "sim/", "agents/"]
 PAPER = "selective"
 SWEEP_N = 120  # selreduce.SWEEP_N (A19: the sweeps' n is not stated)
 KEYS = {"sync_s": "mean_sync_s", "scale": "mean_scale", "iterations": "iterations_per_worker", "syncs": "syncs",
