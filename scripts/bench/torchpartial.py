@@ -85,7 +85,8 @@ def figures(script: str, quick: bool, console: Console, target: float, steps: in
                 name = progress if progress != "crew" else r.name  # crew's run: schemes opr and crew
                 runs[name] = r
                 note(f"seed {seed} {name}: time to {target} {r.time_to(target)}, final {r.last()}, "
-                     f"syncs {r.syncs} wrong {r.syncs_wrong}, guard {r.guard_verdict}")
+                     f"syncs {r.syncs} wrong {r.syncs_wrong}, guard {r.guard_verdict}"
+                     + (f" ({r.guard_reason})" if r.guard_valid is False else ""))
         per_seed.append(runs)
     table(console, per_seed, target)
 
