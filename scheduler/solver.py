@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
@@ -29,7 +30,10 @@ SOLVER_NICE = 10
 Solved = tuple[Plan, dict[str, Any], float]  # the plan, the planner's memory after it, CPU seconds
 
 
-def _nice() -> None:
+def _worker_init() -> None:
+    """At nice SOLVER_NICE, deaf to ^C: a terminal's SIGINT reaches the whole process group, and the
+    launcher it is meant for shuts the pool down (a worker would print a KeyboardInterrupt traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.nice(SOLVER_NICE)
     except OSError:  # not allowed: the solve runs at the scheduler's priority
@@ -39,7 +43,7 @@ def _nice() -> None:
 def niced_process() -> ProcessPoolExecutor:
     """One spawned worker process at nice SOLVER_NICE: CPU-heavy Python (a solve, a simulation) off
     the scheduler's loop and behind the agents. Spawn: no inherited sockets or loop."""
-    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_nice)
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
 
 
 def _solve(name: str, view: NetworkView, job: Job, memory: dict[str, Any]) -> Solved:

@@ -4,6 +4,7 @@ started, come back with the planner's memory, and equal the same solve done here
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -25,6 +26,7 @@ def test_a_solve_in_the_niced_process_equals_one_here_and_brings_its_memory_back
         assert solver.ready
         [pid] = solver._process._processes  # the one worker
         assert os.getpriority(os.PRIO_PROCESS, pid) >= SOLVER_NICE
+        assert solver._process.submit(signal.getsignal, signal.SIGINT).result(60) == signal.SIG_IGN  # ^C: not its
         spec = planners.resolve("netstorm")
         plan, memory, cpu_s = solver.submit(spec, view, job, {}).result(120)
         mine: dict = {}
