@@ -103,3 +103,28 @@ def test_only_installed_top_level_imports_are_preloaded(tmp_path: Path, monkeypa
     assert installed_imports(script) == ["json", "numpy"]
     script.write_text("def (:\n")
     assert installed_imports(script) == []
+
+
+GONE = """
+import os, signal, sys, time
+from pathlib import Path
+from wansync.prefork import SERVER_GONE, fork_script
+work = Path(sys.argv[1])
+p = fork_script(str(work / "job" / "wait.py"), [], dict(os.environ), work / "wait.stderr")
+os.kill(p.server.proc.pid, signal.SIGKILL)   # the server dies while its script runs
+p.server.proc.wait()
+assert p.poll() is None                      # the script still runs: no status yet
+(work / "go").touch()
+print(p.wait(60) == SERVER_GONE)
+"""
+
+
+@pytest.mark.unit
+def test_a_script_whose_server_died_still_ends_for_its_waiter(tmp_path: Path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "wait.py").write_text(
+        f"import time, pathlib\nwhile not pathlib.Path({str(tmp_path / 'go')!r}).exists():\n    time.sleep(0.05)\n")
+    (tmp_path / "driver.py").write_text(GONE)
+    done = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["True"], done.stderr

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ START_TIMEOUT_S = 60.0  # the server's answer to a fork (its preload happens bef
 # what a preloaded package imports later, on first use, at a cost worth paying once: torch's first
 # optimizer imports torch._dynamo (and sympy), 1.4 s of a script's start on this machine
 LAZY = {"torch": "torch._dynamo"}
+GONE_POLL_S = 0.2  # how often a waiter looks for a script whose server died (nobody reports its end)
 SERVER_GONE = 255  # the exit status of a script whose server died before it (its own is lost)
 
 
@@ -99,7 +101,9 @@ class ForkServer:
                     with self._ended:
                         self.codes[msg["exit"]] = msg["code"]
                         self._ended.notify_all()
-        self._pids.put(-1)  # the server is gone: no answer comes
+        self._pids.put(-1)  # the server is gone: no answer comes, and waiters must look for themselves
+        with self._ended:
+            self._ended.notify_all()
 
     def fork(self, args: list[str], env: Mapping[str, str], log: Path) -> ForkedScript:
         req = {"script": str(self.script), "args": list(args), "env": dict(env), "log": str(log)}
@@ -114,10 +118,18 @@ class ForkServer:
                                f"(server exit {self.proc.poll()})")
         return ForkedScript(self, pid)
 
-    def wait(self, pid: int, timeout: float | None) -> int | None:
+    def wait(self, script: ForkedScript, timeout: float | None) -> int | None:
+        """The script's exit status once known (its server's report, or SERVER_GONE), else None after
+        `timeout`."""
+        end = None if timeout is None else time.monotonic() + timeout
         with self._ended:
-            self._ended.wait_for(lambda: pid in self.codes or self.proc.poll() is not None, timeout)
-            return self.codes.get(pid)
+            while script.returncode is None:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                # the server's report wakes this; once the server is gone, nothing does: look again
+                self._ended.wait(GONE_POLL_S if left is None else min(left, GONE_POLL_S))
+            return script.returncode
 
     def close(self) -> None:
         os.close(self._req)  # the server ends when its request pipe does (its scripts run on)
@@ -144,7 +156,7 @@ class ForkedScript:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        code = self.server.wait(self.pid, timeout)
+        code = self.server.wait(self, timeout)
         if code is None:
             raise subprocess.TimeoutExpired(f"script pid {self.pid}", timeout or 0.0)
         return code
