@@ -170,3 +170,25 @@ def test_a_host_is_installed_again_when_the_training_packages_change(tmp_path: P
     more = prepare(tmp_path, extra=("torch==2.13.0", "scikit-learn"))
     assert len({plain.build_id, with_torch.build_id, more.build_id}) == 3
     assert with_torch.build_id.startswith(plain.build_id) and more.extra == ("torch==2.13.0", "scikit-learn")
+
+
+def test_a_reinstall_sends_only_the_wheels_a_host_lacks(tmp_path: Path) -> None:
+    """A new build sends wansync's and pip's wheels, and a dependency only where the host's prefix lacks that
+    very version (judged here against what this Python really lists, with the host's own listing code)."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    from wansync.wheels import LIST_INSTALLED, Wheelhouse
+
+    numpy_v = importlib.metadata.version("numpy")
+    names = ["wansync-0.1.0-py3-none-any.whl", "pip-24.0-py3-none-any.whl",
+             f"numpy-{numpy_v}-cp311-cp311-linux_x86_64.whl",  # installed here, same version: not sent
+             "numpy-0.0.1-cp311-cp311-linux_x86_64.whl",  # another version: sent
+             "Not_Installed.Here-1.0-py3-none-any.whl"]  # nothing of that name here: sent
+    wheels = [tmp_path / n for n in names]
+    wh = Wheelhouse(wheels[0], wheels, wheels[1], "bid", "3.11")
+    listing = subprocess.run([sys.executable, "-c", LIST_INSTALLED], capture_output=True, text=True, check=True).stdout
+    assert f"numpy {numpy_v}" in listing.splitlines()
+    assert [w.name for w in wh.needed(listing)] == [names[0], names[1], names[3], names[4]]
+    assert wh.needed("") == wheels  # a fresh host (no venv yet): everything

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ensurepip
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,28 @@ class Wheelhouse:
     @property
     def size(self) -> int:
         return sum(p.stat().st_size for p in self.wheels)
+
+    def needed(self, installed: str) -> list[Path]:
+        """The wheels a host must be sent, given what its prefix holds (`installed`: LIST_INSTALLED's
+        output): wansync's and pip's always, a dependency only if that very version is not there, so
+        installing a new build does not copy torch to every host again."""
+        have = {(canonical(f[0]), f[1]) for f in (line.split() for line in installed.splitlines()) if len(f) == 2}
+        return [w for w in self.wheels if w in (self.wansync, self.pip) or wheel_dist(w) not in have]
+
+
+# run by a host's venv Python: one "NAME VERSION" line per installed distribution
+LIST_INSTALLED = "import importlib.metadata as m\nfor d in m.distributions(): print(d.metadata['Name'], d.version)"
+
+
+def canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares it."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_dist(wheel: Path) -> tuple[str, str]:
+    """(canonical name, version) that a wheel's file name declares (PEP 427: NAME-VERSION-...)."""
+    name, version = wheel.name.split("-")[:2]
+    return canonical(name), version
 
 
 def build_id(wheel: Path) -> str:

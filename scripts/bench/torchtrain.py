@@ -214,7 +214,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the check's run: 4 workers on hetero, one seed")
     ap.add_argument("--factor", type=float, default=4.0, help="rates times F (default 4: 80-620 Mbit/s)")
-    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 40 quick, 120 full)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 40 quick, 120 full; with "
+                    "--part partial 60 quick, 120 full)")
     ap.add_argument("--part", choices=("full", "partial"), default="full",
                     help="full: full reduce against DDP (default); partial: every partial and multicast progress "
                          "model with emulated stragglers (scripts/bench/torchpartial.py)")
@@ -223,7 +224,7 @@ def main() -> None:
     if a.part == "partial":
         from scripts.bench.torchpartial import figures as partial_figures
 
-        out = partial_figures(str(EXAMPLE), a.quick, console, target=0.8, steps=a.steps or (80 if a.quick else 150),
+        out = partial_figures(str(EXAMPLE), a.quick, console, target=0.8, steps=a.steps or (60 if a.quick else 120),
                               mean_s=0.1 if a.quick else 0.2, seeds=[1, 2, 3] if a.quick else [1, 2, 3, 4, 5],
                               note=lambda line: console.print(line, highlight=False))
         out["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
