@@ -428,31 +428,40 @@ class Downlink(TokenBucket):
     with the guard's books: bytes received while in debt vs rate x that time.
 
     A backlog starts with a read that leaves the bucket in debt and goes on while every next read
-    comes before the debt is paid or within RESUME_GAP_S of it and leaves a debt again (data was
-    waiting). Bytes = tokens at its start + rate x its length - tokens lost to the burst cap, so
-    only reads resumed so late that the bucket overflowed (a CPU-starved loop) lower the ratio."""
+    comes before the debt is paid, or after it, within RESUME_GAP_S, when a connection the debt had
+    paused found data waiting as it resumed (`resumed`): the cap, not the senders, held it back. A
+    read after the debt of data that was not waiting (the senders' next task) starts a new backlog.
+    Bytes = tokens at its start + rate x its length - tokens lost to the burst cap, so only reads
+    resumed so late that the bucket overflowed (a CPU-starved loop) lower the ratio."""
 
     def __init__(self, rate_Bps: float, *, clock: Callable[[], float] = time.monotonic, **kw: object) -> None:
         super().__init__(rate_Bps, clock=clock, **kw)  # type: ignore[arg-type]
         self._since: float | None = None
         self._paid_at = 0.0
         self._sent = 0
+        self._held = False  # since the last read in debt, a paused connection resumed with data waiting
         self.busy_s = 0.0
         self.expected_bytes = 0.0
         self.sent_bytes = 0
+
+    def resumed(self, waiting: bool) -> None:
+        """A connection paused for the debt reads again; `waiting`: the kernel held data for it."""
+        self._held = self._held or waiting
 
     def delay_for(self, nbytes: int, *, allow_large: bool = False) -> float:
         wait = super().delay_for(nbytes, allow_large=allow_large)
         if self.unlimited:
             return wait
         now = self._last  # the clock reading of this refill
-        if self._since is not None and (wait <= 0 or now > self._paid_at + RESUME_GAP_S):
+        late = now > self._paid_at
+        if self._since is not None and (wait <= 0 or (late and not self._held) or now > self._paid_at + RESUME_GAP_S):
             self._close()  # the senders paused, or this read found the debt paid: the backlog ended then
         if wait > 0:
             if self._since is None:
                 self._since, self._sent = now, 0
             self._sent += nbytes
             self._paid_at = now + wait
+            self._held = False
         return wait
 
     @property

@@ -10,7 +10,10 @@ of our own.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import struct
+import termios
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -64,6 +67,8 @@ class ChunkSink(Protocol):
 
 class ReceiveLimiter(Protocol):
     def delay_for(self, nbytes: int, *, allow_large: bool = False) -> float: ...
+
+    def resumed(self, waiting: bool) -> None: ...
 
 
 @dataclass
@@ -485,14 +490,27 @@ def _receive_pacer(proto: FrameProtocol, limiter: ReceiveLimiter) -> Callable[[i
         wait = limiter.delay_for(n, allow_large=True)
         if wait > 0 and proto.transport is not None and not proto.transport.is_closing():
             proto.transport.pause_reading()
-            loop.call_later(wait, _resume, proto)
+            loop.call_later(wait, _resume, proto, limiter)
 
     return on_bytes
 
 
-def _resume(proto: FrameProtocol) -> None:
+def _resume(proto: FrameProtocol, limiter: ReceiveLimiter) -> None:
     if proto.transport is not None and not proto.transport.is_closing():
+        limiter.resumed(_data_waiting(proto.transport))  # the guard's books: did the cap hold data back?
         proto.transport.resume_reading()
+
+
+def _data_waiting(transport: asyncio.BaseTransport) -> bool:
+    """Whether the kernel holds received bytes for this connection (FIONREAD); True if it cannot say
+    (TLS: its layer may hold decrypted bytes the kernel no longer does)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or transport.get_extra_info("ssl_object") is not None:
+        return True
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+    except OSError:
+        return True
 
 
 def _retrieved(fut: asyncio.Future) -> None:

@@ -301,11 +301,13 @@ def test_uplink_books_forget_pieces_never_written():
     assert not sh._inflight and not up._unsettled
 
 
-def downlink_reads(dl, clock, nbytes, reads, late=0.0):
-    """A receiver with data always waiting: each read comes when the previous debt is paid (+ late)."""
+def downlink_reads(dl, clock, nbytes, reads, late=0.0, waiting=True):
+    """Each read comes when the previous debt is paid (+ late), the paused connection resuming with data
+    waiting (a receiver the cap holds back) or not (the senders' next data arrives `late` after)."""
     for _ in range(reads):
         wait = dl.delay_for(nbytes, allow_large=True)
         clock.now += wait + late
+        dl.resumed(waiting)
 
 
 @pytest.mark.unit
@@ -319,6 +321,11 @@ def test_downlink_books_see_late_resumes_and_ignore_a_cap_that_does_not_bind():
     dl2 = Downlink(40 * MBIT, clock=clock)
     downlink_reads(dl2, clock, 64 * 1024, 400, late=0.015)
     assert dl2.guard()["achieved_ratio"] < GUARD_MIN_RATIO
+    # as late, but nothing was waiting when reading resumed: the senders' next data came late, not the
+    # reader; each read begins a backlog of its own, without loss
+    dl5 = Downlink(40 * MBIT, clock=clock)
+    downlink_reads(dl5, clock, 64 * 1024, 400, late=0.015, waiting=False)
+    assert dl5.guard()["achieved_ratio"] >= 0.99 and dl5.guard()["busy_s"] > 0.4
     # small reads well under the cap: never in debt, no backlog at all
     dl3 = Downlink(40 * MBIT, clock=clock)
     for _ in range(200):
@@ -331,6 +338,79 @@ def test_downlink_books_see_late_resumes_and_ignore_a_cap_that_does_not_bind():
         downlink_reads(dl4, clock, 64 * 1024, 20)
         clock.now += RESUME_GAP_S * 2
     assert dl4.guard()["achieved_ratio"] >= 0.99
+
+
+class _CappedSink(asyncio.Protocol):
+    """The receiving end of a real TCP connection under a node's downlink cap (the overlay's pacer)."""
+
+    def __init__(self, dl: Downlink, want: int, stall: tuple[float, float] | None = None) -> None:
+        from overlay.peers import _receive_pacer
+
+        self.dl, self.want, self.got, self.stall = dl, want, 0, stall
+        self.transport: asyncio.Transport | None = None
+        self.done = asyncio.get_running_loop().create_future()
+        self._pacer = _receive_pacer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.on_bytes = self._pacer(self, self.dl)  # type: ignore[arg-type]
+        if self.stall is not None:
+            self._starve()
+
+    def _starve(self) -> None:
+        """A loop starved of CPU: it runs nothing for stall[0] s every stall[1] s."""
+        import time
+
+        if not self.done.done():
+            time.sleep(self.stall[0])
+            asyncio.get_running_loop().call_later(self.stall[1], self._starve)
+
+    def data_received(self, data: bytes) -> None:
+        self.got += len(data)
+        self.on_bytes(len(data))
+        if self.got >= self.want and not self.done.done():
+            self.done.set_result(None)
+
+
+async def _capped_transfer(bursts: int, burst: int, gap_s: float, stall: tuple[float, float] | None) -> dict:
+    """`bursts` x `burst` bytes from a sender thread (a pause of gap_s after each) into a 40 Mbit/s
+    downlink over loopback TCP; the downlink's books."""
+    import socket
+    import threading
+    import time
+
+    dl = Downlink(40 * MBIT)
+    loop = asyncio.get_running_loop()
+    sink = _CappedSink(dl, bursts * burst, stall)
+    server = await loop.create_server(lambda: sink, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    def send() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            for _ in range(bursts):
+                s.sendall(b"x" * burst)
+                if gap_s:
+                    time.sleep(gap_s)  # the senders' pace: the next task's data comes later
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        await asyncio.wait_for(sink.done, 60)
+    finally:
+        sender.join(60)
+        server.close()
+    return dl.guard()
+
+
+@pytest.mark.loopback
+async def test_downlink_books_over_tcp_tell_late_senders_from_a_late_reader():
+    """Real TCP: bursts 30 ms apart (the senders' next task), under RESUME_GAP_S, are not the reader's
+    loss (nothing was waiting when it resumed); a reader whose loop stalls while data waits is."""
+    assert RESUME_GAP_S > 0.03
+    paced = await _capped_transfer(20, 64 * 1024, 0.03, None)
+    assert paced["busy_s"] > 0.1 and paced["achieved_ratio"] >= 0.9, paced
+    starved = await _capped_transfer(1, 3_000_000, 0.0, (0.04, 0.01))
+    assert starved["busy_s"] > 0.4 and starved["achieved_ratio"] < GUARD_MIN_RATIO, starved
 
 
 # --- agents over real TCP ----------------------------------------------------------------------------------

@@ -16,9 +16,12 @@ Time to target: rank 0's held-out accuracy reaching TARGET, the clock starting w
 attached. Figures (medians over seeds of per-seed ratios): sr_tta_over_pr, crew_tta_over_opr,
 ssp_tta_over_bsp; progress_trained (the models with a run that reached the target with no wrong sync),
 syncs_wrong, stale_applied (models a worker applied more than the staleness bound older than its own,
-from every node's combination log), live_guard_valid, failure_cases (wansync.failcases: the four failure
-cases run for real and judged). deploy_trained: `wansync deploy --train` of the README example on three
-stand-in hosts reached its target accuracy (scripts/bench/deploytrain.py, within 2 minutes).
+from every node's combination log), live_guard_valid (every run the figures come from; a run the guard
+calls invalid, whose agents were starved of CPU by the 16 processes on 2 cores, is run again, at most
+RERUNS times in all, and listed in guard_reruns with the guard's reason; syncs_wrong and stale_applied
+count its syncs too), failure_cases (wansync.failcases: the four failure cases run for real and judged).
+deploy_trained: `wansync deploy --train` of the README example on three stand-in hosts reached its target
+accuracy (scripts/bench/deploytrain.py, within 2 minutes).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ NODES = 8
 GROUP = 3
 CV = 0.6
 STALENESS = 2
+RERUNS = 2  # a run the guard calls invalid measured this machine's CPU, not the WAN: run again (twice at most)
 LR = 0.1  # 0.05 needed ~80 steps to the target, which took the check past its 600 s
 
 
@@ -80,15 +84,25 @@ def figures(script: str, quick: bool, console: Console, target: float, steps: in
             seeds: list[int], note: Callable[[str], None]) -> dict[str, Any]:
     args = ["--mode", "model", "--hidden", "128", "--steps", str(steps), "--eval-every", "5", "--lr", str(LR)]
     per_seed: list[dict[str, TrainRun]] = []
+    discarded: list[dict[str, Any]] = []  # runs the guard called invalid, run again (at most RERUNS in all)
+    checked: list[TrainRun] = []  # every run, discarded ones too: each sync is judged
     for seed in seeds:
         runs: dict[str, TrainRun] = {}
         for progress, topology, schemes, kw in settings(mean_s):
-            for r in run_one(progress, topology, schemes, kw, seed, args, script):
-                name = progress if progress != "crew" else r.name  # crew's run: schemes opr and crew
-                runs[name] = r
-                note(f"seed {seed} {name}: time to {target} {r.time_to(target)}, final {r.last()}, "
-                     f"syncs {r.syncs} wrong {r.syncs_wrong}, guard {r.guard_verdict}"
-                     + (f" ({r.guard_reason})" if r.guard_valid is False else ""))
+            while True:
+                got = {progress if progress != "crew" else r.name: r  # crew's run: schemes opr and crew
+                       for r in run_one(progress, topology, schemes, kw, seed, args, script)}
+                checked += got.values()
+                for name, r in got.items():
+                    note(f"seed {seed} {name}: time to {target} {r.time_to(target)}, final {r.last()}, "
+                         f"syncs {r.syncs} wrong {r.syncs_wrong}, guard {r.guard_verdict}"
+                         + (f" ({r.guard_reason})" if r.guard_valid is False else ""))
+                bad = [name for name, r in got.items() if r.guard_valid is False]
+                if not bad or len(discarded) >= RERUNS:
+                    break
+                discarded += [{"seed": seed, "run": name, "reason": got[name].guard_reason} for name in bad]
+                note(f"seed {seed} {progress}: run again (the guard called {', '.join(bad)} invalid)")
+            runs.update(got)
         per_seed.append(runs)
     table(console, per_seed, target)
 
@@ -110,8 +124,8 @@ def figures(script: str, quick: bool, console: Console, target: float, steps: in
         "sr_tta_over_pr": ratio("selective", "queue"), "crew_tta_over_opr": ratio("crew", "opr"),
         "ssp_tta_over_bsp": ratio("mcast-ssp", "mcast-bsp"),
         "failure_cases": failures(console), "deploy_trained": deploy_trained(budget_s=120.0),
-        "syncs_wrong": sum(r.syncs_wrong for r in every), "stale_applied": sum(stale_applied(r) for r in every),
-        "live_guard_valid": all(r.guard_valid is True for r in every),
+        "syncs_wrong": sum(r.syncs_wrong for r in checked), "stale_applied": sum(stale_applied(r) for r in checked),
+        "live_guard_valid": all(r.guard_valid is True for r in every), "guard_reruns": discarded,
         "live_guard_verdicts": sorted({r.guard_verdict for r in every}),
         "runs": [{name: {"tta_s": r.time_to(target), "final_acc": r.last(), "syncs": r.syncs,
                          "guard": r.guard_verdict} for name, r in runs.items()} for runs in per_seed],
