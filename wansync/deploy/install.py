@@ -48,7 +48,7 @@ async def _install_on(h: Host, wh: Wheelhouse, say: Callable[[str], None]) -> No
     wheels = f"{h.run_dir}/wheels"
     await h.remote.run(f"umask 077 && mkdir -p {shlex.quote(wheels)}", what="making the run directory")
     await h.remote.put([(w, f"{wheels}/{w.name}", 0o644) for w in ship])
-    pip = f"{shlex.quote(h.venv_python)} {shlex.quote(f'{wheels}/{wh.pip.name}')}/pip"
+    pip = f"{venv_py} {shlex.quote(f'{wheels}/{wh.pip.name}')}/pip"
     own = shlex.quote(f"{wheels}/{wh.wansync.name}")
     flags = ("-q --disable-pip-version-check --no-index --no-cache-dir --no-compile "
              f"--find-links {shlex.quote(wheels)}")
