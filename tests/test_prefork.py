@@ -114,7 +114,8 @@ p = fork_script(str(work / "job" / "wait.py"), [], dict(os.environ), work / "wai
 os.kill(p.server.proc.pid, signal.SIGKILL)   # the server dies while its script runs
 p.server.proc.wait()
 assert p.poll() is None                      # the script still runs: no status yet
-(work / "go").touch()
+with open(work / "go", "w"):                 # the script, blocked reading the FIFO, may end now
+    pass
 print(p.wait(60) == SERVER_GONE)
 """
 
@@ -122,8 +123,8 @@ print(p.wait(60) == SERVER_GONE)
 @pytest.mark.unit
 def test_a_script_whose_server_died_still_ends_for_its_waiter(tmp_path: Path):
     (tmp_path / "job").mkdir()
-    (tmp_path / "job" / "wait.py").write_text(
-        f"import time, pathlib\nwhile not pathlib.Path({str(tmp_path / 'go')!r}).exists():\n    time.sleep(0.05)\n")
+    os.mkfifo(tmp_path / "go")  # the script blocks reading it until the driver opens it to write
+    (tmp_path / "job" / "wait.py").write_text(f"open({str(tmp_path / 'go')!r}).read()\n")
     (tmp_path / "driver.py").write_text(GONE)
     done = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
