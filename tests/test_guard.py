@@ -5,8 +5,11 @@ that must come out unjudged (never valid), and the CLI's --chunk / --secret-file
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,7 @@ from agents.workload import expected
 from emulation.link import MBIT, RESUME_GAP_S, Downlink, LinkShaper, LinkSpec, Uplink
 from emulation.topology import Topology
 from overlay.auth import SECRET_ENV
+from overlay.peers import _receive_pacer
 from scheduler.live import LiveState
 from scheduler.service import Scheduler
 from wansync.backend import agent_command
@@ -344,23 +348,18 @@ class _CappedSink(asyncio.Protocol):
     """The receiving end of a real TCP connection under a node's downlink cap (the overlay's pacer)."""
 
     def __init__(self, dl: Downlink, want: int, stall: tuple[float, float] | None = None) -> None:
-        from overlay.peers import _receive_pacer
-
         self.dl, self.want, self.got, self.stall = dl, want, 0, stall
         self.transport: asyncio.Transport | None = None
         self.done = asyncio.get_running_loop().create_future()
-        self._pacer = _receive_pacer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.on_bytes = self._pacer(self, self.dl)  # type: ignore[arg-type]
+        self.on_bytes = _receive_pacer(self, self.dl)  # type: ignore[arg-type]
         if self.stall is not None:
             self._starve()
 
     def _starve(self) -> None:
         """A loop starved of CPU: it runs nothing for stall[0] s every stall[1] s."""
-        import time
-
         if not self.done.done():
             time.sleep(self.stall[0])
             asyncio.get_running_loop().call_later(self.stall[1], self._starve)
@@ -375,10 +374,6 @@ class _CappedSink(asyncio.Protocol):
 async def _capped_transfer(bursts: int, burst: int, gap_s: float, stall: tuple[float, float] | None) -> dict:
     """`bursts` x `burst` bytes from a sender thread (a pause of gap_s after each) into a 40 Mbit/s
     downlink over loopback TCP; the downlink's books."""
-    import socket
-    import threading
-    import time
-
     dl = Downlink(40 * MBIT)
     loop = asyncio.get_running_loop()
     sink = _CappedSink(dl, bursts * burst, stall)

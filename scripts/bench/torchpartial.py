@@ -2,7 +2,7 @@
 progress model (issue "Training under every progress model"; docs/training-progress.md).
 
 Pinned setting (--quick, the check's run): 8 workers, examples/train_digits.py (hidden 128, SGD lr 0.1
-momentum 0.9, batch 32, a sync every step, 60 steps: every run of seeds 1-3 reaches the target by its
+momentum 0.9, batch 32, a sync every step, 60 steps: on seed 1 every run reached the target by its
 step 45) with emulated stragglers: the compute model
 lognormal:mean=M,cv=0.6,spread=0.5 (per node a mean within +-50 % of M, lognormal draws, CV 0.6) pads
 each step of the script up to its draw; 3 seeds (topology rates, compute draws and the script's seed).
@@ -17,7 +17,7 @@ attached. Figures (medians over seeds of per-seed ratios): sr_tta_over_pr, crew_
 ssp_tta_over_bsp; progress_trained (the models with a run that reached the target with no wrong sync),
 syncs_wrong, stale_applied (models a worker applied more than the staleness bound older than its own,
 from every node's combination log), live_guard_valid (every run the figures come from; a run the guard
-calls invalid, whose agents were starved of CPU by the 16 processes on 2 cores, is run again, at most
+calls invalid measured this machine rather than the emulated WAN, so it is run again, at most
 RERUNS times in all, and listed in guard_reruns with the guard's reason; syncs_wrong and stale_applied
 count its syncs too), failure_cases (wansync.failcases: the four failure cases run for real and judged).
 deploy_trained: `wansync deploy --train` of the README example on three stand-in hosts reached its target
