@@ -7,7 +7,10 @@ shaper and kernel queues, discarded by the receiver) on links:
 
 - that no running plan keeps busy: a plan link whose load takes at least BUSY_SHARE of the time its
   bottleneck link's load takes (at the view's rates) is busy, and never probed while the plan runs
-  (so a plan's bottleneck, which such a link is by definition, never is);
+  (so a plan's bottleneck, which such a link is by definition, never is); so is a link that gave a
+  passive sample within PASSIVE_BUSY_S (a plan's chunks kept it backlogged just now). The second rule
+  holds where the first is misled: a link the view underestimates tenfold (a starved sender's
+  samples) inflates the plan's bottleneck time, and the true bottleneck's share falls below BUSY_SHARE;
 - unknown first, then those whose estimate is older than `refresh_s` (oldest first), and at once a
   link whose newest sample disagreed with its estimate (it may have changed: the view needs a second
   agreeing sample to move, scheduler/view.py `_moved`);
@@ -17,7 +20,8 @@ shaper and kernel queues, discarded by the receiver) on links:
 
 A probe is sized to give the view one sample it trusts alone: PROBE_S of the link's busy time at its
 estimated rate (the known links' median for a first guess; twice the last size while a probe left the
-link unknown), REPROBE_S on a link already known, in PROBE_CHUNKS chunks (each counts as one of
+link unknown), REPROBE_S on a link already known (at once again, at the rate it showed, if a re-probe
+ran faster than the estimate: `done`), in PROBE_CHUNKS chunks (each counts as one of
 NetStorm's probes, agents/probes.py).
 The prober never reads a progress model or a planner: a plan is links and bytes.
 """
@@ -38,7 +42,7 @@ from core.plan import Plan
 from overlay.messages import MAX_PROBE_BYTES, Probe, ProbeDone
 
 from .planners.onview import link_loads
-from .view import AGREE, NetworkView
+from .view import AGREE, MOVED, NetworkView
 
 log = logging.getLogger("wansync.scheduler")
 
@@ -48,6 +52,7 @@ REPROBE_S = 0.08  # ... on a known link: one sample of KNOWN_S, enough to confir
 PROBE_CHUNKS = 8  # chunks per probe: the first only opens the receiver's busy period (agents/probes.py)
 MIN_PROBE_BYTES = 32 * 1024
 BUSY_SHARE = 0.5  # a plan link loaded for this share of its bottleneck's time is busy: never probed
+PASSIVE_BUSY_S = 1.0  # ... and so is a link that gave a passive sample this recently (reports every 0.25 s)
 REFRESH_S = 5.0  # a link's estimate older than this is probed again
 WINDOW_S = 5.0  # the budget's window
 BUDGET = 0.25  # share of the window a node may spend in probes (sending or receiving)
@@ -102,6 +107,7 @@ class Prober:
         self.inflight: dict[int, _Order] = {}
         self.spent: dict[int, list[tuple[float, float]]] = {}  # node -> (start, end) of its recent probes
         self.size: dict[tuple[int, int], int] = {}  # next probe's bytes per link, where a probe taught us
+        self.faster: dict[tuple[int, int], float] = {}  # known links a probe showed faster (Mbit/s, a lower bound)
         self.last_probe: dict[tuple[int, int], float] = {}  # when each link was last ordered a probe
         self.stats = ProbeStats()
         self.history: deque[tuple[float, int, int, int]] = deque(maxlen=HISTORY)  # (t, src, dst, bytes) ordered
@@ -147,7 +153,7 @@ class Prober:
         free = {n for n in alive if n not in busy_nodes and self._spent(n, now) < self.budget * WINDOW_S}
         if len(free) < 2:
             return []
-        busy = busy_links(self.running(), self.view, self.route())
+        busy = self.busy_now(now)
         ordered = []
         for link in self.candidates(now, free, busy):
             if len(self.inflight) >= self.at_once:
@@ -164,6 +170,11 @@ class Prober:
                     free -= {a, b}
         return ordered
 
+    def busy_now(self, now: float) -> set[tuple[int, int]]:
+        """Links not to probe now: those a running plan keeps busy at the view's rates, and those that
+        gave a passive sample within PASSIVE_BUSY_S."""
+        return busy_links(self.running(), self.view, self.route()) | self.view.passive_since(now - PASSIVE_BUSY_S)
+
     def candidates(self, now: float, free: set[int], busy: set[tuple[int, int]]) -> list[tuple[int, int]]:
         """Links that may be probed now, most wanted first: unknown ones, then those whose newest sample
         disagreed with the estimate, then the stalest beyond refresh_s."""
@@ -176,7 +187,8 @@ class Prober:
                 ranked.append((0, probed, (a, b)))
                 continue
             recent = e["recent"]
-            if recent and abs(recent[-1][0] - e["rate"]) > 2 * AGREE * e["rate"] and now - probed >= 2 * TICK_S:
+            moved = (recent and abs(recent[-1][0] - e["rate"]) > 2 * AGREE * e["rate"]) or (a, b) in self.faster
+            if moved and now - probed >= 2 * TICK_S:
                 ranked.append((1, probed, (a, b)))
             elif now - max(e["t"], probed) >= self.refresh_s:
                 ranked.append((2, max(e["t"], probed), (a, b)))
@@ -191,10 +203,13 @@ class Prober:
         return sum(min(e, now) - max(s, now - WINDOW_S) for s, e in spans)
 
     def probe_bytes(self, a: int, b: int) -> int:
-        """PROBE_S at the link's estimated rate (REPROBE_S once it is known), or what its previous probe
-        taught while it is not; whole chunks of float32."""
+        """PROBE_S at the link's estimated rate, or what its previous probe taught while it is not known;
+        REPROBE_S once it is, at the fastest of the estimate, the newest sample and what the last probe
+        showed (`done`); whole chunks of float32."""
         if self.view.known(a, b):
-            want = self.view.rate(a, b) * MBIT * REPROBE_S
+            recent = self.view.g.edges[a, b]["recent"]
+            mbps = max(self.view.rate(a, b), recent[-1][0] if recent else 0.0, self.faster.get((a, b), 0.0))
+            want = mbps * MBIT * REPROBE_S
         else:  # a first guess: the links known so far (a nominal 100 Mbit/s is 5x off on a 20 Mbit/s link)
             want = self.size.get((a, b), self._typical_mbps() * MBIT * PROBE_S)
         per = max(MIN_PROBE_BYTES // PROBE_CHUNKS, int(want) // PROBE_CHUNKS) // 4 * 4
@@ -233,9 +248,17 @@ class Prober:
         self.stats.done += 1
         self.stats.bytes += msg.sent
         self.stats.seconds += msg.seconds
-        if not self.view.known(o.src, o.dst):  # too short to make a sample the view trusts: longer next time
-            shown = msg.sent / max(msg.seconds, 1e-6) * PROBE_S  # a lower bound: the seconds hold delays and acks
-            self.size[(o.src, o.dst)] = int(max(shown, 2 * o.nbytes))
+        link = (o.src, o.dst)
+        shown = msg.sent * 8 / 1e6 / max(msg.seconds, 1e-6)  # Mbit/s, a lower bound: the seconds hold delays and acks
+        if not self.view.known(*link):  # too short to make a sample the view trusts: longer next time
+            self.size[link] = int(max(shown * MBIT * PROBE_S, 2 * o.nbytes))
+        elif shown > (1 + MOVED) * self.view.rate(*link):
+            # faster than the estimate by more than the view's noise: a re-probe sized at the estimate takes
+            # too little busy time at the new rate for the receiver to make a sample of it (agents/probes.py
+            # MIN_SAMPLE_S), and the view would never see the link got faster; probe it again at this rate
+            self.faster[link] = shown
+        else:
+            self.faster.pop(link, None)
 
     def as_json(self) -> dict[str, Any]:
         s = self.stats

@@ -170,8 +170,14 @@ class NetworkView:
             e["rate"] = rate  # from now on the link is known (its estimate follows its samples)
             e["measured"] = True
         e["t"] = time.time() if now is None else now
+        if not probed:
+            e["passive_t"] = e["t"]
         e["n"] += 1
         self.samples += 1
+
+    def passive_since(self, t: float) -> set[tuple[int, int]]:
+        """Links a plan's own chunks kept busy since time t (a passive sample arrived): in use now."""
+        return {(a, b) for a, b, pt in self.g.edges(data="passive_t") if pt is not None and pt >= t}
 
     def known(self, a: int, b: int) -> bool:
         """Is link a->b measured well enough to be trusted (KNOWN_S of busy time), not the nominal guess?"""

@@ -9,6 +9,7 @@ from helpers.exact import assert_job_exact
 from helpers.topologies import line
 from helpers.waiting import until
 
+from agents import probes as agent_probes
 from core.plan import Plan, make_layout, tree_group
 from emulation.link import LinkSpec
 from emulation.topology import Topology, uniform
@@ -105,6 +106,56 @@ def test_a_running_plans_busy_links_are_never_probed_and_unknown_links_come_firs
             assert (o.src, o.dst) not in {(1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3)}
             done(p, o, now=now)
     assert seen == {(a, b) for a in (1, 2, 3) for b in (1, 2, 3) if a != b}  # every idle link, none busy
+
+
+@pytest.mark.unit
+def test_a_link_with_a_passive_sample_just_now_is_busy_though_a_misread_link_hides_it():
+    """A starved sender's samples read a link tenfold low: that link's time dwarfs the true bottleneck's
+    at the view's rates, whose share then falls below BUSY_SHARE. The true bottleneck still gives passive
+    samples while the plan keeps it backlogged: it is not probed until they stop for PASSIVE_BUSY_S."""
+    view = NetworkView(uniform(4).links)
+    for k in view.links():
+        view.g.edges[k].update(rate=100.0, measured=True, t=0.0)
+    view.g.edges[3, 0]["rate"] = 5.0  # misread: 20 x its true 100
+    view.observe(2, 0, int(20 * MBIT * 0.2), 0.2, now=10.0)  # the plan's true bottleneck, 20 Mbit/s
+    plan = star_plan(4, 0)
+    assert (2, 0) not in busy_links([plan], view, direct)  # what the view's rates alone would say
+    p, _ = make_prober(view, [plan], at_once=100, budget=1.0, refresh_s=0.5)  # stale after 0.5 s
+    assert (2, 0) not in p.candidates(10.5, {0, 1, 2, 3}, p.busy_now(10.5))
+    assert (2, 0) in p.candidates(10.0 + prober_mod.PASSIVE_BUSY_S + 0.1, {0, 1, 2, 3},
+                                  p.busy_now(10.0 + prober_mod.PASSIVE_BUSY_S + 0.1))
+    for o in p.tick(10.5):
+        assert (o.src, o.dst) != (2, 0)
+
+
+@pytest.mark.unit
+def test_a_link_that_got_four_times_faster_is_relearnt_within_three_probes():
+    """A re-probe sized at the old estimate (20 Mbit/s) takes too little busy time at 80 for the receiver
+    to make a sample of it (agents/probes.py MIN_SAMPLE_S, the first chunk not counted): nothing would
+    ever tell the view. The probe's own time shows the link faster; the next ones are sized for that."""
+    view = NetworkView(uniform(2).links)
+    for t in range(3):  # idle links, known from probes
+        for k in ((0, 1), (1, 0)):
+            view.observe(*k, int(20 * MBIT * 0.1), 0.1, now=float(t), probed=True)
+    assert view.rate(0, 1) == pytest.approx(20.0)
+    p, _ = make_prober(view, at_once=2, budget=1.0, refresh_s=5.0)
+    now, probes = 10.0, 0
+    while view.rate(0, 1) < 70.0 and probes < 3:
+        orders = p.tick(now)
+        now += prober_mod.TICK_S
+        for o in orders:
+            if (o.src, o.dst) != (0, 1):  # 1->0 did not change
+                done(p, o, seconds=o.nbytes / (20 * MBIT), now=now)
+                continue
+            probes += 1
+            takes = o.nbytes / (80 * MBIT)  # the link runs at 80 Mbit/s now
+            busy = takes * (prober_mod.PROBE_CHUNKS - 1) / prober_mod.PROBE_CHUNKS
+            if busy >= agent_probes.MIN_SAMPLE_S:  # what the receiver makes a sample of
+                view.observe(0, 1, int(busy * 80 * MBIT), busy, now=now, probed=True)
+            done(p, o, seconds=takes, now=now)
+        if now > 60.0:
+            break
+    assert view.rate(0, 1) == pytest.approx(80.0, rel=0.02) and probes <= 3
 
 
 @pytest.mark.unit

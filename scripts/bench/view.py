@@ -68,7 +68,9 @@ DRAIN_S = 0.5  # a round counts as "off" only if it started this long after prob
 JOB_S = 14.0  # the first scheme runs this long; the second what is left of COVER_AT_S
 MIN_ROUNDS = 6  # rounds per job: a scheme runs jobs of this many back to back until its time is up
 FIRST_ROUNDS = 3  # ... the first one shorter (how long a round takes live is known only once it ran)
-CHANGE_S = 10.0  # the idle-link trace changes this long after the job starts (the view knows every link by then)
+CHANGE_S = 20.0  # the idle-link trace changes this long after the job starts (the view knows every link by then:
+# coverage is judged at COVER_AT_S; at 10 s a fast idle link could still be unknown, its first probes sized
+# for the links known so far)
 DETECT_WITHIN = 0.10
 DETECT_GIVE_UP_S = 16.0  # the goal is 15 s: later is a miss (reported as not detected)
 
@@ -257,7 +259,7 @@ def change_run(backend: str, seed: int) -> tuple[float | None, str]:
     Path(trace).write_text("time,src,dst,rate\n" + "".join(
         f"{CHANGE_S / scale},{a},{b},{r}\n" for (a, b), r in new.items()))
     t_round = predict(cfg0.topo, None, ["ring"], cfg0.params, cfg0.chunk)[0].prediction.round_s
-    rounds = max(10, math.ceil((CHANGE_S + 8.0) / max(t_round, 1e-3)))  # the cluster stays up longer if need be
+    rounds = max(10, math.ceil((CHANGE_S + DETECT_GIVE_UP_S) / max(t_round, 1e-3)))  # it runs until then at least
     cfg = resolve(Options.make(topology=topology, nodes=nodes, seed=seed, schemes=["ring"], scale=scale, rounds=rounds,
                                warmup=1, backend=backend, no_http=True, trace=f"csv:{trace}"))
     found: dict[str, float] = {}
