@@ -14,7 +14,10 @@ probing on. Each run reports:
 - probes on a bottleneck: probes ordered on a link while it was the bottleneck (at the configured
   rates) of the plan the running job was using;
 - rounds wrong: every receiver's digest against an exact sum computed here from the workload's formula;
-- validity: the fidelity guard's verdict of every job (a cell counts if every run in it was valid).
+- validity: the fidelity guard's verdict of every job (a cell counts if every run in it was valid);
+  beside it, the CPU the busiest scheme's agents would need at the configured rates (wansync.guard's
+  cpu_forecast: the project's measured cost per chunk crossing a link and per GB), against what this
+  machine can give them: where it asks for more, no run of the cell can be valid here.
 
 Also, per backend, on `hetero` at --scale 0.01 with ring (whose plan leaves 48 links idle): a trace
 halves one idle link and doubles another CHANGE_S after the job starts; the seconds until both
@@ -54,7 +57,7 @@ from emulation.tc import unavailable  # noqa: E402
 from emulation.topology import Topology  # noqa: E402
 from scheduler.planners.onview import link_loads  # noqa: E402
 from wansync.cluster import run  # noqa: E402
-from wansync.guard import job_guard  # noqa: E402
+from wansync.guard import CPU_BUDGET, cpu_forecast, job_guard  # noqa: E402
 from wansync.options import Options  # noqa: E402
 from wansync.predict import predict  # noqa: E402
 from wansync.runspec import resolve  # noqa: E402
@@ -114,6 +117,7 @@ class RunOut:
     ratios: dict[str, tuple[float, float, int, int]] = field(default_factory=dict)  # scheme: on, off medians, n
     probes: int = 0
     probe_mb: float = 0.0
+    cores_needed: float | None = None  # the busiest scheme's agents at the configured rates (cpu_forecast)
     on_bottleneck: int = 0
     rounds: int = 0
     seconds: float = 0.0
@@ -142,6 +146,8 @@ def one_run(topology: str, nodes: int | None, scale: float, backend: str, seed: 
     cfg = resolve(Options.make(topology=topology, nodes=nodes, seed=seed, schemes=list(SCHEMES), scale=scale,
                                rounds=MIN_ROUNDS, warmup=1, out=name, backend=backend, no_http=True))
     out = RunOut(topology, backend, scale, len(cfg.topo.links))
+    forecast = cpu_forecast(cfg.topo, None, SCHEMES, cfg.params, cfg.chunk, cores=1e-9)  # always says how many
+    out.cores_needed = forecast[1] if forecast else None
     toggles: list[tuple[float, bool]] = []
     state: dict[str, Any] = {}
 
@@ -318,15 +324,20 @@ def main() -> None:
                           f"valid {r.valid}, {r.seconds:.0f} s", file=sys.stderr, flush=True)
     detect = {b: change_run(b, args.seed) for b in backends}
     print(f"{'topology':<18} {'backend':<7} {'scale':>6} {'links':>5} {'cover':>6} {'err%':>6} {'probes':>6} "
-          f"{'MB':>6} {'on bn':>5} {'rounds':>6} {'wrong':>5} {'slowdown by scheme (on/off median, n)':<44} verdict")
+          f"{'MB':>6} {'on bn':>5} {'rounds':>6} {'wrong':>5} {'cores':>5} "
+          f"{'slowdown by scheme (on/off median, n)':<44} verdict")
     for r in runs:
         slow = ", ".join(f"{s} {100 * (on / off - 1):+.1f}% ({n_on}/{n_off})" for s, (on, off, n_on, n_off)
                          in r.ratios.items())
         cov = "-" if r.coverage is None else f"{r.coverage:.2f}"
         err = "-" if r.err_max_pct is None else f"{r.err_max_pct:.1f}"
         why = ("valid" if r.valid else "INVALID: " + "; ".join(r.reasons)[:120]) + f" | worst {r.worst}"
+        cores = "-" if r.cores_needed is None else f"{r.cores_needed:.1f}"
         print(f"{r.topology:<18} {r.backend:<7} {r.scale:>6g} {r.links:>5} {cov:>6} {err:>6} {r.probes:>6} "
-              f"{r.probe_mb:>6.1f} {r.on_bottleneck:>5} {r.rounds:>6} {r.wrong:>5} {slow:<44} {why}")
+              f"{r.probe_mb:>6.1f} {r.on_bottleneck:>5} {r.rounds:>6} {r.wrong:>5} {cores:>5} {slow:<44} {why}")
+    spare = CPU_BUDGET * (os.cpu_count() or 1)
+    print(f"cores: what the busiest scheme's agents would need at the configured rates (wansync.guard.cpu_forecast); "
+          f"this machine gives them ~{spare:.1f}")
     for b, (s, what) in detect.items():
         print(f"idle link change on {b} ({what}): " + ("not detected" if s is None else f"both within 10 % after "
                                                          f"{s:.1f} s"))
@@ -354,6 +365,8 @@ def main() -> None:
         "probed_bottleneck_busy": sum(r.on_bottleneck for r in runs),
         "rounds_wrong": sum(r.wrong for r in runs),
         "probes": sum(r.probes for r in runs),
+        "cells_cpu_feasible": sum(1 for rs in cells.values()
+                                  if all(r.cores_needed is not None and r.cores_needed <= spare for r in rs)),
         "backends": backends,
         "passes": passes,
         "minutes": round((time.time() - t_start) / 60, 2),
