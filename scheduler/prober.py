@@ -11,8 +11,7 @@ shaper and kernel queues, discarded by the receiver) on links:
   passive sample within PASSIVE_BUSY_S (a plan's chunks kept it backlogged just now). The second rule
   holds where the first is misled: a link the view underestimates tenfold (a starved sender's
   samples) inflates the plan's bottleneck time, and the true bottleneck's share falls below BUSY_SHARE;
-- unknown first, then those whose estimate is older than `refresh_s` (oldest first; twice that for a
-  link whose two newest samples agree with its estimate), and at once a
+- unknown first, then those whose estimate is older than `refresh_s` (oldest first), and at once a
   link whose newest sample disagreed with its estimate (it may have changed: the view needs a second
   agreeing sample to move, scheduler/view.py `_moved`);
 - at most one probe per node at a time (as sender or receiver: where node caps exist a second one
@@ -55,10 +54,6 @@ MIN_PROBE_BYTES = 32 * 1024
 BUSY_SHARE = 0.5  # a plan link loaded for this share of its bottleneck's time is busy: never probed
 PASSIVE_BUSY_S = 1.0  # ... and so is a link that gave a passive sample this recently (reports every 0.25 s)
 REFRESH_S = 5.0  # a link's estimate older than this is probed again
-# ... twice that while its two newest samples agree with it (within AGREE): once every link is known,
-# re-probes are what probing costs (8 idle agents on hetero: 0.22 cores with probing, 0.04 without), and
-# a link that keeps confirming its estimate needs them least; a change still shows within 2 x REFRESH_S
-STABLE_REFRESH_X = 2.0
 WINDOW_S = 5.0  # the budget's window
 BUDGET = 0.25  # share of the window a node may spend in probes (sending or receiving)
 AT_ONCE = 2  # probes in flight in the whole cluster
@@ -195,7 +190,7 @@ class Prober:
             moved = (recent and abs(recent[-1][0] - e["rate"]) > 2 * AGREE * e["rate"]) or (a, b) in self.faster
             if moved and now - probed >= 2 * TICK_S:
                 ranked.append((1, probed, (a, b)))
-            elif now - max(e["t"], probed) >= self.refresh_s * (STABLE_REFRESH_X if _stable(e) else 1.0):
+            elif now - max(e["t"], probed) >= self.refresh_s:
                 ranked.append((2, max(e["t"], probed), (a, b)))
         return [k for *_, k in sorted(ranked)]
 
@@ -270,12 +265,6 @@ class Prober:
         return {"enabled": self.enabled, "budget": self.budget, "at_once": self.at_once, "ordered": s.ordered,
                 "done": s.done, "failed": s.failed, "bytes": s.bytes, "seconds": round(s.seconds, 3),
                 "in_flight": [[o.src, o.dst] for o in self.inflight.values()]}
-
-
-def _stable(e: Mapping[str, Any]) -> bool:
-    """A known link whose two newest samples agree with its estimate within AGREE."""
-    recent, rate = e["recent"], e["rate"]
-    return len(recent) >= 2 and all(abs(r - rate) <= AGREE * rate for r, _ in recent[-2:])
 
 
 def plans_in_force(current: Any, plans: Mapping[int, Plan]) -> list[Plan]:

@@ -202,17 +202,6 @@ def test_a_link_whose_newest_sample_disagrees_is_probed_before_stale_ones():
 
 
 @pytest.mark.unit
-def test_a_link_that_keeps_confirming_its_estimate_is_reprobed_half_as_often():
-    view = NetworkView(uniform(3).links)
-    for k in view.links():  # known, the two newest samples agreeing with the estimate
-        view.g.edges[k].update(rate=100.0, measured=True, t=0.0, recent=((100.0, 0.1), (104.0, 0.1)))
-    view.g.edges[1, 2]["recent"] = ((100.0, 0.1), (70.0, 0.1), (120.0, 0.1))  # spread: not stable
-    p, _ = make_prober(view, at_once=1, budget=1.0, refresh_s=5.0)
-    assert p.candidates(6.0, {0, 1, 2}, set()) == [(1, 2)]
-    assert (0, 1) in p.candidates(6.0 + 5.0 * (prober_mod.STABLE_REFRESH_X - 1), {0, 1, 2}, set())
-
-
-@pytest.mark.unit
 def test_probe_size_follows_the_estimate_and_grows_while_the_link_stays_unknown():
     view = NetworkView(uniform(2).links)
     view.g.edges[0, 1].update(rate=80.0, measured=True)
