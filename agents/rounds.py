@@ -89,6 +89,8 @@ class RoundLoop:
     # --- the loop ------------------------------------------------------------------------------------
     async def _job(self, msg: Job) -> None:
         job, nparams = msg.job, msg.params
+        if msg.workload == HANDOFF and self.handoff is not None:
+            self._script_receiving(msg)  # before the first await: results may arrive while this agent waits
         await self.overlay.wait_connected(60, peers=self.live_peers())
         self.wan.start_trace(msg.t0 or self.clock.now())
         cpu0, wall0 = _cpu_s(), time.time()
@@ -144,12 +146,20 @@ class RoundLoop:
             raise WorkloadError(f"params: job {msg.job} moves {msg.params} values, the attached script "
                                 f"{script.values}")
         handoff = self.handoff
-        self.runner.verifiers[msg.job] = lambda result, plan: handoff.check(result, len(plan.participants))
         # round = step + offset: a script that (re)joins mid-job takes its step 0 at the job's start round;
         # steps an earlier job took (the launcher's attach broadcast) come before it
         handoff.offset = (msg.start or 0) - (script.delivered + 1)
         self.runner.resyncers[msg.job] = lambda rnd, _source: handoff.share(rnd)
         self.padded_s = 0.0
+
+    def _script_receiving(self, msg: Job) -> None:
+        """A script job's results are checked by the script's check, and other workers' multicasts go to
+        its inbox, from the moment the job is known: a task of it can complete here while this agent still
+        waits for its connections or its script (a loaded machine: the synthetic workload's closed-form
+        check then judged a script's sum and called every element wrong)."""
+        handoff = self.handoff
+        assert handoff is not None
+        self.runner.verifiers[msg.job] = lambda result, plan: handoff.check(result, len(plan.participants))
         self.inbox = None
         if msg.rule == "bound":  # other workers' multicasts come to this one: combined after each step
             self.inbox = Inbox(self.node, msg.staleness or 0)
