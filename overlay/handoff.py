@@ -38,6 +38,8 @@ from core.sketch import trailer_len
 
 TOKEN_ENV = "WANSYNC_HANDOFF_TOKEN"
 CHANNEL_ENV = "WANSYNC_CHANNEL"  # the socket's path, as the launcher gives it to the script
+PROGRESS_ENV = "WANSYNC_PROGRESS"  # the run's progress model (wansync train sets it)
+GROUPS_ENV = "WANSYNC_GROUPS"  # who a rank's result comes from: full, partial or multicast
 MAX_FRAME = 1 << 20  # a layout of many tensors fits; a model's values never cross the socket
 MAX_TENSORS = 8192  # a layout stays within one control message (overlay.fieldcheck.MAX_ITEMS)
 MAX_PARAMS = 1 << 33  # elements of one model

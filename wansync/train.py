@@ -41,7 +41,7 @@ from rich.table import Table
 from agents.handoff import socket_path
 from core.sketch import trailer_len
 from overlay.auth import SECRET_ENV
-from overlay.handoff import CHANNEL_ENV, TOKEN_ENV
+from overlay.handoff import CHANNEL_ENV, GROUPS_ENV, PROGRESS_ENV, TOKEN_ENV
 from scheduler.progress import MODELS
 from scheduler.service import JobState, Scheduler
 
@@ -52,7 +52,6 @@ from .procs import reap
 from .report import summarize
 from .results import SCHEMA_VERSION
 from .runspec import RunConfig
-from .torch.modes import GROUPS_ENV, PROGRESS_ENV
 
 ROUNDS = 1 << 40  # a training job has as many rounds as its scripts take steps: it ends when they exit
 METRICS_ENV = "WANSYNC_METRICS"  # the baseline's ranks write their metrics here (JSON lines)

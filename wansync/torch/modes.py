@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 
-PROGRESS_ENV = "WANSYNC_PROGRESS"  # the run's progress model (wansync train sets it)
-GROUPS_ENV = "WANSYNC_GROUPS"  # who a rank's result comes from: full, partial or multicast
+from overlay.handoff import GROUPS_ENV, PROGRESS_ENV  # the launcher sets them without importing torch
+
+__all__ = ["GROUPS_ENV", "PROGRESS_ENV", "from_env", "refusal"]
 
 WHY = {
     ("grad", "partial"): (
