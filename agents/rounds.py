@@ -89,8 +89,10 @@ class RoundLoop:
     # --- the loop ------------------------------------------------------------------------------------
     async def _job(self, msg: Job) -> None:
         job, nparams = msg.job, msg.params
+        # before the first await: results may arrive while this agent waits
         if msg.workload == HANDOFF and self.handoff is not None:
-            self._script_receiving(msg)  # before the first await: results may arrive while this agent waits
+            self._script_receiving(msg)
+        spec = self._trainer_receiving(msg) if msg.workload and msg.workload != HANDOFF else None
         await self.overlay.wait_connected(60, peers=self.live_peers())
         self.wan.start_trace(msg.t0 or self.clock.now())
         cpu0, wall0 = _cpu_s(), time.time()
@@ -108,7 +110,7 @@ class RoundLoop:
             self.send(Leave(node=self.node, why=f"node {self.node} has no training script attached"))
         elif self.script:
             await self._script(msg)
-        self.trainer = await self._trainer(msg) if msg.workload and not self.script else None
+        self.trainer = await self._trainer(spec) if spec is not None else None
         if msg.mode != "tasks" and not idle:
             await self._rounds(msg)
         else:
@@ -122,16 +124,21 @@ class RoundLoop:
         self.runner.received.pop(job, None)  # the job's inbox (its last models) goes with it
         self.send(Stats(node=self.node, job=job, stats=stats))
 
-    async def _trainer(self, msg: Job) -> Trainer:
-        """A real-training job: this worker's model and shard (the data set loads off the loop), and
-        how its receivers check results (within float32 rounding, agents.training)."""
+    def _trainer_receiving(self, msg: Job) -> TrainingSpec:
+        """A real-training job's results are checked within float32 rounding (agents.training) from the
+        moment the job is known, as a script job's are (`_script_receiving`): its data set loads for
+        seconds, and a task of it may complete here meanwhile."""
         assert msg.workload is not None
         spec = TrainingSpec.parse(msg.workload)
         if spec.vector_params != msg.params:
             raise WorkloadError(f"params: job {msg.job} moves {msg.params} parameters, workload {msg.workload!r} "
                                 f"contributes {spec.vector_params}")
-        trainer = await asyncio.to_thread(Trainer, spec, self.node)
         self.runner.verifiers[msg.job] = lambda result, plan: check_result(spec, result, len(plan.participants))
+        return spec
+
+    async def _trainer(self, spec: TrainingSpec) -> Trainer:
+        """A real-training job: this worker's model and shard (the data set loads off the loop)."""
+        trainer = await asyncio.to_thread(Trainer, spec, self.node)
         await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), -1)  # the untrained model's accuracy
         return trainer
 

@@ -8,7 +8,7 @@ import statistics
 
 import numpy as np
 import pytest
-from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.cluster import Cluster, LocalNet, start_cluster, stop_cluster
 from helpers.exact import assert_round_exact
 from helpers.waiting import until
 
@@ -16,6 +16,7 @@ from agents.training import U32, Trainer, TrainingSpec, WorkloadError, check_res
 from core.plan import Job
 from emulation.switch import switch
 from emulation.topology import uniform
+from overlay.messages import Job as JobMsg
 from overlay.messages import JobEnd
 from scheduler.planners import ring
 from scheduler.progress.selective import SelectiveReduce
@@ -228,3 +229,33 @@ async def test_selective_reduce_refuses_a_cluster_without_bandwidths():
                                                  progress=SelectiveReduce("sr", group=2)), 30)
     finally:
         await stop_cluster(sched, tasks)
+
+
+@pytest.mark.loopback
+@pytest.mark.parametrize("workload", ["training", "handoff"])
+async def test_a_jobs_own_check_judges_its_results_from_the_moment_the_job_arrives(tmp_path, workload):
+    """On a loaded machine a task can complete at an agent still waiting for its connections, its data
+    set or its script; the synthetic workload's closed-form check then judged a script's sum and called
+    all 222 values wrong (CI). Here the agent waits for a neighbour whose link is down: the job's own
+    check must already be the one its results meet."""
+    handoff_dir = tmp_path / "handoff"
+    handoff_dir.mkdir(mode=0o700)
+    async with Cluster("own-check", uniform(2, 200.0, 0.0), handoff=(str(handoff_dir), "token")) as c:
+        agent = c.agents[0]
+        agent.overlay.suspend(1, True)  # the link to node 1 is down: the job stays in its wait for it
+        await until(lambda: 1 not in agent.overlay._conns, "the link to node 1 to go down", 10)
+        spec = SMALL.to_spec() if workload == "training" else "handoff"
+        agent.rounds.start(JobMsg(job=99, scheme="ring", rounds=1, params=SMALL.vector_params, compute_s=0.0,
+                                  workload=spec))
+        try:
+            await until(lambda: 99 in agent.runner.verifiers, "the job's own check in place", 10)
+            assert agent.rounds.tasks and not any(t.done() for t in agent.rounds.tasks)  # still waiting
+            _, why = agent.runner.verifiers[99](np.zeros(SMALL.vector_params, np.float32), _TwoMembers())
+            assert "differ from the exact sum" not in why, why  # its own verdict, not the closed form's
+        finally:
+            agent.rounds.cancel()
+            agent.overlay.suspend(1, False)
+
+
+class _TwoMembers:
+    participants = (0, 1)
