@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import test_hosts
-from test_hosts import N_HOSTS, Watch, deploy, left_behind, needs_hosts
+from test_hosts import Watch, deploy, left_behind, needs_hosts
 
 from emulation import standin
 
@@ -26,7 +26,16 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_digits.py
 STEPS = 60
 TARGET = 0.75  # the MLP on digits passes this within 60 averaged steps from the seeded start (0.1: chance)
 
-hosts = test_hosts.hosts  # the stand-in hosts (a module-scoped fixture: made for this file)
+# two hosts: each installs torch (~1 GB unpacked), and on a 2-core machine three parallel installs took
+# half again as long; two are as many as a ring, a rank that fails and "every rank logs" need
+N_HOSTS = 2
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[standin.StandinHosts]:
+    yield from test_hosts.standin_hosts(tmp_path_factory, N_HOSTS)
+
+
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.timeout(900)]
 
 

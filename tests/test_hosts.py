@@ -68,11 +68,16 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[standin.StandinHosts]:
+    yield from standin_hosts(tmp_path_factory, N_HOSTS)
+
+
+def standin_hosts(tmp_path_factory: pytest.TempPathFactory, n: int) -> Iterator[standin.StandinHosts]:
+    """n stand-in hosts, set up; torn down (and their disks removed) when the generator is closed."""
     if BROKEN is not None:
         pytest.fail(f"root and network namespaces work here, yet stand-in hosts cannot run: {BROKEN}", pytrace=False)
     root = _host_disks(tmp_path_factory)
     try:
-        h = standin.StandinHosts(N_HOSTS, root)
+        h = standin.StandinHosts(n, root)
         h.setup()
     except standin.StandinError as exc:
         pytest.fail(f"stand-in hosts cannot run: sshd did not start: {exc}", pytrace=False)
@@ -116,7 +121,7 @@ def left_behind(hosts: standin.StandinHosts) -> dict[str, list]:
 
     def others() -> list[str]:
         found = []
-        for i in range(N_HOSTS):
+        for i in range(len(hosts.hosts)):
             for pid in hosts.pids(i):
                 try:
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -129,7 +134,7 @@ def left_behind(hosts: standin.StandinHosts) -> dict[str, list]:
         until_sync(lambda: not others(), "processes on the stand-in hosts to end", timeout=15)
     except AssertionError:
         pass
-    classes = [f"h{i}: {line}" for i in range(N_HOSTS)
+    classes = [f"h{i}: {line}" for i in range(len(hosts.hosts))
                for line in subprocess.run(hosts.exec_prefix(i) + ["tc", "class", "show", "dev", "eth0"],
                                           capture_output=True, text=True).stdout.splitlines() if line.strip()]
     files = [str(p) for h in hosts.hosts if (h.workdir / "runs").exists() for p in (h.workdir / "runs").rglob("*")]
