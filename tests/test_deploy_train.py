@@ -9,7 +9,6 @@ line, nothing left behind. A wrong or missing script is refused before anything 
 from __future__ import annotations
 
 import json
-import shutil
 import stat
 import subprocess
 import threading
@@ -37,18 +36,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[standin.StandinH
 
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_venvs_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The hosts' install prefixes hold torch (about 1 GB each): those this file's stand-in hosts got
-    are removed once its tests are done (pytest keeps its last temporary directories)."""
-    base = tmp_path_factory.getbasetemp()
-    before = set(base.glob("standin*"))
-    yield
-    for d in set(base.glob("standin*")) - before:
-        for venv in d.glob("*/venv"):
-            shutil.rmtree(venv, ignore_errors=True)
 
 
 class Tokens:

@@ -72,7 +72,8 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[standin.StandinH
 
 
 def standin_hosts(tmp_path_factory: pytest.TempPathFactory, n: int) -> Iterator[standin.StandinHosts]:
-    """n stand-in hosts, set up; torn down (and their disks removed) when the generator is closed."""
+    """n stand-in hosts, set up; torn down when the generator is closed, and their disks removed (an install
+    prefix with torch is about 1 GB, and pytest keeps its last temporary directories)."""
     if BROKEN is not None:
         pytest.fail(f"root and network namespaces work here, yet stand-in hosts cannot run: {BROKEN}", pytrace=False)
     root = _host_disks(tmp_path_factory)
@@ -83,17 +84,16 @@ def standin_hosts(tmp_path_factory: pytest.TempPathFactory, n: int) -> Iterator[
         pytest.fail(f"stand-in hosts cannot run: sshd did not start: {exc}", pytrace=False)
     yield h
     h.teardown()
-    if root.parent == SHM:
-        shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 SHM = Path("/dev/shm")
 
 
 def _host_disks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The stand-in hosts' disks: in memory where /dev/shm is a tmpfs (removed at teardown), else under
-    pytest's base directory. Three parallel installs of wansync with torch (~1 GB each) took 67 s on this
-    2-core machine's disk and half that in memory; what a test checks is the install, not the disk."""
+    """The stand-in hosts' disks: in memory where /dev/shm is a tmpfs, else under pytest's base directory.
+    Three parallel installs of wansync with torch (~1 GB each) took 67 s on this 2-core machine's disk and
+    55 s in memory; what a test checks is the install, not the disk."""
     if os.path.ismount(SHM) and os.access(SHM, os.W_OK):
         return Path(tempfile.mkdtemp(prefix="wansync-standin-", dir=SHM))
     return tmp_path_factory.mktemp("standin")
