@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tc import free_subnet
+from .tc import TcError, claim_subnet
 
 SSHD = "/usr/sbin/sshd"
 NET = "10.81."  # 10.81.k.0/24: the first k no address of this machine is in
@@ -62,11 +62,6 @@ def _run(cmd: list[str], stdin: str | None = None) -> str:
     return p.stdout
 
 
-def _free_net() -> str:
-    net = free_subnet(NET)
-    if net is None:
-        raise StandinError(f"no free {NET}k.0/24 for the stand-in hosts' bridge")
-    return net
 
 
 class StandinHosts:
@@ -124,9 +119,14 @@ class StandinHosts:
         keys.mkdir(parents=True, exist_ok=True)
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "wansync-standin-client", "-f",
               str(self.client_key)])
-        self.net = _free_net()
-        lines = [f"link add {self.bridge} type bridge", f"link set {self.bridge} up",
-                 f"addr add {self.gateway}/24 dev {self.bridge}"]
+        try:
+            net = claim_subnet(NET, self.bridge)
+        except TcError as exc:
+            raise StandinError(str(exc)) from exc
+        if net is None:
+            raise StandinError(f"no free {NET}k.0/24 for the stand-in hosts' bridge")
+        self.net = net
+        lines = []
         for i in range(self.n):
             ns = f"{self.prefix}-h{i}"
             lines += [f"netns add {ns}",

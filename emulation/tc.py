@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import functools
 import ipaddress
 import math
@@ -167,7 +168,7 @@ def enter_netns(name: str) -> None:
 
 def free_subnet(prefix: str) -> str | None:
     """The first `prefix`k.0/24 (prefix like "10.254.") no address of the root namespace is in, as
-    "prefix"k."; None if all 256 are taken (runs may overlap in time, so each picks its own)."""
+    "prefix"k."; None if all 256 are taken. To take one, use `claim_subnet`."""
     used = {ipaddress.ip_interface(a).network for a in re.findall(r"inet (\S+)", _run(["ip", "-4", "-o", "addr"]))}
     for k in range(256):
         net = ipaddress.ip_network(f"{prefix}{k}.0/24")
@@ -176,11 +177,21 @@ def free_subnet(prefix: str) -> str | None:
     return None
 
 
-def _free_control_net() -> str:
-    net = free_subnet("10.254.")
-    if net is None:
-        raise TcError("no free 10.254.k.0/24 for the control bridge")
-    return net
+SUBNET_LOCK = OWNER_DIR / "subnets.lock"
+
+
+def claim_subnet(prefix: str, bridge: str, host: int = 254) -> str | None:
+    """Make `bridge` with address `prefix`k.`host`/24 on the first free k, as "prefix"k.; None if all
+    256 are taken. Runs may start at the same moment (two tc runs, stand-in hosts beside a tc run): the
+    choice and the address are made under one lock on this machine, so two cannot both pick k."""
+    OWNER_DIR.mkdir(parents=True, exist_ok=True)
+    with open(SUBNET_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        net = free_subnet(prefix)
+        if net is not None:
+            _batch("ip", [f"link add {bridge} type bridge", f"link set {bridge} up",
+                          f"addr add {net}{host}/24 dev {bridge}"])
+        return net
 
 
 class TcNetwork:
@@ -260,11 +271,12 @@ class TcNetwork:
 
     def _build(self) -> None:
         topo, n = self.topo, self.topo.nodes
-        self.ctl_net = _free_control_net()
+        net = claim_subnet("10.254.", self.bridge)
+        if net is None:
+            raise TcError("no free 10.254.k.0/24 for the control bridge")
+        self.ctl_net = net
         pairs = topo.undirected()
         root = [f"netns add {self.netns_of(i)}" for i in range(n)]
-        root += [f"link add {self.bridge} type bridge", f"link set {self.bridge} up",
-                 f"addr add {self.ctl_host}/24 dev {self.bridge}"]
         for i in range(n):
             root += [f"link add {self.prefix}-c{i} type veth peer name {self.prefix}-k{i} netns {self.netns_of(i)}",
                      f"link set {self.prefix}-c{i} master {self.bridge} up"]

@@ -9,4 +9,7 @@ python3 -m venv .venv
 # bytecode now: every agent process imports these, and PYTHONDONTWRITEBYTECODE would make each compile them
 .venv/bin/python -m compileall -q -j 0 agents core emulation overlay scheduler sim wansync >/dev/null
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q "$@"
+# two workers: most tests wait on agents, links and child processes, so a 2-core machine runs two at once
+# (the suite holds under load: the suite-under-load check); whole files per worker, the root ones on one
+# worker (tests/conftest.py's scheduler)
+exec .venv/bin/python -m pytest -q -n 2 "$@"

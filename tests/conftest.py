@@ -14,6 +14,26 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
     config.stash[COLLECTED] = {item.nodeid: {m.name for m in item.iter_markers()} for item in items}
 
 
+# the files with root tests: under pytest-xdist (scripts/test.sh runs two workers) they run one after another
+# on one worker, because each builds stand-in hosts (a torch install each) or namespaces shaped by the
+# machine's own kernel; tests/test_markers.py checks that every root test is in one of them
+ROOT_FILES = ("tests/test_tc.py", "tests/test_hosts.py", "tests/test_deploy_train.py", "tests/test_train_cli.py")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it (-p no:xdist) nothing calls it
+def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201
+    """Files go to workers whole (module fixtures are set up once), the root files together as one unit.
+    (xdist's own `loadgroup` does not group on pytest 9.2: it renames items through an attribute pytest
+    no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesRootTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "root" if path in ROOT_FILES else path
+    return FilesRootTogether(config, log)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
     """Say how many kernel (tc backend) and stand-in host (sshd) tests ran, or why they were skipped:
     CI logs must show it."""

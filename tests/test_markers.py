@@ -16,3 +16,12 @@ def test_every_collected_test_carries_one_of_the_four_markers(request):
 def test_the_four_markers_are_registered(request):
     registered = {line.split(":")[0].strip() for line in request.config.getini("markers")}
     assert set(MARKERS) <= registered
+
+
+def test_every_root_test_is_in_a_file_the_scheduler_keeps_on_one_worker(request):
+    from conftest import ROOT_FILES
+
+    collected = request.config.stash[COLLECTED]
+    stray = sorted(nodeid for nodeid, marks in collected.items()
+                   if "root" in marks and nodeid.split("::", 1)[0] not in ROOT_FILES)
+    assert not stray, f"root tests outside conftest.ROOT_FILES would run beside other root tests: {stray[:10]}"

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -388,3 +390,30 @@ async def test_weights_3_to_1_hold_alike_on_both_backends(backend: str, where: s
         await sched.shutdown()
         await agents.stop()
         back.teardown()
+
+
+def test_runs_starting_at_once_claim_different_subnets() -> None:
+    """Eight bridges claimed at one moment, as runs started together claim them, get eight subnets: the
+    choice and the address are made under one lock (without it, two read the same free k)."""
+    bridges = [f"ws{secrets.token_hex(2)}-br" for _ in range(8)]
+    start = threading.Barrier(len(bridges))
+    got: dict[str, str | None] = {}
+
+    def claim(bridge: str) -> None:
+        start.wait()
+        got[bridge] = tc.claim_subnet("10.253.", bridge)
+    threads = [threading.Thread(target=claim, args=(b,)) for b in bridges]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(got) == len(bridges) and None not in got.values(), got
+        assert len(set(got.values())) == len(bridges), f"two bridges were given one subnet: {got}"
+        for bridge, net in got.items():  # each has the address it was given
+            shown = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge], capture_output=True,
+                                   text=True).stdout
+            assert f"inet {net}254/24" in shown
+    finally:
+        for bridge in bridges:
+            subprocess.run(["ip", "link", "del", bridge], capture_output=True)

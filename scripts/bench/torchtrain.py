@@ -12,7 +12,8 @@ every rank is attached; evaluation time is excluded (the script logs it).
 
 Figures: step_speedup_grad_vs_ddp (DDP's step time over the best wansync grad-mode scheme's: the
 same math), tta_speedup_best_vs_ddp (any mode), outer_vs_gloo_outer (the same DiLoCo loop over Gloo,
-time to target, over wansync's), acc_gap_best_pp, allreduce_err_over_bound (every scheme's result
+time to target, over wansync's; outer_ceiling_vs_gloo is the most any sync could give there, 1 / (1 - Gloo's
+sync share of its outer loop's wall time)), acc_gap_best_pp, allreduce_err_over_bound (every scheme's result
 against a float64 reference, unshaped loopback), handoff_ms_per_100MB (11.7 M parameters, unshaped
 loopback: the script's copies in and out plus the agent's sealing and delivery, per step, per 100 MB),
 example_lines_changed, ddp_valid (DDP's bytes on the htb counters, its ranks not starved),
@@ -175,6 +176,15 @@ def wan_figures(tmp: Path, topo: Topology, factor: float, schemes: list[str], st
     best = min((r for r in wansync if tta[r.name] is not None), key=lambda r: tta[r.name], default=None)
     gloo_outer = next(r for r in outer if r.name.startswith("gloo-"))
     wansync_outer = next(r for r in outer if not r.name.startswith("gloo-"))
+    # the most any outer-loop sync could gain over Gloo's here: both loops compute the same steps, so a
+    # sync that took no time at all would remove only Gloo's sync share of its wall time
+    gloo_share = gloo_outer.sync_share()
+    ceiling = 1 / (1 - gloo_share) if gloo_share is not None and gloo_share < 1 else None
+    if ceiling is not None:
+        console.print(f"outer loop (H = 8): Gloo spends {gloo_share:.0%} of its wall time syncing, so a sync that "
+                      f"took no time would be {ceiling:.2f}x it; wansync's is "
+                      f"{(tta[gloo_outer.name] or 0) / (tta[wansync_outer.name] or float('inf')):.2f}x",
+                      highlight=False)
     pairs = [("grad/" + r.name if "/" not in r.name else "/".join(r.name.split("/")[:2])) for r in wansync
              if tta[r.name] is not None and r.syncs_wrong == 0 and r.guard_valid is True]
     return {
@@ -185,6 +195,7 @@ def wan_figures(tmp: Path, topo: Topology, factor: float, schemes: list[str], st
         "tta_speedup_best_vs_ddp": (tta["ddp"] / tta[best.name]) if best is not None and tta["ddp"] else 0.0,
         "outer_vs_gloo_outer": ((tta[gloo_outer.name] / tta[wansync_outer.name])
                                 if tta[gloo_outer.name] and tta[wansync_outer.name] else 0.0),
+        "outer_ceiling_vs_gloo": ceiling,
         "acc_gap_best_pp": 100 * ((ddp.last() or 0) - ((best.last() or 0) if best is not None else 0)),
         "syncs_wrong": sum(r.syncs_wrong for r in wansync),
         "live_guard_valid": all(r.guard_valid is True for r in wansync),
@@ -244,9 +255,10 @@ def main() -> None:
             sub.mkdir()
             per.append(wan_figures(sub, topo, a.factor, ["mst", "netstorm", "packing"] if a.quick else
                                    ["ring", "mst", "netstorm", "packing"], steps, 16, console))
-    keys = ("step_speedup_grad_vs_ddp", "tta_speedup_best_vs_ddp", "outer_vs_gloo_outer", "acc_gap_best_pp")
+    keys = ("step_speedup_grad_vs_ddp", "tta_speedup_best_vs_ddp", "outer_vs_gloo_outer", "outer_ceiling_vs_gloo",
+            "acc_gap_best_pp")
     for k in keys:
-        vals = [p[k] for p in per]
+        vals = [p[k] if p[k] is not None else float("nan") for p in per]
         figures[k] = statistics.median(vals)
         figures[k + "_spread"] = [min(vals), max(vals)]
     figures["pairs_trained"] = sorted({x for p in per for x in p["pairs_trained"]})
