@@ -62,8 +62,6 @@ def _run(cmd: list[str], stdin: str | None = None) -> str:
     return p.stdout
 
 
-
-
 class StandinHosts:
     """N stand-in hosts under `root`. Context manager; `teardown()` is idempotent."""
 
@@ -126,7 +124,7 @@ class StandinHosts:
         if net is None:
             raise StandinError(f"no free {NET}k.0/24 for the stand-in hosts' bridge")
         self.net = net
-        lines = []
+        lines: list[str] = []
         for i in range(self.n):
             ns = f"{self.prefix}-h{i}"
             lines += [f"netns add {ns}",
