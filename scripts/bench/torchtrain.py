@@ -8,7 +8,8 @@ digits, torch.set_num_threads(1), SGD lr 0.05 momentum 0.9, batch 32 per rank, t
 order for every run. A calibration run of DDP measures its step; the pace (each step computes at
 least this long: a slower device) is then set so that DDP spends about 80 % of a step communicating
 (printed). The target accuracy is what DDP reaches by its last step; each run's clock starts when
-every rank is attached; evaluation time is excluded (the script logs it).
+every rank is attached; evaluation time (every 10 steps; the script logs it as eval_s) counts alike in
+every run.
 
 Figures: step_speedup_grad_vs_ddp (DDP's step time over the best wansync grad-mode scheme's: the
 same math), tta_speedup_best_vs_ddp (any mode), outer_vs_gloo_outer (the same DiLoCo loop over Gloo,
