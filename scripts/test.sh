@@ -9,7 +9,15 @@ python3 -m venv .venv
 # bytecode now: every agent process imports these, and PYTHONDONTWRITEBYTECODE would make each compile them
 .venv/bin/python -m compileall -q -j 0 agents core emulation overlay scheduler sim wansync >/dev/null
 .venv/bin/ruff check .
-# two workers: most tests wait on agents, links and child processes, so a 2-core machine runs two at once
-# (the suite holds under load: the suite-under-load check); whole files per worker, the root ones on one
-# worker (tests/conftest.py's scheduler)
-exec .venv/bin/python -m pytest -q -n 2 "$@"
+# two workers for all but the root tests: most tests wait on agents, links and child processes, so a 2-core
+# machine runs two at once (whole files per worker: tests/conftest.py's scheduler). Then the root tests
+# (namespaces, tc, stand-in hosts each installing torch) alone, one at a time: beside a second worker, a
+# deploy over SSH once stalled after an agent loss (a scheduler bug under load, not found yet).
+pass_() {  # one pass; "no tests collected" (rc 5: the arguments named none of this pass's tests) is no failure
+    local rc=0
+    .venv/bin/python -m pytest -q "$@" || rc=$?
+    [ "$rc" = 5 ] && rc=0
+    return "$rc"
+}
+pass_ -n 2 -m "not root" "$@"
+pass_ -m root "$@"
