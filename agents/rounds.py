@@ -188,17 +188,23 @@ class RoundLoop:
         shifted: set[int] = set()  # rounds that handed the model to a rejoining script: our steps moved on
         stop = runner.ending(job)  # JOB_END: the job's time is up (a ready queue stops at a budget)
         t_free = time.time()  # the script computes from here (its previous result, or the job's start)
-        while rnd < rounds and not stop.done():
+        def back() -> bool:
+            """The round we finished was aborted meanwhile (others had not): step back to redo it."""
+            nonlocal rnd
             prev = (job, rnd - 1)
-            if (not bound and prev in runner.done_attempt and rnd > (msg.start or 0)
-                    and runner.next_attempt.get(prev, 0) > runner.done_attempt[prev]):
-                rnd -= 1  # the round we finished was aborted meanwhile (others had not): redo it
-                self._undo_update()
-                if rnd in shifted and self.handoff is not None:
-                    shifted.discard(rnd)
-                    self.handoff.offset -= 1
+            if (bound or prev not in runner.done_attempt or rnd <= (msg.start or 0)
+                    or runner.next_attempt.get(prev, 0) <= runner.done_attempt[prev]):
+                return False
+            rnd -= 1
+            self._undo_update()
+            if rnd in shifted and self.handoff is not None:
+                shifted.discard(rnd)
+                self.handoff.offset -= 1
+            return True
+
+        while rnd < rounds and not stop.done():
+            if back():
                 continue
-            attempt = runner.next_attempt.get((job, rnd), 0)
             if self.script:  # the script's step: its own compute, its own pace
                 assert self.handoff is not None
                 got = await _first(self.handoff.contribution(rnd), stop)
@@ -228,6 +234,12 @@ class RoundLoop:
                 contrib = trained[rnd]
             if stop.done():
                 break
+            # again, with no await from here to READY: an ABORT of the round we finished may have come
+            # while this one computed, when no outcome of ours waited to hear it (runner.on_abort wakes
+            # only those); READY for this round then would wait for a task the scheduler never forms
+            if back():
+                continue
+            attempt = runner.next_attempt.get((job, rnd), 0)
             if msg.mode != "tasks" and not bound:  # tasks are the rounds: older ones are over everywhere
                 self.overlay.forget_before(job, rnd - 1)
                 self.engine.drop_stale(job, rnd)

@@ -95,6 +95,33 @@ async def test_a_lost_relay_is_routed_around_at_once(tmp_path):
         assert c.sched.view.unusable() == []
 
 
+async def test_an_abort_of_a_round_a_node_finished_reaches_it_while_it_computes_the_next(tmp_path):
+    """Nodes 1 and 2 hold round 0's sum (hub 0 sent it) while it still crawls to node 3 over a slow
+    link; then node 3 dies, and round 0 is aborted. The ABORT reaches 1 and 2 during round 1's compute
+    time, after they checked for it and before they said READY: they must go back and redo round 0 with
+    the survivors, not say READY for round 1, which the scheduler never forms while round 0 waits for
+    them (a stall with no event at all: what a deploy beside a busy core once did)."""
+    f = tmp_path / "overlay.toml"
+    f.write_text(f"nodes = {NODES}\ndefaults = {{rate_mbps = 100, delay_ms = 5}}\n"
+                 + "".join(f"[[links]]\na = {a}\nb = {b}\n" + ("rate_ab_mbps = 4\n" if (a, b) == (0, 3) else "")
+                           for a in range(NODES) for b in range(a + 1, NODES)))
+    cfg = resolve(AGENTS.options.replace(wan__topology=str(f), wan__nodes=None))
+    async with Cluster("late-abort", processes=cfg) as c:
+        job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
+                                                  compute_s=2.0, options={"hub": 0}))
+        # round 0's sum reached 1 and 2 (1.6 MB at 100 Mbit/s); to node 3 it takes ~3 s at 4 Mbit/s
+        t0 = await until(lambda: c.sched.current is not None and 0 in c.sched.current.tasks
+                         and {1, 2} <= set(c.sched.current.tasks[0].done) and c.sched.current.tasks[0],
+                         "nodes 1 and 2 to finish round 0")
+        assert t0.recorded_t is None and 3 not in t0.done, "node 3 already had round 0's sum: the link was not slow"
+        c.procs[3].kill()
+        await c.when_retried_without(3)
+        js = await c.stop(job)
+        assert_exact(c.sched, js, complete=False)
+        redone = [r for r in js.records if r.round == 0]
+        assert len(redone) == 1 and redone[0].attempt == 1 and redone[0].participants == NODES - 1, redone
+
+
 async def test_a_lost_cut_vertex_blocks_the_round_until_it_returns(tmp_path):
     """On a line 0-1-2-3 nothing joins 0 to 2 and 3 without node 1. Kill it: the retry has no plan,
     so the round waits (a `blocked` event, nobody else declared lost) and runs, exact, once the
