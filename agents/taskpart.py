@@ -7,7 +7,9 @@ every child arrived (aggregate-forward), or, as the root, checks that every memb
 the broadcast tree it passes the final value on to its children; as a receiver it keeps the result.
 A node outside the members may aggregate (an inner node, or the root) or replicate (an inner
 broadcast node) without contributing. Partial sums are added in place with numpy as their segments
-land; final values land directly in the result tensor. Every frame carries its contributor set, so a
+land (where a chunk has one child, as in a ring or a chain, its start value and each segment are
+summed in one pass, at the root straight into the result); final values land directly in the result
+tensor. Every frame carries its contributor set, so a
 doubled, stale or missing contribution is caught, not summed. However the part ends (done, failed,
 aborted), it ends through `end`, once; the chunk engine (agents.engine) routes what it sends.
 """
@@ -25,6 +27,8 @@ import numpy as np
 from core.classes import TrafficClass
 from core.plan import Plan
 from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int, chunk_header
+
+from .scratch import ScratchPool
 
 log = logging.getLogger("wansync.engine")
 
@@ -44,6 +48,7 @@ class TaskHost(Protocol):
     """What a task part needs of the chunk engine that runs it."""
 
     node: int
+    scratch: ScratchPool  # buffers for partial sums as they arrive
 
     def clock(self) -> float: ...
 
@@ -112,6 +117,9 @@ class TaskPart:
         aggregates = self.member or any(r.in_agg for r in self.roles.values())
         self.acc = np.empty(plan.params if aggregates else 0, np.float32)
         self._acc_ready = bytearray(len(plan.layout))  # per chunk: acc holds its start value
+        # per chunk: built segment by segment as its one agg child's bytes land, each in one numpy pass
+        # (start + segment) instead of a copy of the start and an add; at a root straight into the result
+        self._fused = bytearray(len(plan.layout))
         self.chunk_group = [0] * len(plan.layout)
         self.waiting = [0] * len(plan.layout)  # per chunk: agg children not yet complete
         self.pending = 0  # duties left (see Role.duties); this part is done at 0
@@ -204,7 +212,7 @@ class TaskPart:
         """Where a checked frame's bytes go: a scratch buffer for a partial sum, the result for a final value."""
         self.check(h)
         if h["kind"] == "agg":
-            return memoryview(np.empty(h["nbytes"] // 4, np.float32)).cast("B")
+            return self.host.scratch.take(h["nbytes"])
         start = self.plan.layout[h["chunk"]][0] * 4 + h["off"]
         return memoryview(self.result).cast("B")[start:start + h["nbytes"]]
 
@@ -235,8 +243,12 @@ class TaskPart:
                     raise TaskError(f"chunk {c}: node {origin} sent contributions of non-members")
                 self.contributors[c] |= theirs
             part = np.frombuffer(payload, dtype=np.float32)
-            acc = self._acc(c)[lo - off:hi - off]
-            np.add(acc, part, out=acc)
+            if self._fused[c] or (not self._acc_ready[c] and len(self.roles[self.chunk_group[c]].agg_children) == 1):
+                self._fuse(c, lo, hi, part)
+            else:
+                acc = self._acc(c)[lo - off:hi - off]
+                np.add(acc, part, out=acc)
+            self.host.scratch.give(payload)
             got += h["nbytes"]
             self.agg_bytes[(c, origin)] = got
             if got == n * 4:
@@ -269,13 +281,32 @@ class TaskPart:
             self.end(TaskError(f"chunk {c}: root {self.host.node} aggregated {self.contributors[c]:#x}, "
                                f"expected {self.everyone:#x}"))
             return
-        self.result[off:off + n] = value
+        if not self._fused[c]:  # a fused root's sum is in the result already
+            self.result[off:off + n] = value
         self._final(c)
+
+    def _fuse(self, c: int, lo: int, hi: int, part: np.ndarray) -> None:
+        """Elements lo..hi of chunk c, which has one agg child: its start value (the weighted contribution,
+        or nothing) plus the child's segment, written in one pass where the chunk's sum goes: the
+        result at the root (nothing copied there later), else the accumulator. The child sends each
+        element once (the overlay drops a resent segment it already has), so each is written once."""
+        if not self._fused[c]:
+            self._fused[c] = self._acc_ready[c] = 1
+        dest = (self.result if self.roles[self.chunk_group[c]].parent is None else self.acc)[lo:hi]
+        if self._start is None:
+            dest[:] = part
+        elif self._weight == 1.0:
+            np.add(self._start[lo:hi], part, out=dest)
+        else:
+            np.multiply(self._start[lo:hi], np.float32(self._weight), out=dest)
+            dest += part
 
     def _acc(self, c: int) -> np.ndarray:
         """Chunk c of the accumulator, holding its start value (the weighted contribution, or zeros)
-        from the first time it is asked for."""
+        from the first time it is asked for; a fused chunk's sum where _fuse put it."""
         off, n = self.plan.layout[c]
+        if self._fused[c] and self.roles[self.chunk_group[c]].parent is None:
+            return self.result[off:off + n]
         view = self.acc[off:off + n]
         if not self._acc_ready[c]:
             self._acc_ready[c] = 1

@@ -153,3 +153,26 @@ def test_invalid_plans_are_refused(breakage, message):
 def test_malformed_wire_plan_is_a_plan_error():
     with pytest.raises(PlanError):
         Plan.from_wire({"version": 1})
+
+
+@pytest.mark.loopback
+def test_chains_sum_weighted_members_and_non_members_in_one_pass_exactly():
+    """A chunk with one aggregation child (a chain, a ring) is summed segment by segment in one pass (its
+    start value plus the child's bytes), at the root straight into the result. On chains whose hops
+    are relayed (a 4-node ring overlay, 4 KB segments) with integer weights, a non-member in the middle
+    of one chain and a non-member root of the other, every receiver still holds the exact sum."""
+    links = {}
+    for a in range(4):
+        links[(a, (a + 1) % 4)] = links[((a + 1) % 4, a)] = LinkSpec(1000.0)
+    topo = Topology("ring4", 4, links)
+    layout = make_layout(50_000, 7_000)  # 8 chunks of up to 28 KB: several segments each
+    half = len(layout) // 2
+    # 3 -> 1 and 2 -> 0 cross a relay; node 1 contributes nothing
+    mid = ChunkGroup(tuple(range(half)), 0, {3: 1, 1: 2, 2: 0, 0: None}, {0: (2,), 2: (1,), 1: (3,)})
+    top = ChunkGroup(tuple(range(half, len(layout))), 1, {0: 2, 2: 3, 3: 1, 1: None}, {1: (3,), 3: (2,), 2: (0,)})
+    plan = Plan(1, "chains", (0, 2, 3), {0: 2.0, 2: 3.0, 3: 1.0}, layout, (mid, top)).validate(topo.links)
+
+    async def go():
+        async with LocalNet(topo, segment_bytes=4096) as net:
+            await net.run_round(plan)  # asserts == the exact weighted sum (the test's own) on every receiver
+    asyncio.run(go())
