@@ -214,10 +214,10 @@ def test_the_secret_is_never_an_option(tmp_path):
     assert "secret" not in names and all("secret" not in n or n == "secret_file" for n in names)
 
 
-def test_the_loop_is_chosen_by_backend_unless_named():
+def test_the_loop_is_uvloop_on_both_backends_unless_named():
     from wansync.loops import resolve_loop
 
-    assert resolve_loop("auto", "tc") == "uvloop" and resolve_loop("auto", "app") == "asyncio"
+    assert resolve_loop("auto", "tc") == "uvloop" and resolve_loop("auto", "app") == "uvloop"
     assert resolve_loop("asyncio", "tc") == "asyncio" and resolve_loop("uvloop", "app") == "uvloop"
     with pytest.raises(ValueError, match="--loop must be one of"):
         resolve_loop("trio", "app")

@@ -185,8 +185,8 @@ DECLARED: tuple[Opt, ...] = (
     Opt("security", "tls_ca", "--tls-ca", None, "TLS: CA that signs every node's certificate", EVERY,
         metavar="PEM"),
     # --- the agents ---
-    Opt("agents", "loop", "--loop", DEFAULT_LOOP, "event loop: auto (default: uvloop on the tc backend, where the "
-        "kernel shapes; asyncio where the agents shape), asyncio or uvloop", EVERY, choices=LOOPS),
+    Opt("agents", "loop", "--loop", DEFAULT_LOOP, "event loop: auto (default: uvloop, measured cheaper per GB on "
+        "both backends), asyncio or uvloop", EVERY, choices=LOOPS),
     Opt("agents", "gc", "--agent-gc", "tuned", "garbage collector of every agent: tuned (startup objects frozen, "
         "young generation collected every 10,000 allocations) or Python's default", EVERY,
         choices=("tuned", "default"), dest="agent_gc"),
