@@ -11,7 +11,9 @@ Five parts, one table each, in one invocation:
 - microbenchmark: a chunk's handling per hop (capacity.dataplane: chains of 3 and 8 agents, 4 KB
   chunks on links too fast to matter).
 - unshaped: 4 nodes, 100 MB, delay 0, links declared at 10 Gbit/s, application backend: wansync's
-  ring against torch.distributed's Gloo all_reduce on the same machine, runs interleaved.
+  ring against torch.distributed's Gloo all_reduce on the same machine, runs interleaved; and against
+  the least-Python ring all-reduce (blocking sockets, a sender thread, numpy adds, no framing, no
+  checks, no event loop): the floor of any Python data plane here (`python_floor_vs_gloo`).
 The full run repeats the capacity cases three times (median and spread reported); --quick is the
 check's run (one pass, <= 9 min). The last stdout line is one JSON object.
 
@@ -123,9 +125,85 @@ def gloo_rounds(world: int, params: int, rounds: int) -> list[float]:
     return got
 
 
+def _recv_exact(sock: socket.socket, buf: memoryview) -> None:
+    got = 0
+    while got < len(buf):
+        n = sock.recv_into(buf[got:])
+        if n == 0:
+            raise ConnectionError("peer closed")
+        got += n
+
+
+def _floor_rank(rank: int, world: int, ports: list[int], params: int, rounds: int, barrier: Any, out: Any) -> None:
+    """The same ring all-reduce in the least Python can do: blocking sockets, a thread sending each
+    step's segment while the main thread receives the previous node's (reduce-scatter adds it with
+    numpy, all-gather receives it in place), no framing, no checks, no event loop, no shaping."""
+    import threading
+
+    import numpy as np
+
+    srv = socket.create_server(("127.0.0.1", ports[rank]))
+    barrier.wait()
+    nxt = socket.create_connection(("127.0.0.1", ports[(rank + 1) % world]))
+    prv, _ = srv.accept()
+    bounds = [params * i // world for i in range(world + 1)]
+    t = np.empty(params, np.float32)
+    scratch = np.empty(max(b - a for a, b in zip(bounds, bounds[1:], strict=False)), np.float32)
+
+    def seg(i: int) -> np.ndarray:
+        return t[bounds[i]:bounds[i + 1]]
+
+    def step(send: int, recv_into: np.ndarray) -> None:
+        th = threading.Thread(target=nxt.sendall, args=(memoryview(seg(send)).cast("B"),))
+        th.start()
+        _recv_exact(prv, memoryview(recv_into).cast("B"))
+        th.join()
+
+    times = []
+    for _ in range(rounds + 1):  # the first is a warm-up, as Gloo's
+        t.fill(rank + 1)
+        barrier.wait()
+        t0 = time.perf_counter()
+        for s in range(world - 1):  # reduce-scatter
+            r = (rank - s - 1) % world
+            part = scratch[:bounds[r + 1] - bounds[r]]
+            step((rank - s) % world, part)
+            np.add(seg(r), part, out=seg(r))
+        for s in range(world - 1):  # all-gather
+            step((rank + 1 - s) % world, seg((rank - s) % world))
+        times.append(time.perf_counter() - t0)
+        if not np.all(t == world * (world + 1) / 2):  # its own exact sum: 1 + 2 + ... + world
+            out.put((rank, None))
+            return
+    out.put((rank, times[1:]))
+
+
+def floor_rounds(world: int, params: int, rounds: int) -> list[float] | None:
+    """Round times of the least-Python ring all-reduce (_floor_rank): the slowest rank's per round;
+    None if a rank's sum was wrong."""
+    ctx = mp.get_context("spawn")
+    ports = []
+    for _ in range(world):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    q, barrier = ctx.Queue(), ctx.Barrier(world)
+    procs = [ctx.Process(target=_floor_rank, args=(r, world, ports, params, rounds, barrier, q), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    if any(ts is None for _, ts in got):
+        return None
+    return [max(ts[i] for _, ts in got) for i in range(rounds)]
+
+
 def unshaped(pairs: int, rounds: int) -> dict[str, Any]:
     ring: list[float] = []
     gloo: list[float] = []
+    floor: list[float] = []
     wrong = 0
     with tempfile.TemporaryDirectory() as d:
         path = fast_mesh(UNSHAPED_NODES, UNSHAPED_MBPS, Path(d) / "fast.toml")
@@ -135,7 +213,12 @@ def unshaped(pairs: int, rounds: int) -> dict[str, Any]:
             ring += r.round_times
             wrong += r.rounds_wrong
             gloo += gloo_rounds(UNSHAPED_NODES, UNSHAPED_PARAMS, rounds)
-    return {"ring": ring, "gloo": gloo, "rounds_wrong": wrong}
+            fl = floor_rounds(UNSHAPED_NODES, UNSHAPED_PARAMS, rounds)
+            if fl is None:
+                wrong += 1
+            else:
+                floor += fl
+    return {"ring": ring, "gloo": gloo, "floor": floor, "rounds_wrong": wrong}
 
 
 # --- the report ----------------------------------------------------------------------------------------------
@@ -185,9 +268,11 @@ def main() -> None:
     if "unshaped" in parts:
         un = unshaped(pairs=2 if args.quick else 3, rounds=4 if args.quick else 6)
         print(f"\nunshaped, {UNSHAPED_NODES} nodes, {UNSHAPED_PARAMS * 4 / 1e6:.0f} MB, delay 0: wansync ring "
-              f"{spread(un['ring'])} s, Gloo all_reduce {spread(un['gloo'])} s (median [min, max] over rounds)")
+              f"{spread(un['ring'])} s, Gloo all_reduce {spread(un['gloo'])} s, the least-Python ring (blocking "
+              f"sockets, numpy adds, nothing else) {spread(un['floor'])} s (median [min, max] over rounds)")
     print(f"\ncapacity valid: app {valid['app']}, tc {valid['tc']}; CPU s per GB (app) {cpu_gb}")
     ratio = (statistics.median(un["ring"]) / statistics.median(un["gloo"])) if un else None
+    floor_ratio = (statistics.median(un["floor"]) / statistics.median(un["gloo"])) if un and un["floor"] else None
     print(json.dumps({
         "valid_16_app": bool(valid["app"]) and all(valid["app"]),
         "valid_24_tc": bool(valid["tc"]) and all(valid["tc"]),
@@ -200,6 +285,8 @@ def main() -> None:
         "cpu_s_per_gb_app_spread": [round(min(cpu_gb), 2), round(max(cpu_gb), 2)] if cpu_gb else None,
         "us_per_chunk_hop": round(costs["hop_handling_s"] * 1e6, 1) if costs else None,
         "unshaped_ring_vs_gloo": None if ratio is None else round(ratio, 3),
+        # the same ring in the least Python can do, over Gloo: how near to Gloo any Python data plane gets
+        "python_floor_vs_gloo": None if floor_ratio is None else round(floor_ratio, 3),
         "rounds_wrong": sum(r.rounds_wrong for r in results) + un.get("rounds_wrong", 0),
         "all_links": ALL_LINKS,
         "seconds": round(time.time() - t_start, 1),
