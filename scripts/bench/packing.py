@@ -300,7 +300,8 @@ def live_runs(quick: bool) -> dict[str, Any]:
             err = statistics.median(rel) if rel else None
             if err is not None:
                 errs.append(abs(err))
-            t.add_row(name, s, spread(xs), "-" if not rel else f"{statistics.median(r.prediction_s for r in recs if r.prediction_s):.3f}",
+            preds = [r.prediction_s for r in recs if r.prediction_s]  # a skipped prediction is None
+            t.add_row(name, s, spread(xs), "-" if not rel else f"{statistics.median(preds):.3f}",
                       "-" if err is None else f"{err:+.1f}", f"{med[s] / bound:.2f}", f"{bound:.3f}",
                       str(len({r.version for r in recs})))
         out[key] = med["packing"] / bound
