@@ -40,18 +40,16 @@ def test_memory_the_pool_did_not_hand_out_is_never_handed_out():
     assert pool.reused == 0
 
 
+def reused_after_giving_back(pool: ScratchPool, n: int, nbytes: int = 4096) -> int:
+    """Hand out n buffers, give them all back, take n again: how many of those were kept for reuse."""
+    first = [pool.take(nbytes) for _ in range(n)]
+    ids = [b.obj for b in first]
+    for b in first:
+        pool.give(b)
+    again = [pool.take(nbytes).obj for _ in range(n)]
+    return sum(any(a is i for i in ids) for a in again)
+
+
 def test_the_pool_keeps_no_more_than_its_limits():
-    pool = ScratchPool(keep_per_size=2, keep_bytes=3 * 4096)
-    bufs = [pool.take(4096) for _ in range(5)]
-    ids = [b.obj for b in bufs]
-    for b in bufs:
-        pool.give(b)
-    kept = [pool.take(4096).obj for _ in range(5)]
-    assert sum(any(k is i for i in ids) for k in kept) == 2  # per size
-    pool = ScratchPool(keep_per_size=8, keep_bytes=3 * 4096)
-    bufs = [pool.take(4096) for _ in range(5)]
-    ids = [b.obj for b in bufs]
-    for b in bufs:
-        pool.give(b)
-    kept = [pool.take(4096).obj for _ in range(5)]
-    assert sum(any(k is i for i in ids) for k in kept) == 3  # in bytes
+    assert reused_after_giving_back(ScratchPool(keep_per_size=2, keep_bytes=3 * 4096), 5) == 2  # per size
+    assert reused_after_giving_back(ScratchPool(keep_per_size=8, keep_bytes=3 * 4096), 5) == 3  # in bytes

@@ -1,5 +1,5 @@
 """What the benchmarks share: their child processes (start, command pipe, CPU, reaping), SIGTERM as
-an exit, and the commit measured."""
+an exit, the commit measured, and a blocking socket's exact read."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 import zlib
@@ -125,3 +126,13 @@ def result_digest(values: Any) -> str:
     """What agents report for a result (agents/tasks.py's digest), computed here: hex CRC-32 of the
     float32 bytes; the benchmarks compare it with their own exact sums."""
     return f"{zlib.crc32(memoryview(values).cast('B')):08x}"
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` from a blocking socket (ConnectionError if the peer closes first)."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed")
+        got += n

@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_common import recv_exact  # noqa: E402
 from capacity import (  # noqa: E402
     ALL_LINKS,
     N_QUICK,
@@ -125,15 +126,6 @@ def gloo_rounds(world: int, params: int, rounds: int) -> list[float]:
     return got
 
 
-def _recv_exact(sock: socket.socket, buf: memoryview) -> None:
-    got = 0
-    while got < len(buf):
-        n = sock.recv_into(buf[got:])
-        if n == 0:
-            raise ConnectionError("peer closed")
-        got += n
-
-
 def _floor_rank(rank: int, world: int, ports: list[int], params: int, rounds: int, barrier: Any, out: Any) -> None:
     """The same ring all-reduce in the least Python can do: blocking sockets, a thread sending each
     step's segment while the main thread receives the previous node's (reduce-scatter adds it with
@@ -156,7 +148,7 @@ def _floor_rank(rank: int, world: int, ports: list[int], params: int, rounds: in
     def step(send: int, recv_into: np.ndarray) -> None:
         th = threading.Thread(target=nxt.sendall, args=(memoryview(seg(send)).cast("B"),))
         th.start()
-        _recv_exact(prv, memoryview(recv_into).cast("B"))
+        recv_exact(prv, memoryview(recv_into).cast("B"))
         th.join()
 
     times = []

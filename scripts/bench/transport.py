@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
-from bench_common import commit, cpu_s, die_with_parent, exit_on_sigterm, reap, recv
+from bench_common import commit, cpu_s, die_with_parent, exit_on_sigterm, reap, recv, recv_exact
 
 from emulation.link import LinkShaper, LinkSpec
 from overlay.link import SEGMENT_BYTES
@@ -92,7 +92,7 @@ def socket_rx(ctrl: Connection) -> None:
     buf = memoryview(bytearray(max(FRAMES)))
     hdr = memoryview(bytearray(_HDR.size))
     while True:
-        _recv_exact(sock, hdr)
+        recv_exact(sock, hdr)
         total, frame = _HDR.unpack(hdr)
         if total == 0:
             break
@@ -111,15 +111,6 @@ def socket_rx(ctrl: Connection) -> None:
     sock.close()
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("peer closed")
-        got += n
-
-
 def socket_tx(ctrl: Connection, port: int) -> None:
     die_with_parent()
     sock = socket.create_connection(("127.0.0.1", port))
@@ -133,7 +124,7 @@ def socket_tx(ctrl: Connection, port: int) -> None:
         view = payload[:frame]
         for _ in range(total // frame):
             sock.sendall(view)
-        _recv_exact(sock, ack)
+        recv_exact(sock, ack)
         ctrl.send((time.perf_counter() - t0, cpu_s() - c0))
     sock.sendall(_HDR.pack(0, 0))
     sock.close()
