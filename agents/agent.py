@@ -114,7 +114,7 @@ class Agent:
                            now=self.clock.now)
         self.caps = CapProbes(node, self.clock.now, up=node in topo.uplink_mbps, down=node in topo.downlink_mbps,
                               rx_total=lambda: sum(m.bytes for m in self.overlay.meters_in.values()),
-                              tx_total=lambda: sum(sh.written_bytes for sh in self.wan.shapers.values()),
+                              tx_mark=self.wan.tx_mark,
                               sending=lambda: self.wan.backlogs.n > 0, probe_bytes=probe_bytes, probe_num=probe_num)
         self.overlay = Overlay(node, cluster, self.engine, neighbors=topo.neighbors(node), pacers=self.wan.shapers,
                                downlink=self.wan.downlink, host=host, on_sample=self._on_sample,

@@ -6,8 +6,11 @@ period if its sender stamped it before the previous chunk, from anyone, had arri
 chunk's bytes are not counted, so no token bucket's burst reads as rate), counting the bytes of the
 overlay's receive meters of all links together. Uplink: the sender's side, ticked every TICK_S: while
 any of this node's links has data waiting (its shapers' backlog count, on both backends), the bytes
-its links wrote to the wire at their due times, from the third tick that found it busy (the bucket's
-burst is through by then; not counted) to the last. Samples cover CAP_SAMPLE_S of busy time at least
+its links wrote to the wire, from the third tick that found it busy (the bucket's burst is through by
+then; not counted) to the last, over the time between the writes those ticks found latest — not the
+ticks' own times: a tick that a busy loop runs before the writes that came due meanwhile would count
+their time without their bytes, and the next sample their bytes without their time (on a loaded
+machine, 4 Mbit/s read 3.6 and 4.4 by turns). Samples cover CAP_SAMPLE_S of busy time at least
 and go out as [kind, bytes, seconds] (kind 0 = uplink, 1 = downlink) in the REPORT's `caps`.
 
 An aggregate reaches the cap only while the cap binds; the scheduler's view keeps a high quantile of
@@ -34,15 +37,17 @@ PORT = -1
 
 class CapProbes:
     def __init__(self, node: int, now: Callable[[], float], *, up: bool, down: bool, rx_total: Callable[[], int],
-                 tx_total: Callable[[], int], sending: Callable[[], bool], probe_bytes: int, probe_num: int) -> None:
-        """up/down: whether the node has that cap; rx_total/tx_total: bytes received/sent over all links so
-        far (the overlay's meters); sending: some link of this node has data waiting."""
+                 tx_mark: Callable[[], tuple[float, int]], sending: Callable[[], bool], probe_bytes: int,
+                 probe_num: int) -> None:
+        """up/down: whether the node has that cap; rx_total: bytes received over all links so far (the
+        overlay's meters); tx_mark: (when the latest piece was written, bytes written over all links so
+        far); sending: some link of this node has data waiting."""
         self.node, self.now = node, now
         self.up, self.down = up, down
-        self.tx_total, self.sending = tx_total, sending
+        self.tx_mark, self.sending = tx_mark, sending
         self._down = LinkProbes(now, probe_bytes, probe_num, rx_bytes=lambda _src: rx_total(),
                                 min_sample_s=DOWN_SAMPLE_S)
-        self._period: list[float] | None = None  # uplink: [start, last, bytes at start, bytes at last]
+        self._period: list[float] | None = None  # uplink: [start, last, bytes at start, bytes at last] (write times)
         self._acc = [0.0, 0.0]  # uplink bytes, seconds not yet a sample
         self._busy_ticks = 0  # consecutive ticks that found the uplink busy
         self.samples: list[list[float]] = []
@@ -73,20 +78,21 @@ class CapProbes:
 
     def tick(self) -> None:
         """The uplink's busy period goes on, starts or ends (called every TICK_S)."""
-        now, busy = self.now(), self.sending()
+        busy = self.sending()
         p = self._period
         if busy:
-            tx = self.tx_total()
             self._busy_ticks += 1
             if self._busy_ticks <= SKIP_TICKS:  # an idle cap starts with a full bucket: its burst is no rate
                 return
+            at, tx = self.tx_mark()
             if p is None:
-                self._period = [now, now, tx, tx]
+                self._period = [at, at, tx, tx]
                 return
-            p[1], p[3] = now, tx
+            if at > p[1]:
+                p[1], p[3] = at, tx
             if p[1] - p[0] >= SAMPLE_S:  # a long period: report this much, go on from here
                 self._emit(p)
-                self._period = [now, now, tx, tx]
+                self._period = [p[1], p[1], p[3], p[3]]
         else:
             self._busy_ticks = 0
             if p is not None:

@@ -146,6 +146,12 @@ class NodeWan:
         else:
             shaper.blackhole(msg.on)
 
+    def tx_mark(self) -> tuple[float, int]:
+        """(when the latest piece was written, bytes written so far) over all of this node's links, a
+        pair one uplink sample can end on (agents/capprobes.py)."""
+        shapers = self.shapers.values()
+        return max((sh.wrote_at for sh in shapers), default=0.0), sum(sh.written_bytes for sh in shapers)
+
     # --- the fidelity guard's books ------------------------------------------------------------------
     def link_marks(self) -> dict[int, dict[str, float]]:
         """Every link shaper's books now (a job's start)."""

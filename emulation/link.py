@@ -95,6 +95,7 @@ class LinkShaper:
         self.held_s = 0.0  # backlog time the node's uplink, not this link, held the pieces back
         self.idle_s = 0.0  # backlog time the link had nothing to send (the delay line still held pieces)
         self._pending = 0  # written in the backlog still open
+        self.wrote_at = 0.0  # when the latest piece was written, as the books count it (the delay line's clock)
         self._held = 0.0  # held_s of the backlog still open
         self._idle = 0.0  # idle_s of the backlog still open
         self._last_release: float | None = None  # when the open backlog's previous piece was released
@@ -261,8 +262,9 @@ class LinkShaper:
         """A released piece was written; `at`: when, as far as the books are concerned (the writer
         may say a write its own timer grain delayed was on time; default now)."""
         self._pending += nbytes
+        now = self._clock() if at is None else at
+        self.wrote_at = max(self.wrote_at, now)
         if self._inflight:  # the uplink's books: this piece crossed the uplink `late` after its tokens
-            now = self._clock() if at is None else at
             self._forget_stale(now)
             if self._inflight:
                 _, due, up_due, cap = self._inflight.popleft()
@@ -278,6 +280,7 @@ class LinkShaper:
                 self.wrote(n, max(at, floor))
         else:
             self._pending += sum(sizes)
+            self.wrote_at = max(self.wrote_at, ats[-1], floor)
 
     def _forget_stale(self, now: float) -> None:
         """Pieces the overlay dropped unwritten (their connection closed) leave the uplink's books."""
