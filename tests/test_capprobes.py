@@ -4,6 +4,8 @@ import pytest
 
 from agents.capprobes import UP, CapProbes
 
+pytestmark = pytest.mark.unit
+
 RATE = 500_000.0  # bytes/s: a 4 Mbit/s uplink
 PIECE = 1500
 
