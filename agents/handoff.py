@@ -251,7 +251,8 @@ class Handoff:
         fd = os.memfd_create(f"wansync-rank{self.node}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
-            mem = mmap.mmap(fd, size)
+            # paged in here (where the kernel can): the attach pays for the pages, not the first steps
+            mem = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
             msg = wire.encode({"t": "welcome", "params": layout["params"], "slot": slot, "world": world,
                                "flags": world, "rows": sketch.ROWS, "rejoin": rejoin})
             conn.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(

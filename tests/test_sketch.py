@@ -31,8 +31,19 @@ def test_fold_is_the_sum_by_index_mod_fold_and_the_l1():
         block = x[i:i + sketch.FOLD].astype(np.float64)
         ref[:len(block)] += block
     assert np.allclose(f, ref, rtol=0, atol=1e-9)
-    assert l1 == pytest.approx(float(np.abs(x.astype(np.float64)).sum()), rel=1e-12)
+    assert np.allclose(sketch.fold_sum(x), ref, rtol=0, atol=1e-9)
+    # the L1 only scales the bound (which has a 0.1 % margin) and is stored in float32: float32 blocks will do
+    assert l1 == pytest.approx(float(np.abs(x.astype(np.float64)).sum()), rel=1e-6)
     assert sketch.signs(len(f), 1).shape == (sketch.ROWS, sketch.FOLD)  # bounded whatever the model
+
+
+def test_an_l1_beyond_float32_is_summed_in_float64_not_called_non_finite():
+    x = np.full(sketch.FOLD + 10, 1e34, np.float32)  # finite values whose float32 sum overflows
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.abs(x[:sketch.FOLD]).sum())
+    assert sketch.fold(x)[1] == pytest.approx(float(x.astype(np.float64).sum()), rel=1e-6)
+    x[7] = np.inf
+    assert np.isinf(sketch.fold(x)[1])  # a non-finite value stays non-finite
 
 
 @pytest.mark.parametrize("n", [1000, sketch.FOLD + 5000])
