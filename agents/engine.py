@@ -28,7 +28,7 @@ from overlay.messages import ProtocolError
 from overlay.peers import HoldRefused, Overlay
 from overlay.routing import Routes
 
-from .scratch import ScratchPool
+from .scratch import RecycledArrays, ScratchPool
 from .taskpart import TaskAborted, TaskKey, TaskPart
 
 log = logging.getLogger("wansync.engine")
@@ -66,6 +66,7 @@ class ChunkEngine:
         self.top: dict[int, int] = {}  # job -> the newest task begun or announced here (or the first expected)
         self.settled: dict[int, int] = {}  # job -> every task below it is over everywhere (the scheduler says)
         self.scratch = ScratchPool()  # partial sums' segments land here, and are added at once (TaskPart)
+        self.arrays = RecycledArrays()  # task parts' accumulators and results, once nothing refers to them
         self.held_peak = 0  # most bytes ever held for tasks not begun (<= the budget + a frame per peer)
         self.hold_refused = 0  # segments refused for the budget (resent by their senders later)
         self.refused_frames = 0  # segments refused as unexpected (unknown job, task outside the window)

@@ -1,10 +1,15 @@
-"""Buffers for partial sums as they arrive, used again: a segment of a partial sum lands in a scratch
-buffer and is added into the accumulator at once, so the buffer is free again right after. A fresh
-multi-MB numpy array per segment costs its page faults (zeroed huge pages) on every first touch, and
-glibc gives memory this size back to the kernel when it is freed; a few kept buffers avoid both."""
+"""Buffers used again instead of allocated afresh. A fresh multi-MB numpy array costs its page faults
+(zeroed pages) on every first touch, because glibc gives memory this size back to the kernel when it is
+freed: ~15 ms per 100 MB, every round, for a task part's accumulator and its result alike.
+
+- ScratchPool: a segment of a partial sum lands in a scratch buffer and is added into the accumulator at
+  once, so the buffer is given back right after.
+- RecycledArrays: a task part's model-sized accumulator and result, handed out again once nothing refers
+  to them any more (their users never say when: a result outlives its task in the workload's hands)."""
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import numpy as np
@@ -48,3 +53,62 @@ class ScratchPool:
         if len(free) < self.keep_per_size and self._kept + nbytes <= self.keep_bytes:
             free.append(arr)
             self._kept += nbytes
+
+
+KEEP_ARRAY_BYTES = 1 << 30  # model-sized arrays kept in all (in use or free): beyond it, fresh ones as before
+KEEP_ARRAYS_PER_SIZE = 4  # an accumulator and a result, for the task running and the next one
+MIN_RECYCLED_BYTES = 1 << 20  # smaller arrays come from glibc's heap, where freeing them costs nothing
+
+
+def _free_refs() -> int:
+    """The reference count sys.getrefcount reports for an array only a list holds (CPython's, measured
+    here rather than assumed)."""
+    probe = [np.empty(1, np.float32)]
+    return sys.getrefcount(probe[0])
+
+
+_FREE_REFS = _free_refs()
+
+
+class RecycledArrays:
+    """Float32 arrays by length, each handed out again once nothing but this pool refers to it. CPython's
+    reference count says so: a view or slice of an array, a memoryview of it (a receive target, a write
+    queued on a transport), a result a workload kept, each holds a reference, so an array still in use
+    anywhere is never handed out twice. Contents are stale, as np.empty's are undefined."""
+
+    def __init__(self, keep_bytes: int = KEEP_ARRAY_BYTES, keep_per_size: int = KEEP_ARRAYS_PER_SIZE) -> None:
+        self.keep_bytes, self.keep_per_size = keep_bytes, keep_per_size
+        self._kept: dict[int, list[np.ndarray]] = {}
+        self._bytes = 0
+        self.reused = 0  # arrays handed out again (a figure for whoever profiles the data plane)
+
+    def empty(self, n: int) -> np.ndarray:
+        """An uninitialized float32 array of n values: a kept one nothing refers to, or a fresh one."""
+        if n * 4 < MIN_RECYCLED_BYTES:
+            return np.empty(n, np.float32)
+        kept = self._kept.setdefault(n, [])
+        for i in range(len(kept)):
+            if sys.getrefcount(kept[i]) == _FREE_REFS:
+                self.reused += 1
+                return kept[i]
+        arr = np.empty(n, np.float32)
+        if len(kept) < self.keep_per_size and self._room(arr.nbytes):
+            kept.append(arr)
+            self._bytes += arr.nbytes
+        return arr
+
+    def _room(self, nbytes: int) -> bool:
+        """Make room for nbytes more by letting go of kept arrays nothing refers to (another size's: a
+        job that ended); False if there is none."""
+        for kept in self._kept.values():
+            i = 0
+            while self._bytes + nbytes > self.keep_bytes and i < len(kept):
+                if sys.getrefcount(kept[i]) == _FREE_REFS:
+                    self._bytes -= kept.pop(i).nbytes
+                else:
+                    i += 1
+        return self._bytes + nbytes <= self.keep_bytes
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes

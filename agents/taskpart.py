@@ -28,7 +28,7 @@ from core.classes import TrafficClass
 from core.plan import Plan
 from overlay.messages import ProtocolError, bitmap, bitmap_bytes, bitmap_int, chunk_header
 
-from .scratch import ScratchPool
+from .scratch import RecycledArrays, ScratchPool
 
 log = logging.getLogger("wansync.engine")
 
@@ -49,6 +49,7 @@ class TaskHost(Protocol):
 
     node: int
     scratch: ScratchPool  # buffers for partial sums as they arrive
+    arrays: RecycledArrays  # model-sized accumulators and results, used again
 
     def clock(self) -> float: ...
 
@@ -115,7 +116,7 @@ class TaskPart:
         self._weight = plan.weights[me] if self.member else 1.0
         self._start = contribution if self.member else None
         aggregates = self.member or any(r.in_agg for r in self.roles.values())
-        self.acc = np.empty(plan.params if aggregates else 0, np.float32)
+        self.acc = host.arrays.empty(plan.params if aggregates else 0)
         self._acc_ready = bytearray(len(plan.layout))  # per chunk: acc holds its start value
         # per chunk: built segment by segment as its one agg child's bytes land, each in one numpy pass
         # (start + segment) instead of a copy of the start and an add; at a root straight into the result
@@ -130,7 +131,7 @@ class TaskPart:
             self.pending += self.roles[gi].duties * len(g.chunks)
         self.duties = self.pending
         needs_result = self.receiver or any(r.in_bcast for r in self.roles.values())
-        self.result = np.empty(plan.params if needs_result else 0, np.float32)
+        self.result = host.arrays.empty(plan.params if needs_result else 0)
         self.everyone = bitmap_int(bitmap(plan.participants))  # what every final value must hold
         self.contributors = [(1 << me) if self.member else 0] * len(plan.layout)  # per chunk: summed into acc
         self.agg_bytes: dict[tuple[int, int], int] = defaultdict(int)  # (chunk, origin) -> bytes summed

@@ -1,11 +1,12 @@
 """The scratch pool that partial sums' segments land in: a buffer is handed out again only once it was
 given back, never twice at once, never one the pool did not hand out (a result, a model), and the
-pool keeps no more than its limits."""
+pool keeps no more than its limits. The recycled model-sized arrays: handed out again only once
+nothing refers to them, whatever holds them (a slice, a memoryview, the array itself)."""
 
 import numpy as np
 import pytest
 
-from agents.scratch import ScratchPool
+from agents.scratch import MIN_RECYCLED_BYTES, RecycledArrays, ScratchPool
 
 pytestmark = pytest.mark.unit
 
@@ -53,3 +54,54 @@ def reused_after_giving_back(pool: ScratchPool, n: int, nbytes: int = 4096) -> i
 def test_the_pool_keeps_no_more_than_its_limits():
     assert reused_after_giving_back(ScratchPool(keep_per_size=2, keep_bytes=3 * 4096), 5) == 2  # per size
     assert reused_after_giving_back(ScratchPool(keep_per_size=8, keep_bytes=3 * 4096), 5) == 3  # in bytes
+
+
+N = MIN_RECYCLED_BYTES // 4  # the smallest length the recycler keeps
+
+
+def address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_an_array_nothing_refers_to_is_handed_out_again():
+    arrays = RecycledArrays()
+    a = arrays.empty(N)
+    a[:] = 7.0
+    first = address(a)
+    del a
+    b = arrays.empty(N)
+    assert address(b) == first and arrays.reused == 1
+    assert address(arrays.empty(N)) != first  # b is still held: the next one is another array
+
+
+def holder(a: np.ndarray, hold: str) -> object:
+    if hold == "slice":  # a chunk being summed into
+        return a[100:200]
+    if hold == "memoryview":  # a receive target, a write queued on a transport
+        return memoryview(a).cast("B")[400:800]
+    if hold == "frombuffer":
+        return np.frombuffer(memoryview(a).cast("B"), np.float32)
+    return a  # a result the workload kept
+
+
+@pytest.mark.parametrize("hold", ["array", "slice", "memoryview", "frombuffer"])
+def test_an_array_anything_still_refers_to_is_never_handed_out(hold):
+    arrays = RecycledArrays()
+    a = arrays.empty(N)
+    kept = holder(a, hold)
+    del a
+    b = arrays.empty(N)
+    assert not np.shares_memory(b, np.frombuffer(kept, np.uint8) if isinstance(kept, memoryview) else kept)
+    assert arrays.reused == 0
+
+
+def test_small_arrays_are_not_kept_and_the_recycler_keeps_no_more_than_its_limits():
+    arrays = RecycledArrays(keep_bytes=3 * N * 4, keep_per_size=2)
+    assert arrays.empty(N - 1).size == N - 1 and arrays.kept_bytes == 0  # small: glibc's heap serves it
+    held = [arrays.empty(N) for _ in range(3)]  # only two of one size are kept
+    assert arrays.kept_bytes == 2 * N * 4
+    other = arrays.empty(2 * N)  # no room for it while both kept arrays are in use: not kept
+    assert arrays.kept_bytes == 2 * N * 4
+    del held, other
+    arrays.empty(2 * N)  # now the unused ones of the other size make room
+    assert arrays.kept_bytes <= 3 * N * 4 and arrays._kept[2 * N]
