@@ -16,7 +16,8 @@ same math), tta_speedup_best_vs_ddp (any mode), outer_vs_gloo_outer (the same Di
 time to target, over wansync's; outer_ceiling_vs_gloo is the most any sync could give there, 1 / (1 - Gloo's
 sync share of its outer loop's wall time)), acc_gap_best_pp, allreduce_err_over_bound (every scheme's result
 against a float64 reference, unshaped loopback), handoff_ms_per_100MB (11.7 M parameters, unshaped
-loopback: the script's copies in and out plus the agent's sealing and delivery, per step, per 100 MB),
+loopback: the script's copies in and out plus the agent's sealing and delivery, per step, per 100 MB;
+handoff_alone_ms_per_100MB: the same four passes in one process, and one_pass_ms_per_100MB: one plain copy),
 example_lines_changed, ddp_valid (DDP's bytes on the htb counters, its ranks not starved),
 syncs_wrong, live_guard_valid. The full run: 8 workers, 3 seeds, internet2 (delay 0) and hetero.
 
@@ -126,8 +127,44 @@ def loopback_figures(tmp: Path, console: Console) -> dict[str, Any]:
                       f"({HANDOFF_PARAMS * 4 / 1e6:.0f} MB)",
                       highlight=False)
     mb = (HANDOFF_PARAMS + 1) * 4 / 1e8
+    alone = handoff_alone(console)
     return {"allreduce_err_over_bound": max(worst.values()), "allreduce_err_by_scheme": worst,
-            "handoff_ms_per_100MB": statistics.median(per_rank) * 1e3 / mb}
+            "handoff_ms_per_100MB": statistics.median(per_rank) * 1e3 / mb,
+            "handoff_alone_ms_per_100MB": alone["total"] * 1e3 / mb, "one_pass_ms_per_100MB": alone["copy"] * 1e3 / mb}
+
+
+def handoff_alone(console: Console) -> dict[str, float]:
+    """The hand-off's four passes over the same HANDOFF_PARAMS values in this one process, each the median of
+    7 with the caches flushed before it: what a step costs with no other process on the cores, against one
+    plain copy (the least any pass costs here)."""
+    import time
+
+    import torch
+
+    from core import sketch
+
+    n = HANDOFF_PARAMS
+    grad, slot, result, region, out = (torch.randn(n) for _ in range(5))
+    flush = np.ones(40_000_000, np.float32)
+
+    def timed(f: Any) -> float:
+        ts = []
+        for _ in range(7):
+            flush.sum()
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    stages = {"copy in": timed(lambda: slot.copy_(grad)),
+              "check": timed(lambda: sketch.trailer(slot.numpy(), 1)),
+              "sum out": timed(lambda: region.numpy().__setitem__(slice(None), result.numpy())),
+              "scaled copy out": timed(lambda: torch.mul(region, 0.5, out=out))}
+    stages["total"] = sum(stages.values())
+    stages["copy"] = stages["copy in"]
+    console.print("hand-off alone (one process, ms per step): " + ", ".join(
+        f"{k} {1e3 * v:.1f}" for k, v in stages.items() if k != "copy"), highlight=False)
+    return stages
 
 
 def wan_figures(tmp: Path, topo: Topology, factor: float, schemes: list[str], steps: int, outer_h: int,
