@@ -125,12 +125,24 @@ class Handlers:
             self.host.note_event("ready", job=js.job, node=a.node, round=rnd)
             js.progress.ready(self.control, js, a.node, rnd, set(msg.have or ()))
             return
+        self._missed_abort(a, js, rnd)
         t = js.bsp_task(rnd)
         if attempt != t.attempt:
             # an aborted attempt: say so again (an agent that rejoined never got that ABORT)
             self.registry.send(a, Abort(job=js.job, task=rnd, attempt=t.attempt - 1))
             return
         self.control.barrier_ready(js, rnd, a.node, set(msg.have or ()))
+
+    def _missed_abort(self, a: AgentInfo, js: JobState, rnd: int) -> None:
+        """BSP: a READY for round rnd while the retry of round rnd - 1 still waits for this node's READY
+        means the node finished the aborted attempt and never learnt of its ABORT (lost on the way, or
+        read too late): say it again. The agent goes back and redoes rnd - 1; one that never ran it
+        ignores it. Without this, rnd - 1 would wait for the node and rnd would never form."""
+        prev = js.tasks.get(rnd - 1)
+        if (prev is not None and prev.barrier and prev.attempt > 0 and prev.recorded_t is None
+                and prev.started_t is None and a.node not in (prev.asked or {})):
+            self.host.note_event("abort_again", job=js.job, task=prev.id, node=a.node, attempt=prev.attempt - 1)
+            self.registry.send(a, Abort(job=js.job, task=prev.id, attempt=prev.attempt - 1))
 
     def on_report(self, a: AgentInfo, msg: Report) -> None:
         for src, dst, *_ in msg.samples:  # the schema checked shapes and values

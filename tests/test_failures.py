@@ -11,7 +11,9 @@ from helpers.exact import assert_job_exact
 from helpers.waiting import until
 
 from emulation.topology import uniform
+from overlay.messages import Msg
 from overlay.routing import Routes, adjacency
+from scheduler.registry import Registry
 from scheduler.service import JobState, Scheduler
 from wansync.options import Options
 from wansync.runspec import RunConfig, resolve
@@ -101,12 +103,7 @@ async def test_an_abort_of_a_round_a_node_finished_reaches_it_while_it_computes_
     time, after they checked for it and before they said READY: they must go back and redo round 0 with
     the survivors, not say READY for round 1, which the scheduler never forms while round 0 waits for
     them (a stall with no event at all: what a deploy beside a busy core once did)."""
-    f = tmp_path / "overlay.toml"
-    f.write_text(f"nodes = {NODES}\ndefaults = {{rate_mbps = 100, delay_ms = 5}}\n"
-                 + "".join(f"[[links]]\na = {a}\nb = {b}\n" + ("rate_ab_mbps = 4\n" if (a, b) == (0, 3) else "")
-                           for a in range(NODES) for b in range(a + 1, NODES)))
-    cfg = resolve(AGENTS.options.replace(wan__topology=str(f), wan__nodes=None))
-    async with Cluster("late-abort", processes=cfg) as c:
+    async with Cluster("late-abort", processes=slow_link_to_3(tmp_path)) as c:
         job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
                                                   compute_s=2.0, options={"hub": 0}))
         # round 0's sum reached 1 and 2 (1.6 MB at 100 Mbit/s); to node 3 it takes ~3 s at 4 Mbit/s
@@ -117,6 +114,48 @@ async def test_an_abort_of_a_round_a_node_finished_reaches_it_while_it_computes_
         c.procs[3].kill()
         await c.when_retried_without(3)
         js = await c.stop(job)
+        assert_exact(c.sched, js, complete=False)
+        redone = [r for r in js.records if r.round == 0]
+        assert len(redone) == 1 and redone[0].attempt == 1 and redone[0].participants == NODES - 1, redone
+
+
+def slow_link_to_3(tmp_path) -> RunConfig:
+    """A full mesh at 100 Mbit/s but for 0->3 at 4 Mbit/s: a star round's sum from hub 0 takes ~3 s to node 3."""
+    f = tmp_path / "overlay.toml"
+    f.write_text(f"nodes = {NODES}\ndefaults = {{rate_mbps = 100, delay_ms = 5}}\n"
+                 + "".join(f"[[links]]\na = {a}\nb = {b}\n" + ("rate_ab_mbps = 4\n" if (a, b) == (0, 3) else "")
+                           for a in range(NODES) for b in range(a + 1, NODES)))
+    return resolve(AGENTS.options.replace(wan__topology=str(f), wan__nodes=None))
+
+
+async def test_a_node_whose_abort_was_lost_is_told_again_when_it_says_ready_for_the_next_round(tmp_path):
+    """As above, but round 0's ABORT never reaches node 1 (the scheduler's send to it is dropped, a
+    message lost on the way): node 1 computes round 1 and says READY for it while round 0's retry waits
+    for node 1. The scheduler says ABORT again (an `abort_again` event); node 1 goes back, and the retry
+    of round 0 runs, exact, with the survivors. (Without that, node 1 was declared lost as stuck once it
+    had not asked for round 0 in 8 s, and the retry ran without it.)"""
+    async with Cluster("lost-abort", processes=slow_link_to_3(tmp_path)) as c:
+        registry, lost = c.sched.registry, []
+
+        def send(a, msg):  # the first ABORT of round 0 to node 1 is lost
+            if isinstance(msg, dict) and msg.get("t") == Msg.ABORT.value and a.node == 1 and not lost:
+                lost.append(msg)
+                return True
+            return Registry.send(a, msg)
+
+        registry.send = send
+        job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
+                                                  compute_s=2.0, options={"hub": 0}))
+        t0 = await until(lambda: c.sched.current is not None and 0 in c.sched.current.tasks
+                         and {1, 2} <= set(c.sched.current.tasks[0].done) and c.sched.current.tasks[0],
+                         "nodes 1 and 2 to finish round 0")
+        assert t0.recorded_t is None and 3 not in t0.done, "node 3 already had round 0's sum: the link was not slow"
+        c.procs[3].kill()
+        await c.when_retried_without(3)
+        js = await c.stop(job)
+        assert lost and lost[0]["task"] == 0
+        assert [e["node"] for e in c.sched.timeline if e["kind"] == "abort_again"] == [1]
+        assert set(c.sched.lost) == {3}
         assert_exact(c.sched, js, complete=False)
         redone = [r for r in js.records if r.round == 0]
         assert len(redone) == 1 and redone[0].attempt == 1 and redone[0].participants == NODES - 1, redone
