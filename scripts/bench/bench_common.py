@@ -11,10 +11,11 @@ import signal
 import socket
 import subprocess
 import time
-import zlib
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 
 def spawn_agent(cmd: list[str], node: int, secret_env: dict[str, str], logs: Path | None = None,
@@ -123,9 +124,9 @@ def mem_available_mib() -> float:
 
 
 def result_digest(values: Any) -> str:
-    """What agents report for a result (agents/tasks.py's digest), computed here: hex CRC-32 of the
+    """What agents report for a result (agents/tasks.py's digest), computed here: hex XXH3-64 of the
     float32 bytes; the benchmarks compare it with their own exact sums."""
-    return f"{zlib.crc32(memoryview(values).cast('B')):08x}"
+    return xxhash.xxh3_64_hexdigest(memoryview(values).cast("B"))
 
 
 def recv_exact(sock: socket.socket, view: memoryview) -> None:

@@ -42,12 +42,12 @@ import statistics
 import sys
 import tempfile
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -87,7 +87,7 @@ def exact_digest(rnd: int, attempt: int, members: tuple[int, ...], params: int) 
     total = np.zeros(params, dtype=np.int64)
     for n in members:
         total += (7 * i + 13 * n + 31 * rnd + 17 * attempt + (i >> 5) * n) % 64 - 32
-    return f"{zlib.crc32(total.astype(np.float32).tobytes()):08x}"
+    return xxhash.xxh3_64_hexdigest(total.astype(np.float32).tobytes())
 
 
 def rounds_wrong(js: Any) -> int:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from core.plan import Plan
 
@@ -37,8 +37,8 @@ def exact_sum(rnd: int, nodes: Iterable[int], params: int, attempt: int = 0,
 
 
 def digest_of(result: np.ndarray) -> str:
-    """What agents report for a result: hex of the CRC-32 of its float32 bytes."""
-    return f"{zlib.crc32(np.ascontiguousarray(result, dtype=np.float32).tobytes()):08x}"
+    """What agents report for a result: the hex XXH3-64 of its float32 bytes (the xxhash library's)."""
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(result, dtype=np.float32).tobytes())
 
 
 @lru_cache(maxsize=256)
