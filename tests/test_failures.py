@@ -104,16 +104,7 @@ async def test_an_abort_of_a_round_a_node_finished_reaches_it_while_it_computes_
     the survivors, not say READY for round 1, which the scheduler never forms while round 0 waits for
     them (a stall with no event at all: what a deploy beside a busy core once did)."""
     async with Cluster("late-abort", processes=slow_link_to_3(tmp_path)) as c:
-        job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
-                                                  compute_s=2.0, options={"hub": 0}))
-        # round 0's sum reached 1 and 2 (1.6 MB at 100 Mbit/s); to node 3 it takes ~3 s at 4 Mbit/s
-        t0 = await until(lambda: c.sched.current is not None and 0 in c.sched.current.tasks
-                         and {1, 2} <= set(c.sched.current.tasks[0].done) and c.sched.current.tasks[0],
-                         "nodes 1 and 2 to finish round 0")
-        assert t0.recorded_t is None and 3 not in t0.done, "node 3 already had round 0's sum: the link was not slow"
-        c.procs[3].kill()
-        await c.when_retried_without(3)
-        js = await c.stop(job)
+        js = await kill_3_once_1_and_2_hold_round_0(c)
         assert_exact(c.sched, js, complete=False)
         redone = [r for r in js.records if r.round == 0]
         assert len(redone) == 1 and redone[0].attempt == 1 and redone[0].participants == NODES - 1, redone
@@ -126,6 +117,21 @@ def slow_link_to_3(tmp_path) -> RunConfig:
                  + "".join(f"[[links]]\na = {a}\nb = {b}\n" + ("rate_ab_mbps = 4\n" if (a, b) == (0, 3) else "")
                            for a in range(NODES) for b in range(a + 1, NODES)))
     return resolve(AGENTS.options.replace(wan__topology=str(f), wan__nodes=None))
+
+
+async def kill_3_once_1_and_2_hold_round_0(c: Cluster) -> JobState:
+    """A star job from hub 0 computing 2 s a round on slow_link_to_3: once nodes 1 and 2 hold round 0's
+    sum (1.6 MB at 100 Mbit/s; to node 3 it takes ~3 s at 4 Mbit/s), node 3 dies; the survivors' retry
+    of round 0 is recorded, and the job stops."""
+    job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
+                                              compute_s=2.0, options={"hub": 0}))
+    t0 = await until(lambda: c.sched.current is not None and 0 in c.sched.current.tasks
+                     and {1, 2} <= set(c.sched.current.tasks[0].done) and c.sched.current.tasks[0],
+                     "nodes 1 and 2 to finish round 0")
+    assert t0.recorded_t is None and 3 not in t0.done, "node 3 already had round 0's sum: the link was not slow"
+    c.procs[3].kill()
+    await c.when_retried_without(3)
+    return await c.stop(job)
 
 
 async def test_a_node_whose_abort_was_lost_is_told_again_when_it_says_ready_for_the_next_round(tmp_path):
@@ -144,15 +150,7 @@ async def test_a_node_whose_abort_was_lost_is_told_again_when_it_says_ready_for_
             return Registry.send(a, msg)
 
         registry.send = send
-        job = asyncio.create_task(c.sched.run_job("star", rounds=UNTIL_STOPPED, params=PARAMS, chunk_params=CHUNK,
-                                                  compute_s=2.0, options={"hub": 0}))
-        t0 = await until(lambda: c.sched.current is not None and 0 in c.sched.current.tasks
-                         and {1, 2} <= set(c.sched.current.tasks[0].done) and c.sched.current.tasks[0],
-                         "nodes 1 and 2 to finish round 0")
-        assert t0.recorded_t is None and 3 not in t0.done, "node 3 already had round 0's sum: the link was not slow"
-        c.procs[3].kill()
-        await c.when_retried_without(3)
-        js = await c.stop(job)
+        js = await kill_3_once_1_and_2_hold_round_0(c)
         assert lost and lost[0]["task"] == 0
         assert [e["node"] for e in c.sched.timeline if e["kind"] == "abort_again"] == [1]
         assert set(c.sched.lost) == {3}
