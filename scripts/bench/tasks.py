@@ -126,7 +126,7 @@ def closed_form(rnd: int, node: int, params: int) -> np.ndarray:
 
 def exact_digest(rnd: int, members: Iterable[int], params: int, weights: Mapping[int, int] | None = None,
                  iters: Mapping[int, int] | None = None) -> str:
-    """Hex CRC-32 (what agents report) of the float32 bytes of the members' exact
+    """Hex XXH3-64 (what agents report) of the float32 bytes of the members' exact
     (integer-)weighted sum: summed in int64, where nothing rounds, then stored as float32 (exact: every
     value is below 2^24). `iters`: the iteration each member's contribution comes from (default `rnd`)."""
     total = np.zeros(params, dtype=np.int64)

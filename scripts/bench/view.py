@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
+from bench_common import result_digest
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -81,13 +81,13 @@ DETECT_GIVE_UP_S = 16.0  # the goal is 15 s: later is a miss (reported as not de
 # --- exact sums, written out again from the workload's definition (agents/workload.py) -----------------------
 @functools.lru_cache(maxsize=512)
 def exact_digest(rnd: int, attempt: int, members: tuple[int, ...], params: int) -> str:
-    """Digest (CRC-32 of the float32 bytes, what agents report) of the members' exact sum of
+    """Digest (bench_common.result_digest: what agents report) of the members' exact sum of
     f(r, a, n, i) = ((7i + 13n + 31r + 17a + (i >> 5) n) mod 64) - 32, summed in int64."""
     i = np.arange(params, dtype=np.int64)
     total = np.zeros(params, dtype=np.int64)
     for n in members:
         total += (7 * i + 13 * n + 31 * rnd + 17 * attempt + (i >> 5) * n) % 64 - 32
-    return xxhash.xxh3_64_hexdigest(total.astype(np.float32).tobytes())
+    return result_digest(total.astype(np.float32))
 
 
 def rounds_wrong(js: Any) -> int:
