@@ -12,6 +12,7 @@ in debt.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import deque
@@ -108,6 +109,9 @@ class LinkShaper:
         # wire as the configured rate would drain it, to tell time the link waited for data
         self.kernel_rate: float | None = None
         self._vfree: float | None = None  # when the kernel's link would have sent what was released
+        # ... and when it would have sent the previous backlog's bytes: a backlog that starts before
+        # then queues behind them in the kernel, and that time was booked by the previous backlog
+        self._kernel_tail = -math.inf
         self._was_idle = True  # the sender had nothing to send since the previous release
 
     @property
@@ -138,7 +142,8 @@ class LinkShaper:
         vfree = self._vfree
         if vfree is not None and self._was_idle and now > vfree:
             self._idle += now - vfree
-        self._vfree = max(now if vfree is None else vfree, now) + nbytes / self.kernel_rate
+        start = max(now, self._kernel_tail) if vfree is None else max(vfree, now)
+        self._vfree = start + nbytes / self.kernel_rate
         self._was_idle = False
 
     @property
@@ -304,6 +309,12 @@ class LinkShaper:
                 self._pending = 0
                 return
             rate = self.kernel_rate
+        if vfree is not None:  # kernel books
+            # a sender that ran dry for a moment while the kernel still held its bytes, then had data
+            # again: until the kernel is through with those, the wire is the previous backlog's
+            # (booked there), not this one's, and this one's bytes cannot go sooner
+            since = max(since, self._kernel_tail + self.delay_s)
+            self._kernel_tail = vfree
         span = max(0.0, until - since) + last_nbytes / rate
         if vfree is not None:  # kernel books: what was written is through at the configured rate by then
             span = max(span, vfree + self.delay_s - since)

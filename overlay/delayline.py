@@ -19,8 +19,8 @@ books count the lateness at the end of a backlog.
 
 On a kernel-shaped link (tc backend: the pacer keeps only delay, `set_kernel_rate` gives the rate
 the kernel shapes to) nothing is paced here, but the queues below the sender's round-robin are
-sized from that rate: about LOOKAHEAD_S of link time between the round-robin and the wire (this
-line beyond its delay, the transport buffer, unsent socket bytes via TCP_NOTSENT_LOWAT). Unbounded,
+sized from that rate: KERNEL_AHEAD_S of link time each (this line beyond its delay, the transport
+buffer, unsent socket bytes via TCP_NOTSENT_LOWAT). Unbounded,
 the socket and the line hold megabytes: a node's own chunks were all queued before a relayed flow's
 first segment arrived, so relays and fairness waited behind them.
 """
@@ -32,9 +32,11 @@ import contextlib
 import heapq
 import math
 import socket
+import time
 import weakref
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Protocol
 
@@ -43,6 +45,11 @@ from .codec import FrameProtocol
 LINE_SLACK = 4 << 20  # bytes the delay line may hold beyond (delay + lookahead) x rate
 LOOKAHEAD_S = 0.020  # how far ahead of the wire the sender may schedule pieces (bounds the line)
 KERNEL_AHEAD_MIN = 64 << 10  # kernel-shaped links: the least each queue below the round-robin may hold
+# ... and the link time each may hold. The kernel asks for more (wakes the sender) only when an ACK
+# comes in, and a link's ACKs queue behind the data going the other way: with 10 ms, a 2-node ring at
+# 100 Mbit/s left its links idle 13 % of the time (1.87 s a round, the simulator 1.63); with 40 ms,
+# 1.63 s and the books at 99.7 %. Still short next to a round, so relays and fairness keep deciding
+KERNEL_AHEAD_S = 0.040
 # A process's delay lines wake up together at most every FLUSH_GRAIN_S: a piece that comes due in
 # between waits at most that long. 2 ms: a tenth of the guard's 20 ms lag limit and of LOOKAHEAD_S
 FLUSH_GRAIN_S = 0.001
@@ -65,7 +72,7 @@ class Pacer(Protocol):
 
     def wire_busy(self, since: float, until: float, last_nbytes: int) -> None:
         """Fidelity books: the wire had a backlog from `since` until the last piece (written at
-        `until`, loop time) was through."""
+        `until`, the wire clock's time) was through."""
 
     def wrote(self, nbytes: int, at: float | None = None) -> None: ...
 
@@ -87,11 +94,18 @@ class _Run:
 class WireClock:
     """The one timer of every delay line on an event loop. A line asks to be flushed at a time; the
     clock wakes at the earliest such time, but never sooner than `grain` after its previous wake-up,
-    and flushes every line whose time has come."""
+    and flushes every line whose time has come.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, grain: float = FLUSH_GRAIN_S) -> None:
+    Its times are `now()`'s, not the loop's: uvloop's loop.time() counts whole milliseconds, and the
+    lines' due times are the fidelity books' times, set against the pacers' own (time.monotonic), so
+    a millisecond off per backlog reads as a link ~15 % short on a 3 ms backlog. The loop's timer is
+    asked in the loop's time, converted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grain: float = FLUSH_GRAIN_S,
+                 now: Callable[[], float] | None = None) -> None:
         self.loop = loop
         self.grain = grain
+        self.now = now or loop.time
         self.wakeups = 0
         self.late_s = 0.0  # summed over wake-ups: how long after the earliest line's time it came
         self.late_max_s = 0.0
@@ -102,7 +116,7 @@ class WireClock:
         self._last = -math.inf
 
     def want(self, line: DelayLine, t: float) -> None:
-        """Flush `line` at loop time t (or at the clock's first wake-up after it)."""
+        """Flush `line` at time t (this clock's; or at its first wake-up after it)."""
         line._want_t = t
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, line))
@@ -121,12 +135,12 @@ class WireClock:
                 return
             self._handle.cancel()
         self._armed_at = t
-        self._handle = self.loop.call_at(t, self._fire)
+        self._handle = self.loop.call_at(self.loop.time() + (t - self.now()), self._fire)
 
     def _fire(self) -> None:
         self._handle, self._armed_at = None, math.inf
         self.wakeups += 1
-        now = self._last = self.loop.time()
+        now = self._last = self.now()
         heap = self._heap
         if heap:
             late = now - heap[0][0]
@@ -151,7 +165,9 @@ def wire_clock(loop: asyncio.AbstractEventLoop | None = None) -> WireClock:
     loop = loop or asyncio.get_running_loop()
     clock = _CLOCKS.get(loop)
     if clock is None:
-        clock = _CLOCKS[loop] = WireClock(loop)
+        # asyncio's own loops keep time.monotonic(); any other (uvloop) gets it here
+        exact = isinstance(loop, asyncio.BaseEventLoop)
+        clock = _CLOCKS[loop] = WireClock(loop, now=None if exact else time.monotonic)
     return clock
 
 
@@ -240,7 +256,7 @@ class DelayLine:
             self.append(self._now() + self.pacer.delay_s, data, conn, booked=0)
 
     def append(self, due: float, data: bytes | memoryview, conn: FrameProtocol, *, booked: int) -> None:
-        """Queue `data` alone for the wire at `due` (loop time); `booked`: bytes of a released piece it
+        """Queue `data` alone for the wire at `due` (the wire clock's time); `booked`: bytes of a released piece it
         completes (0: none, a control frame)."""
         due = max(self._last_due, due)
         self._put(_Run(conn, b"", data, [len(data)], [due], [booked] if booked else None), len(data))
@@ -350,9 +366,9 @@ class DelayLine:
         return self.kernel_rate_Bps is not None and math.isinf(self.pacer.rate_Bps)
 
     def kernel_ahead(self) -> int:
-        """Bytes each queue below the round-robin may hold on a kernel-shaped link: LOOKAHEAD_S / 2."""
+        """Bytes each queue below the round-robin may hold on a kernel-shaped link: KERNEL_AHEAD_S."""
         assert self.kernel_rate_Bps is not None
-        return max(KERNEL_AHEAD_MIN, int(self.kernel_rate_Bps * LOOKAHEAD_S / 2))
+        return max(KERNEL_AHEAD_MIN, int(self.kernel_rate_Bps * KERNEL_AHEAD_S))
 
     def set_kernel_rate(self, rate_Bps: float) -> None:
         """The kernel shapes this link to rate_Bps; an outage (0) keeps the last rate, as the
@@ -383,5 +399,5 @@ class DelayLine:
         return self.pacer.early_s
 
     def _now(self) -> float:
-        assert self._loop is not None
-        return self._loop.time()
+        assert self._clock is not None
+        return self._clock.now()
