@@ -2,7 +2,8 @@
 books on the tc backend, link samples from busy periods, a view that says what it knows, the
 simulator's data-plane costs, the start-of-run CPU forecast, rate multipliers on generated meshes.
 
-Fake clocks throughout: what is checked is arithmetic and decisions, never this machine's speed.
+Fake clocks throughout (but for one test of uvloop's own clock): what is checked is arithmetic and
+decisions, never this machine's speed.
 """
 
 from __future__ import annotations
