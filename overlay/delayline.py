@@ -188,13 +188,11 @@ class DelayLine:
         self._wire_since: float | None = None  # start of the current backlog on the emulated wire
         self._last_write = 0.0
         self._last_piece = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: WireClock | None = None
         self._grain = FLUSH_GRAIN_S
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._clock = wire_clock(self._loop)
+        self._clock = wire_clock()
         self._grain = self._clock.grain
 
     @property

@@ -150,7 +150,7 @@ def lines_on(loop: FakeLoop, n: int) -> tuple[WireClock, list[DelayLine], list[F
     lines, conns = [], []
     for _ in range(n):
         line = DelayLine(FakePacer())  # type: ignore[arg-type]
-        line._loop, line._clock = loop, clock  # type: ignore[assignment]
+        line._clock = clock
         conn = FakeConn(loop)
         line.conn = conn  # type: ignore[assignment]
         lines.append(line)
