@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -376,7 +377,12 @@ def test_kernel_books_keep_one_clock_under_uvloop():
             await line.send(conn, b"h", memoryview(bytes(20_000)))  # type: ignore[arg-type]
             line.idle = True  # as the sender says it (LinkSender._set_idle): the backlog ends
             line.maybe_wire_idle()
-            await asyncio.sleep(0.006)  # the sender has nothing to send for a while (the kernel drains)
+            # the next backlog starts once the kernel is through this one's bytes (its tail, as the books
+            # have it), so each starts afresh; started sooner it would queue behind the tail instead
+            through = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(max(0.0, sh._kernel_tail - time.monotonic()) + 0.001,
+                                                  through.set_result, None)
+            await through
         return sh.guard()
 
     loop = uvloop.new_event_loop()
