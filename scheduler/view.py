@@ -63,6 +63,7 @@ class NetworkView:
         self.suspended: dict[tuple[int, int], dict[tuple[int, int], dict]] = {}  # link -> its edges' data
         self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
         self.caps: dict[tuple[int, str], dict] = {}  # (node, "up" | "down") -> its estimate, as an edge's
+        self.cpus: dict[int, tuple[str, int]] = {}  # node -> (its machine, the CPUs it may use), as registered
         for a, b in links:
             self.add_link(a, b)
 
@@ -98,6 +99,22 @@ class NetworkView:
             return 0.0
         edges = self.g.out_edges(node, data="rate") if kind == "up" else self.g.in_edges(node, data="rate")
         return float(sum(rate for _, _, rate in edges))
+
+    # --- the machines the agents run on ----------------------------------------------------------------
+    def set_cpu_host(self, node: int, host: str | None, cpus: int | None) -> None:
+        """Where a node's agent runs (REGISTER): agents that name one machine share its CPUs."""
+        if host is None or cpus is None:
+            self.cpus.pop(node, None)
+        else:
+            self.cpus[node] = (host, int(cpus))
+
+    def cpu_hosts(self) -> list[tuple[frozenset[int], int]]:
+        """Every machine agents reported: its nodes and the CPUs they share (the fewest any of them
+        reported). Nodes that reported none are on none of them."""
+        by: dict[str, list[int]] = {}
+        for node, (host, _) in self.cpus.items():
+            by.setdefault(host, []).append(node)
+        return [(frozenset(nodes), min(self.cpus[n][1] for n in nodes)) for _, nodes in sorted(by.items())]
 
     # --- node caps -----------------------------------------------------------------------------------
     def set_cap(self, node: int, kind: str, mbps: float | None) -> None:

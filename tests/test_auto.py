@@ -233,6 +233,7 @@ async def test_live_auto_switches_as_the_view_flips_and_every_round_is_exact():
 
     # no probes: their samples of the loopback links would overrule the WANs this test shows the view
     sched, agents, tasks = await start_cluster(uniform(5), cluster="auto", on_event=on_event, probe=False)
+    sched.view.cpus.clear()  # the WANs' winners for agents on hosts of their own (not fitted to this machine)
     show(views[0])
     try:
         js = await asyncio.wait_for(sched.run_job("auto", rounds=16, params=PARAMS, chunk_params=CHUNK,
@@ -335,6 +336,14 @@ def test_wansync_advise_prints_its_ranking_and_refuses_schemes_that_do_not_fit()
     assert out["best"] == "packing" and out["t_lp_s"] <= out["ranked"][0]["round_s"]
     res = wansync("advise", "--schemes", "ring,mcast")
     assert res.returncode == 2 and "mcast do not fit --progress bsp" in res.stderr
+    # on one 2-CPU machine packing cuts coarser chunks (scheduler/planners/cpufit.py): a slower round
+    res = wansync("advise", "--topology", "internet2", "--scale", "0.05", "--model", "resnet50", "--schemes",
+                  "packing", "--cpus", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    [fitted] = _json.loads(res.stdout.strip().splitlines()[-1])["ranked"]
+    assert fitted["round_s"] > out["ranked"][0]["round_s"]
+    res = wansync("advise", "--cpus", "0")
+    assert res.returncode == 2 and "--cpus must be at least 1" in res.stderr
 
 
 @pytest.mark.unit

@@ -559,8 +559,11 @@ def test_the_forecast_warns_of_a_cpu_bound_run_and_not_of_a_light_one():
 
 
 def test_the_forecast_counts_the_plans_own_chunks():
-    """Tree packing on a dense mesh cuts ~350 chunks far smaller than the job's chunk size: per-chunk
-    CPU is counted on those (at 50 000 parameters a chunk it would read as a light run)."""
+    """Tree packing on a dense mesh cuts ~350 chunks far smaller than the job's chunk size where the
+    agents' machine has CPUs to spare: per-chunk CPU is counted on those (at 50 000 parameters a chunk
+    it would read as a light run), so 2 cores would not do. Planned for a machine of 2 CPUs, packing
+    cuts what 2 handle (scheduler/planners/cpufit.py), and the forecast says so."""
     dense = build("geo:aws10:x=0.02").scaled(0.05)
-    forecast = cpu_forecast(dense, None, ["packing"], 1_280_000, 50_000, cores=2)
+    forecast = cpu_forecast(dense, None, ["packing"], 1_280_000, 50_000, cores=2, cpus=64)
     assert forecast is not None and forecast[0] == "packing" and forecast[1] > forecast[2]
+    assert cpu_forecast(dense, None, ["packing"], 1_280_000, 50_000, cpus=2) is None

@@ -111,7 +111,9 @@ def advise(view: NetworkView, params: int, chunk_params: int, *, progress: str =
                   None if multicasts else t_lp_s(view, params), coverage)
 
 
-def advise_topology(topo: Topology, params: int, chunk_params: int, **kw: Any) -> Advice:
+def advise_topology(topo: Topology, params: int, chunk_params: int, *, cpus: int | None = None,
+                    **kw: Any) -> Advice:
     """On a configured WAN: planners see its rates as if perfectly measured; the simulator runs its
-    rates and delays."""
-    return advise(oracle_view(topo), params, chunk_params, net=sim_network(topo, None), source=topo.name, **kw)
+    rates and delays. `cpus`: the agents share one machine with that many CPUs (a local cluster)."""
+    return advise(oracle_view(topo, cpus), params, chunk_params, net=sim_network(topo, None), source=topo.name,
+                  **kw)

@@ -113,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
                           "not on --topology")
     adv.add_argument("--costs", choices=("agents", "none"), default="agents",
                      help="agents (default): our data plane's per-chunk costs; none: links alone (GPU clusters)")
+    adv.add_argument("--cpus", type=int, default=None, metavar="N",
+                     help="the agents share one machine with N CPUs, as in `wansync run` (packing and BLINK then "
+                          "cut chunks that machine handles); default: agents on hosts of their own")
     adv.add_argument("--json", action="store_true", help="print the ranking as one JSON object")
     _verbose(adv)
 
@@ -386,7 +389,9 @@ def _advise(args: argparse.Namespace) -> int:
             view, coverage = view_from_api(args.from_url)
             adv = advise(view, cfg.params, cfg.chunk, source=args.from_url, coverage=coverage, **kw)
         else:
-            adv = advise_topology(topo, cfg.params, cfg.chunk, **kw)
+            if args.cpus is not None and args.cpus < 1:
+                raise CliError(f"--cpus must be at least 1, got {args.cpus}", 2)
+            adv = advise_topology(topo, cfg.params, cfg.chunk, cpus=args.cpus, **kw)
     except AdviseError as exc:
         raise CliError(str(exc), 2) from None
     if args.json:

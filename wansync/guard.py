@@ -14,18 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.tasks import JobState
+from sim.costs import CPU_BUDGET, CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
 
-# The forecast at a run's start (cpu_forecast): what the application backend's agents cost, from
-# scripts/bench/capacity.py on the project's 2-core machine (CREW meshes, app backend): 0.5 ms of CPU
-# per chunk crossing one link on a quiet machine (both its ends: headers, pieces, acks, wake-ups;
-# 1-2 ms on a loaded one) and 2 s per GB (copies, sums). The forecast uses the plan the scheme makes
-# on the configured rates, whose rounds are the fastest it can run: a run whose busiest scheme needs
-# more than CPU_BUDGET of the machine's cores queues its agents behind each other (lag, run-queue
-# waits, books) and is judged invalid. CREW at --scale 0.05: crew:16 mst 1.6 cores, netstorm 4.4 (it
-# warns); internet2, the default: 0.2-0.4 (it does not)
-CPU_S_PER_CHUNK_HOP = 0.0005
-CPU_S_PER_GB = 2.0
-CPU_BUDGET = 0.75
+# The forecast at a run's start (cpu_forecast): what the agents cost (sim/costs.py: per chunk crossing
+# a link, per GB), from the plan each scheme makes on the configured rates, whose rounds are the fastest
+# it can run: a run whose busiest scheme needs more than CPU_BUDGET of the machine's cores queues its
+# agents behind each other (lag, run-queue waits, books) and is judged invalid. CREW at --scale 0.05:
+# crew:16 mst 1.6 cores, netstorm 4.4 (it warns); internet2, the default: 0.2-0.4 (it does not)
 
 # The fidelity guard (docs/fidelity-guard.md). Books: a link or node cap backlogged >= GUARD_MIN_BACKLOG_S
 # must have carried >= GUARD_MIN_RATIO of what its rate allowed
@@ -165,21 +160,23 @@ def fidelity_cell(s: Mapping[str, Any]) -> str:
 
 
 def cpu_forecast(topo: Any, trace: Any, schemes: Iterable[str], params: int, chunk_params: int,
-                 cores: int | None = None) -> tuple[str, float, float] | None:
+                 cores: float | None = None, cpus: int | None = None) -> tuple[str, float, float] | None:
     """Before a run on the application backend: would its agents need more CPU than this machine has
-    to spare? Plans every scheme on the configured rates and simulates a round (as `wansync
-    simulate` does); a chunk crossing a link costs CPU_S_PER_CHUNK_HOP, a GB CPU_S_PER_GB. Returns
-    (busiest scheme, cores it needs, cores available x CPU_BUDGET) if that exceeds the budget, else
-    None (also when no prediction can be made: the run goes on and the guard judges it)."""
+    to spare? Plans every scheme on the configured rates for agents that share one machine of `cpus`
+    CPUs (default this one's: packing and BLINK fit their chunks to it) and simulates a round (as
+    `wansync simulate` does); a chunk crossing a link costs CPU_S_PER_CHUNK_HOP, a GB CPU_S_PER_GB.
+    Returns (busiest scheme, cores it needs, `cores` (default `cpus`) x CPU_BUDGET) if that exceeds the
+    budget, else None (also when no prediction can be made: the run goes on and the guard judges it)."""
     import os
 
     from .predict import predict
 
-    cores = cores or os.cpu_count() or 1
+    cpus = cpus or os.cpu_count() or 1
+    cores = cores or cpus
     worst: tuple[str, float] | None = None
     for scheme in schemes:
         try:
-            [p] = predict(topo, trace, [scheme], params, chunk_params)
+            [p] = predict(topo, trace, [scheme], params, chunk_params, cpus=cpus)
         except Exception:  # an unknown or multicast scheme, a stalled trace: nothing to forecast
             continue
         round_s = p.prediction.round_s

@@ -22,6 +22,7 @@ from core.plan import ChunkGroup, Job, Plan
 
 from ..view import NetworkView
 from .common import best_hub
+from .cpufit import fit_chunks
 from .machines import machines_of
 from .packing import (
     FILL,
@@ -46,7 +47,8 @@ def plan(view: NetworkView, job: Job) -> Plan:
         return _hierarchical(view, job, machines)
     roots = members if len(members) <= TRY_EVERY_ROOT else [best_hub(view, members)]
     best = max((_packed(view, members, r) for r in roots), key=lambda pk: pk.sum_chi)
-    return compile_packing(best, job, scheme="blink", min_chunk_params=chunk_floor(job))
+    out = compile_packing(best, job, scheme="blink", min_chunk_params=chunk_floor(job))
+    return fit_chunks(out, view.cpu_hosts(), out.info["t_lp_s"])  # no finer than the agents' CPUs handle
 
 
 def _packed(view: NetworkView, nodes: Sequence[int], root: int) -> Packing:
