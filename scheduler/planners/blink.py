@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.plan import ChunkGroup, Job, Plan
+from core.plan import ChunkGroup, Job, Plan, tree_depth
 
 from ..view import NetworkView
 from .common import best_hub
@@ -32,7 +32,6 @@ from .packing import (
     largest_remainder,
     pair_trees,
     pipelined,
-    tree_depth,
 )
 from .packing_lp import Packing, pack
 

@@ -36,7 +36,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from core.plan import ChunkGroup, Plan
+from core.plan import ChunkGroup, Plan, tree_depth
 from sim.costs import CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
 
 FLOAT32 = 4
@@ -58,14 +58,7 @@ def depth(g: ChunkGroup) -> int:
     tree's depth plus its broadcast's (1 for an all-to-all group: one hop)."""
     if g.direct:
         return 1
-    below = {c: p for p, kids in g.children.items() for c in kids}
-
-    def hops(parent: dict, n: int) -> int:
-        k = 0
-        while (n := parent.get(n)) is not None:
-            k += 1
-        return k
-    return max((hops(dict(g.parent), n) for n in g.parent), default=0) + max((hops(below, n) for n in below), default=0)
+    return tree_depth(g.parent) + tree_depth({c: p for p, kids in g.children.items() for c in kids})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.plan import ChunkGroup, Job, Plan, PlanError
+from core.plan import ChunkGroup, Job, Plan, PlanError, tree_depth
 
 from ..view import NetworkView
 from .cpufit import fit_chunks
@@ -217,16 +217,6 @@ def pipelined(off: int, n: int, depth: int, fill: float, min_chunk_params: int) 
 def _seconds(params: int, mbps: float, *, overlap: bool) -> float:
     """S / rate (overlapped stages) or 2 S / rate (reduce, then broadcast)."""
     return (1 if overlap else 2) * params * FLOAT32 * 8 / (mbps * 1e6) if mbps > 0 else math.inf
-
-
-def tree_depth(parent: Mapping[int, int | None]) -> int:
-    """Hops from the deepest node to the root."""
-    def hops(n: int) -> int:
-        k = 0
-        while (p := parent.get(n)) is not None:
-            n, k = p, k + 1
-        return k
-    return max((hops(n) for n in parent), default=0)
 
 
 def _pruned(parent: dict[int, int | None], members: set[int]) -> dict[int, int | None]:
