@@ -17,6 +17,7 @@ from scheduler.planners import resolve
 from scheduler.planners.cpufit import FIT_BUDGET, fit_chunks
 from scheduler.view import NetworkView
 from sim.costs import CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
+from wansync.planinfo import info_line
 from wansync.predict import oracle_view, sim_network
 
 PARAMS, CHUNK = 1_280_000, 50_000  # resnet50 x 0.05 and its chunk at that scale
@@ -78,6 +79,8 @@ def test_where_no_cut_fits_each_group_is_one_chunk_and_the_plan_says_so():
     assert [len(g.chunks) for g in plan.groups] == [1] * len(plan.groups)
     assert plan.info["cpu_fit"]["fits"] is False
     assert plan.info["cpu_fit"]["need_cores"][0] > FIT_BUDGET * 2
+    line = info_line("packing", plan.info)
+    assert f"chunks cut {plan.info['cpu_fit']['chunks_before']} -> {len(plan.layout)}" in line and "still over" in line
 
 
 @pytest.mark.unit

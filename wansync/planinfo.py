@@ -17,4 +17,9 @@ FIELDS = (("sum_chi", "sum chi {:.1f} Mbit/s"), ("sum_chi_lp", "LP {:.1f}"),
 def info_line(scheme: str, info: Mapping[str, Any]) -> str | None:
     """`scheme: sum chi ..., T_LP ..., ...`, or None when the planner reported nothing."""
     parts = [fmt.format(info[k]) for k, fmt in FIELDS if info.get(k) is not None]
+    fit = info.get("cpu_fit")
+    if fit:  # scheduler/planners/cpufit.py: chunks cut coarser for the agents' machine
+        parts.append(f"chunks cut {fit['chunks_before']} -> {fit['chunks']} for the agents' CPUs "
+                     f"({'fits' if fit['fits'] else 'still over'}: {max(fit['need_cores']):.2f} of "
+                     f"{min(fit['cores']):.2f} cores)")
     return f"{scheme}: " + ", ".join(parts) if parts else None

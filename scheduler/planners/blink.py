@@ -47,7 +47,8 @@ def plan(view: NetworkView, job: Job) -> Plan:
     roots = members if len(members) <= TRY_EVERY_ROOT else [best_hub(view, members)]
     best = max((_packed(view, members, r) for r in roots), key=lambda pk: pk.sum_chi)
     out = compile_packing(best, job, scheme="blink", min_chunk_params=chunk_floor(job))
-    return fit_chunks(out, view.cpu_hosts(), out.info["t_lp_s"])  # no finer than the agents' CPUs handle
+    # no finer than the agents' CPUs handle; the data plane overlaps its stages: rounds near S / lambda
+    return fit_chunks(out, view.cpu_hosts(), out.info["s_over_lambda_s"])
 
 
 def _packed(view: NetworkView, nodes: Sequence[int], root: int) -> Packing:

@@ -17,11 +17,13 @@ agents spend on the plan's chunks in one round must stay within FIT_BUDGET of it
     <= FIT_BUDGET x cpus x round
 
 with the round from the planner's own pipeline model: alone, a group of s chunks on trees d steps deep
-takes (s + d - 1) / s of its ideal time (T_LP). Groups share links, and one's pipeline filling or
-draining leaves capacity to the others: the round is T_LP plus SHARED_FILL of the groups' mean
-(weighted by parameters) excess over it. Against the simulator (packing on aws10 x 0.02, hetero:20-155
-x 8, internet2; floors of 5 k-80 k parameters) the simulated excess was 0.36-0.63 of the model's, and
-0.21-0.27 for BLINK, whose fit therefore errs towards finer chunks. Where the plan's own
+takes (s + d - 1) / s of its ideal time (packing's T_LP; BLINK's S / lambda, as the data plane
+overlaps its two stages). Groups share links, and one's pipeline filling or draining leaves capacity
+to the others: the round is the ideal plus SHARED_FILL of the groups' mean (weighted by parameters)
+excess over it. Against the simulator (packing on aws10 x 0.02, hetero:20-155 x 8, internet2; floors
+of 5 k-80 k parameters) the simulated excess was 0.36-0.63 of the model's. Fitted on 2 CPUs, the
+simulated rounds' chunk handling came to 0.98-1.42 cores against a budget of 1.3 (packing and BLINK
+on internet2, hetero:20-155:x=0.3 x 8). Where the plan's own
 chunks fit, it is returned as it is. Otherwise every group's chunks are cut again at the smallest
 common floor (in parameters) that fits, by bisection (coarser chunks only lower the load and lengthen
 the round); no group's chunks get smaller than they were. Where even one chunk per group does not fit
@@ -43,7 +45,7 @@ FLOAT32 = 4
 # of a machine's cores the agents' chunks may take: below the forecast's CPU_BUDGET (0.75, where a run
 # warns), as the scheduler, its solver and predictor and the loops' own slack need the rest; at 0.75 the
 # agents of a fitted packing on hetero:20-155 x 8 still lagged (p99 25 ms) and the links ran below rate
-FIT_BUDGET = 0.5
+FIT_BUDGET = 0.65
 SHARED_FILL = 0.5  # of the groups' pipeline excess over T_LP that shows in the round (module docstring)
 
 
@@ -95,20 +97,22 @@ def _groups(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]]) -> list[_Gr
     return out
 
 
-def _need(groups: list[_Group], floor: int, ideal_s: float, machines: int) -> list[float]:
+def _need(groups: list[_Group], floor: int, ideal_s: float, machines: int, shared_fill: float) -> list[float]:
     """Per machine, the cores its agents' chunk handling takes, rounds at the pipeline's estimate."""
     total = sum(g.params for g in groups)
     alone = sum(g.params * g.round_s(floor, ideal_s) for g in groups) / total if total else ideal_s
-    round_s = ideal_s + SHARED_FILL * (alone - ideal_s)
+    round_s = ideal_s + shared_fill * (alone - ideal_s)
     return [sum(g.cpu_s(floor, m) for g in groups) / round_s for m in range(machines)]
 
 
-def _fits(groups: list[_Group], floor: int, ideal_s: float, hosts: Sequence[tuple[frozenset[int], int]]) -> bool:
-    need = _need(groups, floor, ideal_s, len(hosts))
+def _fits(groups: list[_Group], floor: int, ideal_s: float, hosts: Sequence[tuple[frozenset[int], int]],
+          shared_fill: float) -> bool:
+    need = _need(groups, floor, ideal_s, len(hosts), shared_fill)
     return all(n <= FIT_BUDGET * cpus for n, (_, cpus) in zip(need, hosts, strict=True))
 
 
-def fit_chunks(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]], ideal_s: float) -> Plan:
+def fit_chunks(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]], ideal_s: float, *,
+               shared_fill: float = SHARED_FILL) -> Plan:
     """The plan with its groups' chunks cut no finer than `hosts` (per machine: its nodes and CPUs) can
     handle, in rounds as long as its pipelines make them from `ideal_s` (its round with no pipeline to
     fill, T_LP; module docstring). Every group's chunks must be consecutive in the layout, covering one
@@ -118,12 +122,12 @@ def fit_chunks(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]], ideal_s:
     if sorted(c for g in plan.groups for c in g.chunks) != list(range(len(plan.layout))):
         raise ValueError(f"{plan.scheme}: chunks outside the groups, or in two of them: cannot cut them again")
     groups = _groups(plan, hosts)
-    if _fits(groups, 0, ideal_s, hosts):
+    if _fits(groups, 0, ideal_s, hosts, shared_fill):
         return plan
     lo, hi = 1, max(g.params for g in groups)  # _fits(hi) may be False: then one chunk per group, the least
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fits(groups, mid, ideal_s, hosts):
+        if _fits(groups, mid, ideal_s, hosts, shared_fill):
             hi = mid
         else:
             lo = mid + 1
@@ -144,8 +148,8 @@ def fit_chunks(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]], ideal_s:
         out.append(dataclasses.replace(g, chunks=tuple(range(first, len(layout)))))
     info = {"floor_params": floor, "chunks_before": len(plan.layout), "chunks": len(layout),
             "cores": [round(FIT_BUDGET * cpus, 3) for _, cpus in hosts],
-            "need_cores_before": [round(x, 3) for x in _need(groups, 0, ideal_s, len(hosts))],
-            "need_cores": [round(x, 3) for x in _need(groups, floor, ideal_s, len(hosts))],
-            "fits": _fits(groups, floor, ideal_s, hosts)}
+            "need_cores_before": [round(x, 3) for x in _need(groups, 0, ideal_s, len(hosts), shared_fill)],
+            "need_cores": [round(x, 3) for x in _need(groups, floor, ideal_s, len(hosts), shared_fill)],
+            "fits": _fits(groups, floor, ideal_s, hosts, shared_fill)}
     return dataclasses.replace(plan, layout=tuple(layout), groups=tuple(out),
                                info={**plan.info, "chunks": len(layout), "cpu_fit": info})
