@@ -59,7 +59,6 @@ from .engine import ChunkEngine
 from .handoff import STALL_S, Handoff, socket_path
 from .linkprobe import ProbeSender
 from .looplag import LoopLag
-from .machine import this_machine
 from .probes import LinkProbes
 from .rounds import RoundLoop
 from .tasks import TaskRunner
@@ -103,7 +102,6 @@ class Agent:
         self.advertise = advertise
         self.clock = SyncedClock(clock_skew)
         self.clock_sync = clock_sync
-        self.machine = this_machine()  # told at REGISTER: agents on one machine share its CPUs
         self.dispatch = dispatch.but(primary_busy_bound=primary_busy_bound, aux_queue_length=aux_queue_length,
                                      probe_chunk_bytes=probe_bytes, probe_num=probe_num)
         self.engine = ChunkEngine(node, topo.routes(), dispatch=self.dispatch)
@@ -241,8 +239,7 @@ class Agent:
                               clock_offset=self.clock.offset if synced else None,
                               clock_error=self.clock.error_bound if synced else None,
                               uplink_mbps=self.topo.uplink_mbps.get(self.node),
-                              downlink_mbps=self.topo.downlink_mbps.get(self.node),
-                              cpu_host=self.machine.host, cpus=self.machine.cpus).wire())
+                              downlink_mbps=self.topo.downlink_mbps.get(self.node)).wire())
             # only now do heartbeats, counters and samples go out on it: before REGISTER each of them is
             # a protocol error at the scheduler, and a clock exchange that a loaded machine makes slow
             # (seconds) used to reach the limit of 16 and lose the agent before it ever registered

@@ -403,13 +403,3 @@ def tree_group(chunks: Iterable[int], root: NodeId, parent: Mapping[NodeId, Node
         if p is not None:
             children.setdefault(p, []).append(n)
     return ChunkGroup(tuple(chunks), root, dict(parent), {p: tuple(sorted(k)) for p, k in children.items()})
-
-
-def tree_depth(parent: Mapping[NodeId, NodeId | None]) -> int:
-    """Hops from the deepest node to the root."""
-    def hops(n: NodeId) -> int:
-        k = 0
-        while (p := parent.get(n)) is not None:
-            n, k = p, k + 1
-        return k
-    return max((hops(n) for n in parent), default=0)

@@ -17,7 +17,6 @@ MAX_NODE = 1 << 16
 MAX_ITEMS = 1 << 16  # entries of a list or map inside one control message
 MAX_MBPS = 1e7  # the largest link or cap rate a message may name (10 Tbit/s)
 MAX_TEXT = 4096  # characters of a free-text field (an error message, a host name)
-MAX_CPUS = 1 << 16  # CPUs one machine may claim (a plan fitted to more would trust a lie)
 
 Check = Callable[[Any], Any]
 

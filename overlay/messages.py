@@ -221,10 +221,6 @@ class Register(Record):
     # between traffic classes by per-flow rates (core.capshare)
     uplink_mbps: float | None = f(fc.positive, hi=fc.MAX_MBPS, optional=True)
     downlink_mbps: float | None = f(fc.positive, hi=fc.MAX_MBPS, optional=True)
-    # the machine it runs on (an opaque id; agents naming one share its CPUs) and the CPUs it may use:
-    # planners that cut chunks keep their handling within them (scheduler/planners/cpufit.py)
-    cpu_host: str | None = f(fc.text(64), optional=True)
-    cpus: int | None = f(lo=1, hi=fc.MAX_CPUS, optional=True)
 
 
 @message

@@ -105,7 +105,6 @@ class Handlers:
         self.cap_sharing.set_caps(a.node, msg.uplink_mbps, msg.downlink_mbps)
         self.view.set_cap(a.node, "up", msg.uplink_mbps)  # nominal until its own samples come
         self.view.set_cap(a.node, "down", msg.downlink_mbps)
-        self.view.set_cpu_host(a.node, msg.cpu_host, msg.cpus)
         self.view.add_node(a.node)
         self.view.node_up(a.node)
         for n in a.neighbors:

@@ -63,7 +63,7 @@ class NetworkView:
         self.suspended: dict[tuple[int, int], dict[tuple[int, int], dict]] = {}  # link -> its edges' data
         self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
         self.caps: dict[tuple[int, str], dict] = {}  # (node, "up" | "down") -> its estimate, as an edge's
-        self.cpus: dict[int, tuple[str, int]] = {}  # node -> (its machine, the CPUs it may use), as registered
+        self.cpus: dict[int, tuple[str, int]] = {}  # node -> (its machine, its CPUs), as its launcher knows
         for a, b in links:
             self.add_link(a, b)
 
@@ -102,11 +102,19 @@ class NetworkView:
 
     # --- the machines the agents run on ----------------------------------------------------------------
     def set_cpu_host(self, node: int, host: str | None, cpus: int | None) -> None:
-        """Where a node's agent runs (REGISTER): agents that name one machine share its CPUs."""
+        """Where a node's agent runs, as the launcher that placed it knows: agents that name one machine
+        share its CPUs (None: unknown)."""
         if host is None or cpus is None:
             self.cpus.pop(node, None)
+        elif isinstance(cpus, bool) or not (isinstance(cpus, int) and cpus >= 1):
+            raise ValueError(f"node {node}: a machine has at least 1 CPU, got {cpus!r}")
         else:
-            self.cpus[node] = (host, int(cpus))
+            self.cpus[node] = (host, cpus)
+
+    def share_machine(self, nodes: Iterable[int], cpus: int, host: str = "local") -> None:
+        """Every one of `nodes` runs on one machine of `cpus` CPUs (a local cluster)."""
+        for n in nodes:
+            self.set_cpu_host(n, host, cpus)
 
     def cpu_hosts(self) -> list[tuple[frozenset[int], int]]:
         """Every machine agents reported: its nodes and the CPUs they share (the fewest any of them

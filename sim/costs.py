@@ -44,14 +44,3 @@ NONE = WanCosts()
 # delay: handling 0.57-0.75 ms per hop, start skew 0.16-0.24 ms per agent, setup below what the chains
 # resolve; a busy 100 Mbit/s link's pieces written 0.17-0.22 ms after they were due (the wire clock)).
 MEASURED = WanCosts(start_skew_s=0.0002, setup_s=0.0, hop_s=0.0009, ack_s=0.0009)
-
-# What the agents' own CPU costs, for plans and forecasts that must fit the cores the agents share
-# (scripts/bench/capacity.py on the project's 2-core machine, CREW meshes, application backend): 0.5 ms
-# per chunk crossing one link on a quiet machine (both its ends: headers, pieces, acks, wake-ups; 1-2 ms
-# on a loaded one) and 2 s per GB crossing a link (copies, sums). Agents that need more than CPU_BUDGET
-# of their machine's cores queue behind each other (lag, run-queue waits, books): the fidelity guard
-# judges such runs invalid (wansync/guard.py), and chunk-cutting planners cut coarser instead
-# (scheduler/planners/cpufit.py).
-CPU_S_PER_CHUNK_HOP = 0.0005
-CPU_S_PER_GB = 2.0
-CPU_BUDGET = 0.75

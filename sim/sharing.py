@@ -60,8 +60,8 @@ def class_rates(m: Model, keys: Sequence[int], cap: Sequence[float],
     cls = a.key_class[ks]
     if n == 0 or (cls == cls[0]).all():
         return _capped(pf, pr, capacity, n, kcap)
-    group = cls * len(capacity) + a.first_res[ks]  # (class, first link): keys the sender takes turns among
-    weight = a.class_weight[cls] / np.bincount(group)[group]
+    _, inv, count = np.unique(cls * len(capacity) + a.first_res[ks], return_inverse=True, return_counts=True)
+    weight = a.class_weight[cls] / count[inv]
     level = a.class_level[cls]
     if fresh is not None:  # a sub-level first within each level: the transfers that arrived fresh
         level = 2 * level + 1 - np.fromiter((fresh[k] for k in keys), dtype=np.int64, count=n)
@@ -109,24 +109,23 @@ def without_loose_caps(pf: np.ndarray, pr: np.ndarray, capacity: np.ndarray, nli
 
 def _capped(pf: np.ndarray, pr: np.ndarray, capacity: np.ndarray, n: int, kcap: np.ndarray,
             weight: np.ndarray | None = None) -> np.ndarray:
-    """(Weighted) max-min over the resources the pairs name, each finite kcap one more resource
-    (numbered after the resources: max_min_rates looks only at the resources some pair names)."""
+    """(Weighted) max-min over the resources the pairs name, each finite kcap one more resource."""
+    uniq, res = np.unique(pr, return_inverse=True)
+    caps = [capacity[uniq]]
     capped = np.flatnonzero(np.isfinite(kcap))
-    if not len(capped):
-        return max_min_rates(pf, pr, capacity, n, weight)
-    return max_min_rates(np.concatenate([pf, capped]), np.concatenate([pr, len(capacity) + np.arange(len(capped))]),
-                         np.concatenate([capacity, kcap[capped]]), n, weight)
+    if len(capped):
+        pf = np.concatenate([pf, capped])
+        res = np.concatenate([res, len(uniq) + np.arange(len(capped))])
+        caps.append(kcap[capped])
+    return max_min_rates(pf, res, np.concatenate(caps), n, weight)
 
 
 def _leveled(pf: np.ndarray, pr: np.ndarray, capacity: np.ndarray, n: int, kcap: np.ndarray, level: np.ndarray,
              weight: np.ndarray) -> np.ndarray:
     """Levels filled in order (0 first), each weighted max-min on what the levels before it left."""
-    levels = np.flatnonzero(np.bincount(level))
-    if len(levels) == 1:
-        return _capped(pf, pr, np.maximum(capacity, 0.0), n, kcap, weight)
     rate = np.zeros(n)
     left = capacity.copy()
-    for lv in levels:
+    for lv in np.unique(level):
         members = np.flatnonzero(level == lv)
         local = np.full(n, -1)
         local[members] = np.arange(len(members))

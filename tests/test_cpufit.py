@@ -1,26 +1,33 @@
-"""Chunks fitted to the agents' CPUs (scheduler/planners/cpufit.py): agents say which machine they run
-on, and packing and BLINK cut no finer than that machine's cores handle; the cut covers every parameter
-once, and a fitted plan runs exact live (the harness's own sum)."""
+"""Chunks fitted to the agents' CPUs (scheduler/planners/cpufit.py): the launcher tells the view which
+machine the agents share, and packing and BLINK cut no finer than its cores handle; the cut covers
+every parameter once, and a fitted plan runs exact live (the harness's own sum)."""
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 
 import pytest
-from helpers.cluster import LocalNet, start_cluster, stop_cluster
+from helpers.cluster import LocalNet
 
-from agents.machine import this_machine
+from core.cpucost import CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
 from core.plan import Job
 from emulation.topology import hetero, internet2, uniform
-from overlay.messages import ProtocolError, Register, validate
 from scheduler.planners import resolve
 from scheduler.planners.cpufit import FIT_BUDGET, fit_chunks
 from scheduler.view import NetworkView
-from sim.costs import CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
 from wansync.planinfo import info_line
 from wansync.predict import oracle_view, sim_network
 
 PARAMS, CHUNK = 1_280_000, 50_000  # resnet50 x 0.05 and its chunk at that scale
+
+
+def on_one_machine(topo, cpus: int | None):
+    """The oracle view with every node on one machine of `cpus` CPUs (None: machines unknown)."""
+    view = oracle_view(topo)
+    if cpus is not None:
+        view.share_machine(range(topo.nodes), cpus)
+    return view
 
 
 def ranges(plan):
@@ -57,7 +64,7 @@ def test_a_dense_mesh_on_one_small_machine_gets_chunks_its_cores_can_handle(sche
     spec = resolve(scheme)
     job = Job(PARAMS, CHUNK, tuple(range(8)), dict(spec.options))
     free = spec.plan(oracle_view(topo), job, {})
-    fitted = spec.plan(oracle_view(topo, cpus=2), job, {})
+    fitted = spec.plan(on_one_machine(topo, 2), job, {})
     net = sim_network(topo, None)
     before = chunk_cpu_s(free) / simulate(free, net, costs=MEASURED).round_s
     after = chunk_cpu_s(fitted) / simulate(fitted, net, costs=MEASURED).round_s
@@ -75,7 +82,7 @@ def test_a_dense_mesh_on_one_small_machine_gets_chunks_its_cores_can_handle(sche
 def test_where_no_cut_fits_each_group_is_one_chunk_and_the_plan_says_so():
     """At 20-155 Mbit/s the bytes alone are more than 2 CPUs handle at these rounds: one chunk per group."""
     topo = hetero(8, 20, 155, seed=3).scaled(0.05)
-    plan = resolve("packing").plan(oracle_view(topo, cpus=2), Job(PARAMS, CHUNK, tuple(range(8))), {})
+    plan = resolve("packing").plan(on_one_machine(topo, 2), Job(PARAMS, CHUNK, tuple(range(8))), {})
     assert [len(g.chunks) for g in plan.groups] == [1] * len(plan.groups)
     assert plan.info["cpu_fit"]["fits"] is False
     assert plan.info["cpu_fit"]["need_cores"][0] > FIT_BUDGET * 2
@@ -91,7 +98,7 @@ def test_without_machines_or_with_cores_to_spare_the_plan_is_the_planners():
     job = Job(PARAMS, CHUNK, tuple(range(9)))
     free = resolve("packing").plan(oracle_view(topo), job, {})
     assert "cpu_fit" not in free.info
-    assert resolve("packing").plan(oracle_view(topo, cpus=4096), job, {}) == free
+    assert resolve("packing").plan(on_one_machine(topo, 4096), job, {}) == free
     assert fit_chunks(free, [], 0.5) is free
     alone = fit_chunks(free, [(frozenset({0}), 1)], free.info["t_lp_s"])  # one node's share of the chunks
     crowd = fit_chunks(free, [(frozenset(range(9)), 1)], free.info["t_lp_s"])
@@ -126,25 +133,23 @@ def test_the_view_groups_nodes_by_the_machine_they_registered():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("field", "value"), [("cpus", 0), ("cpus", 1 << 16), ("cpus", 2.5), ("cpu_host", "x" * 65)])
-def test_register_refuses_a_machine_it_cannot_trust(field, value):
-    base = {"t": "REGISTER", "node": 1, "host": "h", "port": 1, "neighbors": [0], "cpu_host": "ab", "cpus": 2}
-    assert Register.of(validate(dict(base))).cpus == 2
-    assert "cpus" not in validate({k: v for k, v in base.items() if k not in ("cpus", "cpu_host")})  # optional
-    with pytest.raises(ProtocolError, match=field):
-        validate({**base, field: value})
+def test_a_machine_has_at_least_one_cpu():
+    v = NetworkView([(0, 1)])
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="at least 1 CPU"):
+            v.set_cpu_host(0, "a", bad)
+    assert v.cpus == {}
 
 
 @pytest.mark.loopback
-async def test_agents_tell_the_scheduler_the_machine_they_share():
-    sched, _agents, tasks = await start_cluster(uniform(3))
-    try:
-        me = this_machine()
-        assert me.cpus == len(os.sched_getaffinity(0))
-        assert sched.view.cpus == {n: (me.host, me.cpus) for n in range(3)}
-        assert sched.view.cpu_hosts() == [(frozenset(range(3)), me.cpus)]
-    finally:
-        await stop_cluster(sched, tasks)
+def test_a_local_run_plans_for_the_machine_its_agents_share():
+    """`wansync run` starts every agent here and says so to its scheduler: packing on a dense mesh at
+    these rates cuts coarser chunks than it compiles, and the run's plan line says by how much."""
+    res = subprocess.run([sys.executable, "-m", "wansync.cli", "run", "--topology", "hetero:20-155", "--nodes", "6",
+                          "--schemes", "packing", "--model", "resnet50", "--rounds", "1", "--warmup", "0",
+                          "--no-http"], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "for the agents' CPUs" in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
 
 
 @pytest.mark.loopback
@@ -153,7 +158,7 @@ async def test_a_fitted_packing_runs_exact_live():
     every receiver holds the exact sum the harness computes."""
     topo = hetero(5, 20, 155, seed=2).scaled(1.0)
     job = Job(96_000, 8_000, tuple(range(5)))
-    plan = resolve("packing").plan(oracle_view(topo, cpus=1), job, {}).with_version(1)
+    plan = resolve("packing").plan(on_one_machine(topo, 1), job, {}).with_version(1)
     free = resolve("packing").plan(oracle_view(topo), job, {})
     assert "cpu_fit" in plan.info and len(plan.layout) < len(free.layout)
     plan.validate(topo.links)

@@ -115,5 +115,7 @@ def advise_topology(topo: Topology, params: int, chunk_params: int, *, cpus: int
                     **kw: Any) -> Advice:
     """On a configured WAN: planners see its rates as if perfectly measured; the simulator runs its
     rates and delays. `cpus`: the agents share one machine with that many CPUs (a local cluster)."""
-    return advise(oracle_view(topo, cpus), params, chunk_params, net=sim_network(topo, None), source=topo.name,
-                  **kw)
+    view = oracle_view(topo)
+    if cpus is not None:
+        view.share_machine(range(topo.nodes), cpus)
+    return advise(view, params, chunk_params, net=sim_network(topo, None), source=topo.name, **kw)

@@ -199,6 +199,18 @@ class Session:
     # scheduler's run_job with the run's options bound, taking what the caller decides (wansync train)
     job: Callable[[Scheduler, str, Callable[..., Any]], Awaitable[JobState]] | None = None
     after: Callable[[], Awaitable[None]] | None = None  # after every scheme, before anything is torn down
+    # where the agents run, as far as this launcher knows: (nodes, the CPUs of the machine they share);
+    # packing and BLINK cut no finer than those CPUs handle (scheduler/planners/cpufit.py)
+    machines: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
+
+
+def here(nodes: int) -> list[tuple[tuple[int, ...], int]]:
+    """Every agent on this machine (a local run or train): its CPUs, as this process may use them."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return [(tuple(range(nodes)), max(1, cpus))]
 
 
 async def run(cfg: RunConfig, console: Console | None = None, *, show_table: bool = True,
@@ -222,8 +234,8 @@ async def run(cfg: RunConfig, console: Console | None = None, *, show_table: boo
         cfg.trace.write(trace_file)
     agents = LocalAgents(cfg, cluster, agent_env, backend, trace_file)
     try:
-        return await conduct(cfg, Session(cluster, secret, agents, backend, job=job, after=after), console,
-                             show_table=show_table)
+        return await conduct(cfg, Session(cluster, secret, agents, backend, job=job, after=after,
+                                          machines=here(cfg.topo.nodes)), console, show_table=show_table)
     finally:
         if trace_file is not None:
             trace_file.unlink(missing_ok=True)
@@ -241,6 +253,8 @@ async def conduct(cfg: RunConfig, session: Session, console: Console, *, show_ta
                       update_time=o.schemes["update_time_s"] * o.wan["scale"], update_rate=o.schemes["update_rate"],
                       secret=session.secret, tls=cfg.tls, heartbeat_timeout=o.agents["heartbeat_timeout_s"],
                       probe=o.schemes["probe"] == "on", probe_budget=o.schemes["probe_budget"])
+    for k, (nodes, cpus) in enumerate(session.machines):
+        sched.view.share_machine(nodes, cpus, host=f"machine-{k}")
     live = LiveState(sched)
     Recorder(results, sched, live)
     progress = RunProgress(console, sched, live)

@@ -13,10 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from core.cpucost import CPU_BUDGET, CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
 from scheduler.tasks import JobState
-from sim.costs import CPU_BUDGET, CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
 
-# The forecast at a run's start (cpu_forecast): what the agents cost (sim/costs.py: per chunk crossing
+# The forecast at a run's start (cpu_forecast): what the agents cost (core/cpucost.py: per chunk crossing
 # a link, per GB), from the plan each scheme makes on the configured rates, whose rounds are the fastest
 # it can run: a run whose busiest scheme needs more than CPU_BUDGET of the machine's cores queues its
 # agents behind each other (lag, run-queue waits, books) and is judged invalid. CREW at --scale 0.05:
@@ -169,22 +169,32 @@ def cpu_forecast(topo: Any, trace: Any, schemes: Iterable[str], params: int, chu
     budget, else None (also when no prediction can be made: the run goes on and the guard judges it)."""
     import os
 
-    from .predict import predict
+    from core.plan import Job
+    from emulation.simnet import sim_network
+    from scheduler import planners
+    from sim import MEASURED, simulate
+
+    from .predict import oracle_view
 
     cpus = cpus or os.cpu_count() or 1
     cores = cores or cpus
+    view = oracle_view(topo)
+    view.share_machine(range(topo.nodes), cpus)  # every agent on this machine, as the run places them
+    net = sim_network(topo, trace)
     worst: tuple[str, float] | None = None
     for scheme in schemes:
         try:
-            [p] = predict(topo, trace, [scheme], params, chunk_params, cpus=cpus)
+            spec = planners.resolve(scheme)
+            plan = spec.plan(view, Job(params, chunk_params, tuple(range(topo.nodes)), dict(spec.options)), {})
+            pred = simulate(plan.with_version(1), net, costs=MEASURED)
         except Exception:  # an unknown or multicast scheme, a stalled trace: nothing to forecast
             continue
-        round_s = p.prediction.round_s
+        round_s = pred.round_s
         if not round_s or round_s <= 0:
             continue
-        moved = sum(p.prediction.link_bytes.values())
+        moved = sum(pred.link_bytes.values())
         # the plan's own mean chunk: a packing cuts many far smaller than chunk_params
-        chunk_bytes = 4 * p.plan.params / len(p.plan.layout) if p.plan.layout else 4 * chunk_params
+        chunk_bytes = 4 * plan.params / len(plan.layout) if plan.layout else 4 * chunk_params
         need = (moved / chunk_bytes * CPU_S_PER_CHUNK_HOP + moved / 1e9 * CPU_S_PER_GB) / round_s
         if worst is None or need > worst[1]:
             worst = (scheme, need)

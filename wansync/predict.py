@@ -22,17 +22,10 @@ from scheduler.solver import niced_process
 from scheduler.view import NetworkView
 from sim import MEASURED, RoundPrediction, SimNetwork, SimulationOverBudget, SimulationStalled, WanCosts, simulate
 
-LOCAL = "local"  # the one machine of a local cluster (oracle_view's `cpus`)
 
-
-def oracle_view(topo: Topology, cpus: int | None = None) -> NetworkView:
-    """A view that knows every configured rate: what the planners would see after perfect measurement.
-    `cpus`: every node's agent runs on one machine with that many CPUs, as in a local cluster (the
-    agents say so at registration); None: where they run is unknown, as with a topology file."""
+def oracle_view(topo: Topology) -> NetworkView:
+    """A view that knows every configured rate: what the planners would see after perfect measurement."""
     view = NetworkView(topo.links)
-    if cpus is not None:
-        for n in range(topo.nodes):
-            view.set_cpu_host(n, LOCAL, cpus)
     for (a, b), spec in topo.links.items():
         e = view.g.edges[a, b]
         e["rate"], e["measured"] = spec.rate_mbps, True
@@ -54,12 +47,11 @@ class SchemePrediction:
 
 def predict(topo: Topology, trace: Trace | None, schemes: Sequence[str], params: int, chunk_params: int,
             options: dict | None = None, costs: WanCosts = MEASURED,
-            members: Sequence[int] | None = None, cpus: int | None = None) -> list[SchemePrediction]:
+            members: Sequence[int] | None = None) -> list[SchemePrediction]:
     """Every scheme planned on the oracle view and simulated; `costs` are this data plane's own
     (sim/costs.py) by default, `sim.NONE` for a network whose endpoints are not our agents (GPUs);
-    `members` the nodes that contribute (default all: a NIC gateway, say, only relays); `cpus`: the
-    agents share one machine with that many CPUs (oracle_view)."""
-    view = oracle_view(topo, cpus)
+    `members` the nodes that contribute (default all: a NIC gateway, say, only relays)."""
+    view = oracle_view(topo)
     net = sim_network(topo, trace)
     parts = tuple(range(topo.nodes)) if members is None else tuple(sorted(members))
     out = []

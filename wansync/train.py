@@ -376,7 +376,7 @@ async def train(cfg: RunConfig, console: Console | None = None) -> list[TrainRun
     """Start a scheduler and one agent per node (with the hand-off channel), train the script under
     every scheme (and the baseline), print the table; everything started is stopped on every way out."""
     from .backend import TcBackend
-    from .cluster import LocalAgents, Session, conduct, run_secret
+    from .cluster import LocalAgents, Session, conduct, here, run_secret
 
     console = console or Console(stderr=True)
     o = cfg.options
@@ -396,7 +396,8 @@ async def train(cfg: RunConfig, console: Console | None = None) -> list[TrainRun
                 console.print("ddp: the same script on torch.distributed (Gloo) over the same links", highlight=False)
                 await jobs.baseline()
 
-        await conduct(cfg, Session(cluster, secret, agents, backend, job=jobs, after=baseline), console,
+        await conduct(cfg, Session(cluster, secret, agents, backend, job=jobs, after=baseline,
+                                   machines=here(cfg.topo.nodes)), console,
                       show_table=False)
         return report(console, jobs.runs, o)
     finally:

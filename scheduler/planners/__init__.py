@@ -37,6 +37,7 @@ from . import (
     star,
     toa,
 )
+from .cpufit import fitted
 
 Memory = dict[str, Any]
 Planner = Callable[[NetworkView, Job, Memory], Plan]
@@ -99,13 +100,16 @@ register(PlannerSpec("netstorm-lite", netstorm.plan, {"awareness": False, "aux":
 register(PlannerSpec("netstorm-std", netstorm.plan, {"awareness": True, "aux": False}, adaptive=True))
 register(PlannerSpec("netstorm", netstorm.plan, {"awareness": True, "aux": True}, adaptive=True,
                      refresh_aux=netstorm.refresh_aux, candidate=True))
-# topology-adaptive tree packing (seed 001): the LP re-solved from the view as it moves, off the loop
-register(PlannerSpec("packing", packing.plan, adaptive=True, offload=True, candidate=True))
-register(PlannerSpec("packing-no-overlap", packing.plan, {"no_overlap": True}, adaptive=True, offload=True))
+# topology-adaptive tree packing (seed 001): the LP re-solved from the view as it moves, off the loop; its
+# chunks, and BLINK's, cut no finer than the agents' machines handle (cpufit.py)
+register(PlannerSpec("packing", fitted(packing.plan, "t_lp_s"), adaptive=True, offload=True, candidate=True))
+register(PlannerSpec("packing-no-overlap", fitted(packing.plan, "t_lp_s"), {"no_overlap": True}, adaptive=True,
+                     offload=True))
 # tree packing's baselines (digest 001 §5): sharded PS, BLINK-like (packed from one root), and for GPU
 # clusters NCCL's double binary tree and a PLink-like hierarchy
 register(PlannerSpec("shardps", _stateless(shardps.plan), candidate=True))
-register(PlannerSpec("blink", _stateless(blink.plan), adaptive=True, offload=True, candidate=True))
+register(PlannerSpec("blink", fitted(_stateless(blink.plan), "s_over_lambda_s"), adaptive=True, offload=True,
+                     candidate=True))
 register(PlannerSpec("dbtree", _stateless(dbtree.plan), candidate=True))
 register(PlannerSpec("plink", _stateless(plink.plan), adaptive=True))
 

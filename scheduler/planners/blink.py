@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.plan import ChunkGroup, Job, Plan, tree_depth
+from core.plan import ChunkGroup, Job, Plan
 
 from ..view import NetworkView
 from .common import best_hub
-from .cpufit import fit_chunks
 from .machines import machines_of
 from .packing import (
     FILL,
@@ -32,6 +31,7 @@ from .packing import (
     largest_remainder,
     pair_trees,
     pipelined,
+    tree_depth,
 )
 from .packing_lp import Packing, pack
 
@@ -46,9 +46,7 @@ def plan(view: NetworkView, job: Job) -> Plan:
         return _hierarchical(view, job, machines)
     roots = members if len(members) <= TRY_EVERY_ROOT else [best_hub(view, members)]
     best = max((_packed(view, members, r) for r in roots), key=lambda pk: pk.sum_chi)
-    out = compile_packing(best, job, scheme="blink", min_chunk_params=chunk_floor(job))
-    # no finer than the agents' CPUs handle; the data plane overlaps its stages: rounds near S / lambda
-    return fit_chunks(out, view.cpu_hosts(), out.info["s_over_lambda_s"])
+    return compile_packing(best, job, scheme="blink", min_chunk_params=chunk_floor(job))
 
 
 def _packed(view: NetworkView, nodes: Sequence[int], root: int) -> Packing:

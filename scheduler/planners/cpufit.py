@@ -3,13 +3,14 @@
 Planners that cut the tensor into many small chunks for pipelining (tree packing, BLINK: tens of
 trees, each cut into chunks so that its pipeline costs ~`fill` of its time) assume that handling a
 chunk costs nothing. It costs the agents at both ends of every link it crosses about
-CPU_S_PER_CHUNK_HOP, and every GB crossing a link CPU_S_PER_GB (sim/costs.py). Ten agents on one
+CPU_S_PER_CHUNK_HOP, and every GB crossing a link CPU_S_PER_GB (core/cpucost.py). Ten agents on one
 2-core machine running tree packing on aws10 cut ~300 chunks of 17 KB that cross ~18 links each: about
 four cores of chunk handling for a round at T_LP, where 1.5 are to be had. The agents then queue
 for a CPU, the links run below their rates and the round measures the machine, not the WAN.
 
-The rule. Agents report which machine they run on and the CPUs they may use (REGISTER: `cpu_host`,
-`cpus`); agents on one machine share its cores (NetworkView.cpu_hosts). For every machine, what its
+The rule. The launcher that places the agents tells the scheduler's view which machine each runs on
+and its CPUs (a local `wansync run` or `train`: all on this one); agents on one machine share its cores
+(NetworkView.cpu_hosts). For every machine, what its
 agents spend on the plan's chunks in one round must stay within FIT_BUDGET of its cores:
 
     sum over the plan's tree edges e, of the share of e's two ends on the machine,
@@ -36,10 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from core.plan import ChunkGroup, Plan, tree_depth
-from sim.costs import CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
+from core.cpucost import CPU_S_PER_CHUNK_HOP, CPU_S_PER_GB
+from core.plan import ChunkGroup, Job, Plan
+
+from ..view import NetworkView
+from .packing import tree_depth
 
 FLOAT32 = 4
 # of a machine's cores the agents' chunks may take: below the forecast's CPU_BUDGET (0.75, where a run
@@ -153,3 +158,15 @@ def fit_chunks(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]], ideal_s:
             "fits": _fits(groups, floor, ideal_s, hosts, shared_fill)}
     return dataclasses.replace(plan, layout=tuple(layout), groups=tuple(out),
                                info={**plan.info, "chunks": len(layout), "cpu_fit": info})
+
+
+def fitted(plan: Callable[..., Plan], ideal: str) -> Callable[..., Plan]:
+    """A planner whose plans are fitted to the view's machines (`fit_chunks`), its ideal round read
+    from the plan's own `info[ideal]` (packing: "t_lp_s"; BLINK, whose stages the data plane overlaps:
+    "s_over_lambda_s")."""
+
+    def plan_fitted(view: NetworkView, job: Job, memory: dict[str, Any] | None = None) -> Plan:
+        out = plan(view, job, memory)
+        return fit_chunks(out, view.cpu_hosts(), out.info.get(ideal) or 0.0)
+
+    return plan_fitted

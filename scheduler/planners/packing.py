@@ -15,8 +15,7 @@ of its edges (`pace`). Chunks are sized per group so each tree pipelines: a chun
 inner node before it moves on, so a group whose trees are d hops deep (aggregation plus broadcast)
 ends about (d - 1) chunk times after its last chunk left, and with s chunks a chunk time is T_LP / s;
 each group gets s = (d - 1) / `fill` chunks (never below `min_chunk_params` each), so every group's
-pipeline costs about `fill` of T_LP. Where the agents' machines cannot handle that many chunks in a
-round at T_LP, every group is cut coarser until they can (cpufit.py; `info["cpu_fit"]` says by how much).
+pipeline costs about `fill` of T_LP.
 
 Options (Job.options): `relays` (nodes outside the members the trees may use: "all" known nodes,
 the default, or a list; "none"), `no_overlap` (reduce and broadcast packed as separate stages,
@@ -37,10 +36,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.plan import ChunkGroup, Job, Plan, PlanError, tree_depth
+from core.plan import ChunkGroup, Job, Plan, PlanError
 
 from ..view import NetworkView
-from .cpufit import fit_chunks
 from .packing_lp import Packing, Tree, pack
 
 FLOAT32 = 4
@@ -71,7 +69,6 @@ def plan(view: NetworkView, job: Job, memory: dict[str, Any] | None = None) -> P
         return kept[1]  # not worth a new version: the scheduler sees the same policy
     out = compile_packing(pk, job, fill=float(opts.get("fill", FILL)), min_chunk_params=chunk_floor(job),
                           pace=bool(opts.get("pace", False)))
-    out = fit_chunks(out, view.cpu_hosts(), out.info["t_lp_s"])  # no finer than the agents' CPUs handle
     memory["packing"] = (pk, out)
     return out
 
@@ -217,6 +214,16 @@ def pipelined(off: int, n: int, depth: int, fill: float, min_chunk_params: int) 
 def _seconds(params: int, mbps: float, *, overlap: bool) -> float:
     """S / rate (overlapped stages) or 2 S / rate (reduce, then broadcast)."""
     return (1 if overlap else 2) * params * FLOAT32 * 8 / (mbps * 1e6) if mbps > 0 else math.inf
+
+
+def tree_depth(parent: Mapping[int, int | None]) -> int:
+    """Hops from the deepest node to the root."""
+    def hops(n: int) -> int:
+        k = 0
+        while (p := parent.get(n)) is not None:
+            n, k = p, k + 1
+        return k
+    return max((hops(n) for n in parent), default=0)
 
 
 def _pruned(parent: dict[int, int | None], members: set[int]) -> dict[int, int | None]:
