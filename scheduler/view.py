@@ -117,8 +117,8 @@ class NetworkView:
             self.set_cpu_host(n, host, cpus)
 
     def cpu_hosts(self) -> list[tuple[frozenset[int], int]]:
-        """Every machine agents reported: its nodes and the CPUs they share (the fewest any of them
-        reported). Nodes that reported none are on none of them."""
+        """Every machine the launcher named: its nodes and the CPUs they share (the fewest given for
+        any of them). Nodes it named no machine for are on none."""
         by: dict[str, list[int]] = {}
         for node, (host, _) in self.cpus.items():
             by.setdefault(host, []).append(node)

@@ -29,8 +29,9 @@ chunks fit, it is returned as it is. Otherwise every group's chunks are cut agai
 common floor (in parameters) that fits, by bisection (coarser chunks only lower the load and lengthen
 the round); no group's chunks get smaller than they were. Where even one chunk per group does not fit
 (the bytes alone are too much), one chunk per group is what is cut, and `info["cpu_fit"]` says so.
-Nodes that reported no machine (a view built from a topology file: `wansync advise`,
-`simulate`) are on none: their chunks are cut as the planner chose.
+Nodes on no known machine (agents placed by hand or over SSH; a view built from a topology file:
+`wansync advise` without --cpus, `simulate`) are fitted to nothing: their chunks are cut as the
+planner chose.
 """
 
 from __future__ import annotations
