@@ -147,7 +147,7 @@ def fit_chunks(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]], ideal_s:
             out.append(g)
             continue
         start, size, total = spans[0][0], max(n for _, n in spans), sum(n for _, n in spans)
-        if any(o != start + sum(n for _, n in spans[:i]) for i, (o, _) in enumerate(spans)):
+        if any(o != po + pn for (po, pn), (o, _) in zip(spans, spans[1:], strict=False)):
             raise ValueError(f"{plan.scheme}: a group's chunks do not cover one range: cannot cut them again")
         size = max(size, floor)
         first = len(layout)

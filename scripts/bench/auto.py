@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from emulation.topology import build  # noqa: E402
 from scheduler.planners import auto as auto_planner  # noqa: E402
 from wansync.advise import advise_topology  # noqa: E402
-from wansync.cluster import run  # noqa: E402
+from wansync.cluster import here, run  # noqa: E402
 from wansync.guard import job_guard  # noqa: E402
 from wansync.options import Options  # noqa: E402
 from wansync.runspec import resolve  # noqa: E402
@@ -129,7 +129,8 @@ def advised(topo: Any) -> list[auto_planner.Candidate]:
     their chunks to its CPUs)."""
     from agents.workload import chunk_params, model_params
     params = model_params(MODEL, SCALE)
-    return advise_topology(topo, params, chunk_params(SCALE), cpus=os.cpu_count() or 1).ranked
+    [(_, cpus)] = here(topo.nodes)  # the CPUs the live runs' launcher gives the scheduler
+    return advise_topology(topo, params, chunk_params(SCALE), cpus=cpus).ranked
 
 
 def within(ranked: list[auto_planner.Candidate], factor: float) -> list[str]:
