@@ -69,6 +69,9 @@ class Failures:
         if js is None or js.finished.is_set():
             return
         self._abort_with(js, node, f"agent {node} lost: {why}")
+        # lost after its last round but before its job stats: the job waited for those, and no message
+        # would come to end it now (a deploy whose kill landed late stalled there)
+        self.records.maybe_finish(js)
 
     def _abort_with(self, js: JobState, node: int, why: str) -> None:
         """Abort every running task `node` has a part in; the progress model hears it is gone."""

@@ -97,6 +97,34 @@ async def test_a_lost_relay_is_routed_around_at_once(tmp_path):
         assert c.sched.view.unusable() == []
 
 
+async def test_an_agent_lost_after_its_last_round_but_before_its_stats_ends_the_job():
+    """Node 3 finished every round, then died before its job stats reached the scheduler (its STATS is
+    held back here: the window a kill landing late hits). The job waited for those stats; losing the node
+    must end it, exact, not leave it waiting for a message nobody will send (a deploy that stalled)."""
+    from overlay.messages import Stats
+
+    async with Cluster("lost-before-stats", processes=AGENTS) as c:
+        handlers = c.sched.server.handlers
+        deliver, held = handlers[Stats], asyncio.Event()
+
+        def hold_node_3(a, msg):
+            if a.node == 3:
+                held.set()
+                return
+            deliver(a, msg)
+
+        handlers[Stats] = hold_node_3
+        job = asyncio.create_task(c.sched.run_job("star", rounds=3, params=PARAMS, chunk_params=CHUNK))
+        js = await until(lambda: held.is_set() and c.sched.current is not None
+                         and set(c.sched.current.stats) == {0, 1, 2} and c.sched.current,
+                         "every node's job stats (node 3's held back)")
+        assert not js.finished.is_set() and len(js.records) == 3, "the job ended without node 3's stats"
+        c.procs[3].kill()
+        done = await asyncio.wait_for(job, 60)
+        assert 3 in c.sched.lost and 3 not in done.stats
+        assert_exact(c.sched, done)
+
+
 async def test_an_abort_of_a_round_a_node_finished_reaches_it_while_it_computes_the_next(tmp_path):
     """Nodes 1 and 2 hold round 0's sum (hub 0 sent it) while it still crawls to node 3 over a slow
     link; then node 3 dies, and round 0 is aborted. The ABORT reaches 1 and 2 during round 1's compute

@@ -196,14 +196,20 @@ class Watch:
                 for m in [re.search(r"--node (\d+)", c)] if m}
 
     def finish(self, timeout: float = 240) -> str:
+        hung = False
         try:
             self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            hung = True
         finally:
             self.end()
         self.stop.set()
         for t in self.threads:
             t.join(10)
-        return "".join(self.stderr)
+        err = "".join(self.stderr)
+        # a launcher that never ended fails with what it printed, so a stall in CI can be read from the log
+        assert not hung, f"deploy still running after {timeout:.0f} s; its stderr ended:\n{err[-6000:]}"
+        return err
 
     def end(self) -> None:
         """A test that failed before the launcher exited still leaves nothing running: Ctrl-C, then kill."""
