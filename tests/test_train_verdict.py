@@ -37,3 +37,15 @@ def test_ranks_that_reported_nothing_leave_it_unjudged():
     r = run(RING)
     del r.metrics[2]
     assert baseline_verdict(r, NODES)[0] is None
+
+
+def test_time_to_accuracy_and_the_sync_share_leave_evaluation_out():
+    """A script that spent 2 s of its 10 evaluating (its running total, eval_s) reached 0.9 after 5.5 s of
+    training, though 7 s had passed; it synced 4 s of 8 training seconds, not 4 of 10."""
+    r = TrainRun("wansync", {0: [{"t": 100.0 + 4.0, "accuracy": 0.5, "eval_s": 1.0},
+                                 {"t": 100.0 + 7.0, "accuracy": 0.9, "eval_s": 1.5},
+                                 {"t": 100.0 + 10.0, "accuracy": 0.95, "eval_s": 2.0},
+                                 {"t": 100.0 + 10.0, "steps": 20, "sync_s": 4.0, "wall_s": 10.0}]}, 100.0, 110.0)
+    assert r.time_to(0.9) == pytest.approx(5.5)
+    assert r.series()[0] == (pytest.approx(3.0), 0.5)
+    assert r.sync_share() == pytest.approx(0.5)

@@ -84,9 +84,11 @@ class TrainRun:
     guard_reason: str = ""
 
     def series(self, key: str = "accuracy") -> list[tuple[float, float]]:
-        """(seconds since t0, value) of `key` as the lowest rank that logs it reported it."""
+        """(seconds since t0, value) of `key` as the lowest rank that logs it reported it. The time the
+        script spent evaluating (the running total it logs as `eval_s`, if it does) is left out: time to
+        accuracy counts training, not the measuring of it."""
         for rank in sorted(self.metrics):
-            pts = [(m["t"] - self.t0, m[key]) for m in self.metrics[rank] if key in m]
+            pts = [(m["t"] - self.t0 - m.get("eval_s", 0.0), m[key]) for m in self.metrics[rank] if key in m]
             if pts:
                 return pts
         return []
@@ -107,8 +109,13 @@ class TrainRun:
         return statistics.median(per) if per else None
 
     def sync_share(self) -> float | None:
-        share = [m["sync_s"] / m["wall_s"] for ms in self.metrics.values() for m in ms
-                 if m.get("wall_s") and "sync_s" in m]
+        """Median over ranks of the share of its wall time spent in syncs (evaluation left out, as in
+        `series`)."""
+        share = []
+        for ms in self.metrics.values():
+            evaluating = max((m["eval_s"] for m in ms if "eval_s" in m), default=0.0)
+            share += [m["sync_s"] / (m["wall_s"] - evaluating) for m in ms
+                      if "sync_s" in m and m.get("wall_s", 0.0) > evaluating]
         return statistics.median(share) if share else None
 
 
