@@ -147,6 +147,10 @@ class TaskRunner:
         self._waiting[(job, rnd)] = fut
         return fut
 
+    def forget(self, job: int, rnd: int) -> None:
+        """Nobody waits for `rnd`'s outcome any more (the job ended)."""
+        self._waiting.pop((job, rnd), None)
+
     # --- what the scheduler says ----------------------------------------------------------------------
     def on_task(self, msg: Task, plan: Plan | None) -> None:
         """TASK, with its plan already checked (None: this node holds that version)."""

@@ -398,7 +398,8 @@ class Go(Record):
 
 @message
 class JobEnd(Record):
-    """A job whose tasks the scheduler formed is over: nodes send their STATS."""
+    """A job is over (the scheduler ended the tasks it formed, or recorded every round): nodes send
+    their STATS if they have not, and stop waiting for it."""
 
     T = Msg.JOB_END
     job: int = _count()

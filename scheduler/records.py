@@ -12,6 +12,7 @@ from typing import Protocol
 
 from core.capshare import CapSharing
 from core.plan import Plan
+from overlay.messages import JobEnd
 
 from .events import Observed
 from .progress import Control
@@ -138,7 +139,7 @@ class Records:
                             "%.0f s after the job's end", js.job, late, PREDICTION_WAIT_S)
         finally:
             self._draining.discard(js.job)
-            js.finished.set()
+            self._finish(js)
 
     def give_up(self, js: JobState, t: Task, why: str) -> None:
         """A formed task no attempt could end exact: recorded as aborted (nothing of it was applied)."""
@@ -155,14 +156,21 @@ class Records:
         """Done when every task is recorded (as the progress model counts them) and every agent still
         here sent its job stats."""
         over = js.progress.over(js) if js.progress is not None else all_recorded(js)
-        if not (all(n in js.stats for n in self.registry.agents) and over) or js.job in self._draining:
+        if (js.finished.is_set() or not (all(n in js.stats for n in self.registry.agents) and over)
+                or js.job in self._draining):
             return
         if self._pending.get(js.job):
             self._draining.add(js.job)
             asyncio.ensure_future(self._drain(js))
         else:
             self._pending.pop(js.job, None)
-            js.finished.set()
+            self._finish(js)
+
+    def _finish(self, js: JobState) -> None:
+        """The job is over: agents that did every round and wait in case the last one is aborted (a
+        node lost before the others had its sum) may go (JOB_END)."""
+        js.finished.set()
+        self.registry.broadcast(JobEnd(job=js.job))
 
 
 def _value(got: float | None | Future, task: int) -> float | None:

@@ -187,6 +187,30 @@ async def test_a_node_whose_abort_was_lost_is_told_again_when_it_says_ready_for_
         assert len(redone) == 1 and redone[0].attempt == 1 and redone[0].participants == NODES - 1, redone
 
 
+async def test_a_last_round_aborted_after_the_others_finished_it_is_redone_and_the_job_ends(tmp_path):
+    """The job's last round: nodes 0, 1 and 2 hold its sum (hub 0 sent it), node 3 still receives it over
+    a slow link, then dies, and the round is aborted. The others had done every round; they must still
+    hear the ABORT, redo the round without node 3 and let the job end, not leave it waiting for a retry
+    nobody asks for (a deploy whose SIGKILL landed in the last round stalled so)."""
+    f = tmp_path / "overlay.toml"
+    f.write_text(f"nodes = {NODES}\ndefaults = {{rate_mbps = 100, delay_ms = 5}}\n"
+                 + "".join(f"[[links]]\na = {a}\nb = {b}\n" + ("rate_ab_mbps = 4\n" if (a, b) == (0, 3) else "")
+                           for a in range(NODES) for b in range(a + 1, NODES)))
+    cfg = resolve(AGENTS.options.replace(wan__topology=str(f), wan__nodes=None))
+    async with Cluster("last-round", processes=cfg) as c:
+        job = asyncio.create_task(c.sched.run_job("star", rounds=2, params=PARAMS, chunk_params=CHUNK,
+                                                  options={"hub": 0}))
+        last = await until(lambda: c.sched.current is not None and 1 in c.sched.current.tasks
+                           and {0, 1, 2} <= set(c.sched.current.tasks[1].done) and c.sched.current.tasks[1],
+                           "nodes 0, 1 and 2 to finish the last round")
+        assert last.recorded_t is None and 3 not in last.done, "node 3 already had the sum: the link was not slow"
+        c.procs[3].kill()
+        js = await asyncio.wait_for(job, 60)
+        assert_exact(c.sched, js)
+        redone = [r for r in js.records if r.round == 1]
+        assert len(redone) == 1 and redone[0].attempt == 1 and redone[0].participants == NODES - 1, redone
+
+
 async def test_a_lost_cut_vertex_blocks_the_round_until_it_returns(tmp_path):
     """On a line 0-1-2-3 nothing joins 0 to 2 and 3 without node 1. Kill it: the retry has no plan,
     so the round waits (a `blocked` event, nobody else declared lost) and runs, exact, once the
