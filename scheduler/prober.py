@@ -110,7 +110,9 @@ class Prober:
         self.faster: dict[tuple[int, int], float] = {}  # known links a probe showed faster (Mbit/s, a lower bound)
         self.last_probe: dict[tuple[int, int], float] = {}  # when each link was last ordered a probe
         self.stats = ProbeStats()
-        self.history: deque[tuple[float, int, int, int]] = deque(maxlen=HISTORY)  # (t, src, dst, bytes) ordered
+        # (t, src, dst, bytes, versions of the plans in force then) of every probe ordered: what an audit of
+        # "never a running plan's bottleneck" needs (scripts/bench/view.py)
+        self.history: deque[tuple[float, int, int, int, tuple[int, ...]]] = deque(maxlen=HISTORY)
         self._next_id = 1
         self._task: asyncio.Task | None = None
 
@@ -227,7 +229,7 @@ class Prober:
             return None
         self.inflight[o.id] = o
         self.last_probe[(a, b)] = now
-        self.history.append((now, a, b, o.nbytes))
+        self.history.append((now, a, b, o.nbytes, tuple(sorted(p.version for p in self.running()))))
         self.stats.ordered += 1
         return o
 

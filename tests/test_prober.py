@@ -106,6 +106,8 @@ def test_a_running_plans_busy_links_are_never_probed_and_unknown_links_come_firs
             assert (o.src, o.dst) not in {(1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3)}
             done(p, o, now=now)
     assert seen == {(a, b) for a in (1, 2, 3) for b in (1, 2, 3) if a != b}  # every idle link, none busy
+    # each order names the plans in force then (the view bench audits the rule against their bottlenecks)
+    assert p.history and {h[4] for h in p.history} == {(1,)}, list(p.history)[:3]
 
 
 @pytest.mark.unit

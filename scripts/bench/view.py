@@ -12,7 +12,8 @@ probing on. Each run reports:
   started with probing on over the median round that started with it off (and no probe left in
   flight), per scheme; a cell's figure is the geometric mean of its runs' ratios, minus 1;
 - probes on a bottleneck: probes ordered on a link while it was the bottleneck (at the configured
-  rates) of the plan the running job was using;
+  rates) of a plan in force: the job's current plan or that of a round still running, as the prober
+  recorded their versions with the order;
 - rounds wrong: every receiver's digest against an exact sum computed here from the workload's formula;
 - validity: the fidelity guard's verdict of every job (a cell counts if every run in it was valid);
   beside it, the CPU the busiest scheme's agents would need at the configured rates (wansync.guard's
@@ -221,16 +222,15 @@ def one_run(topology: str, nodes: int | None, scale: float, backend: str, seed: 
                 (on if st else off).setdefault(js.scheme, []).append(r.round_s)
         if recs:
             t_end = max(r.t_end for r in recs)
-            for t, a, b, _ in sched.prober.history:
+            for t, a, b, _, versions in sched.prober.history:
                 if not js.t0 <= t <= t_end:
                     continue
-                before = [r for r in recs if r.t_start <= t]
-                plan = sched.plans.get(before[-1].version) if before else js.plan
-                if plan is None:
-                    continue
-                if plan.version not in tops:
-                    tops[plan.version] = bottlenecks(plan, cfg.topo, route)
-                if (a, b) in tops[plan.version]:
+                # the plans in force when the probe was ordered (the prober records them: the current plan
+                # and those of rounds still running), each judged at the configured rates
+                for v in versions:
+                    if v not in tops and (plan := sched.plans.get(v)) is not None:
+                        tops[v] = bottlenecks(plan, cfg.topo, route)
+                if any((a, b) in tops.get(v, ()) for v in versions):
                     out.on_bottleneck += 1
     for scheme in SCHEMES:
         if on.get(scheme) and off.get(scheme):
