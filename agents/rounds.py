@@ -213,108 +213,107 @@ class RoundLoop:
                 self.handoff.offset -= 1
             return True
 
-        while True:
-            while rnd < rounds and not stop.done():
-                if back():
-                    continue
-                if self.script:  # the script's step: its own compute, its own pace
-                    assert self.handoff is not None
-                    got = await _first(self.handoff.contribution(rnd), stop)
-                    if got is None:
-                        break  # the script detached (or the job ended)
-                    contrib = got
-                    if rnd not in computed:  # READY when the script's step is in, padded up to the compute model's
-                        own = time.time() - t_free
-                        pad = model.draw(self.node, rnd) - own if msg.compute else 0.0
-                        if pad > 0:
-                            await _first(asyncio.sleep(pad), stop)
-                            self.padded_s += pad
-                        computed[rnd] = own + max(pad, 0.0)
-                # ~0.1 s per 2.5 M parameters: off the loop, which must keep heartbeats and relays going
-                elif trainer is None:
-                    contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
-                if rnd not in computed:  # a retried attempt reuses the round's gradient
-                    tc = time.time()
-                    if trainer is not None:  # real SGD steps, then a sleep up to the drawn compute time
-                        trained[rnd] = await asyncio.to_thread(trainer.step, rnd)
-                    if (s := model.draw(self.node, rnd) - (time.time() - tc)) > 0:
-                        nap = asyncio.ensure_future(asyncio.sleep(s))
-                        await asyncio.wait({nap, stop}, return_when=asyncio.FIRST_COMPLETED)
-                        nap.cancel()
-                    computed[rnd] = time.time() - tc
-                if trainer is not None:
-                    contrib = trained[rnd]
-                if stop.done():
-                    break
-                # again, with no await from here to READY: an ABORT of the round we finished may have come
-                # while this one computed, when no outcome of ours waited to hear it (runner.on_abort wakes
-                # only those); READY for this round then would wait for a task the scheduler never forms
-                if back():
-                    continue
-                attempt = runner.next_attempt.get((job, rnd), 0)
-                if msg.mode != "tasks" and not bound:  # tasks are the rounds: older ones are over everywhere
-                    self.overlay.forget_before(job, rnd - 1)
-                    self.engine.drop_stale(job, rnd)
-                runner.prepared[(job, rnd)] = Prepared(contrib, time.time(), computed[rnd])
-                fut = None if bound else runner.outcome(job, rnd)
-                self.send(Ready(job=job, round=rnd, attempt=attempt, have=sorted(self.plans)))
-                if bound:
-                    if rnd + 1 < rounds:  # blocks while this worker is `s` ahead of the slowest
-                        await runner.allowed(job, rnd + 1)
-                    if self.script and self.handoff is not None and self.inbox is not None:
-                        self._combine(rnd, contrib)
-                        t_free = time.time()
-                    rnd += 1
-                    continue
-                assert fut is not None
-                await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if not fut.done():
-                    break  # the job ended while this round waited for its task
-                try:
-                    out: Outcome = fut.result()
-                except TaskAborted:
-                    continue  # an attempt was aborted: ready again (or go back, above)
-                except Skipped:  # rejoined after this round's task formed
-                    runner.prepared.pop((job, rnd), None)
-                    rnd += 1
-                    continue
-                runner.prepared.pop((job, rnd), None)
-                trained.pop(rnd - 1, None)  # kept one round more: an abort after we finished redoes it
-                if self.script and out.resync and self.node not in out.resync[1:] and self.handoff is not None:
-                    self.handoff.offset += 1  # the round carried the model to a rejoining rank: our step is next
-                    shifted.add(rnd)
-                    rnd += 1
-                    continue
-                if self.script and self.handoff is not None:  # the sum goes back to the script
-                    members = list(out.plan.participants)
-                    self.handoff.deliver(rnd, out.result if out.ok else None,
-                                         sum(out.plan.weights.values()), members, "" if out.ok else out.error,
-                                         weights=[float(out.plan.weights[m]) for m in members])
-                    t_free = time.time()
-                elif out.ok and trainer is not None:  # the group's weighted average is this worker's model now
-                    trainer.apply(out.result, dict(out.plan.weights))
-                    self.params = trainer.model
-                    await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), rnd)
-                elif out.ok:
-                    # off the loop (it relays for others meanwhile), in place: no model-sized temporary
-                    await asyncio.to_thread(_step, self.params, -LEARNING_RATE / len(out.plan.participants), out.result)
-                # the result's own array (a task's, never written again): no copy of the model per round
-                self._applied = (job, rnd, out.result if out.ok else None, len(out.plan.participants))
-                rnd += 1
-            if bound or stop.done() or rnd < rounds:
-                break  # (rnd < rounds: the script detached)
-            # every round done here; the others may still wait for the last one, and a node lost before
-            # they had its sum aborts it: until JOB_END, go back and redo it (as `back` does mid-job)
+        while not stop.done():
             if back():
                 continue
-            report()
-            after = runner.outcome(job, rounds)  # an ABORT of the round we finished wakes this (on_abort)
-            await asyncio.wait({after, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if not after.done():
-                runner.forget(job, rounds)
-                break  # JOB_END: the job is over everywhere
-            if after.exception() is None:
-                break  # nothing forms a task for a round past the last; an outcome for it ends the wait
+            if rnd >= rounds:  # every round done here
+                if bound:
+                    break
+                # the others may still wait for the last round, and a node lost before they had its sum
+                # aborts it: until JOB_END, that ABORT sends us back to redo it (back(), above)
+                report()
+                after = runner.outcome(job, rounds)  # an ABORT of the round we finished wakes this (on_abort)
+                await asyncio.wait({after, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not after.done():
+                    runner.forget(job, rounds)
+                    break  # JOB_END: the job is over everywhere
+                if after.exception() is None:
+                    break  # nothing forms a task for a round past the last; an outcome for it ends the wait
+                continue
+            if self.script:  # the script's step: its own compute, its own pace
+                assert self.handoff is not None
+                got = await _first(self.handoff.contribution(rnd), stop)
+                if got is None:
+                    break  # the script detached (or the job ended)
+                contrib = got
+                if rnd not in computed:  # READY when the script's step is in, padded up to the compute model's
+                    own = time.time() - t_free
+                    pad = model.draw(self.node, rnd) - own if msg.compute else 0.0
+                    if pad > 0:
+                        await _first(asyncio.sleep(pad), stop)
+                        self.padded_s += pad
+                    computed[rnd] = own + max(pad, 0.0)
+            # ~0.1 s per 2.5 M parameters: off the loop, which must keep heartbeats and relays going
+            elif trainer is None:
+                contrib = await asyncio.to_thread(contribution, rnd, 0, self.node, nparams)
+            if rnd not in computed:  # a retried attempt reuses the round's gradient
+                tc = time.time()
+                if trainer is not None:  # real SGD steps, then a sleep up to the drawn compute time
+                    trained[rnd] = await asyncio.to_thread(trainer.step, rnd)
+                if (s := model.draw(self.node, rnd) - (time.time() - tc)) > 0:
+                    nap = asyncio.ensure_future(asyncio.sleep(s))
+                    await asyncio.wait({nap, stop}, return_when=asyncio.FIRST_COMPLETED)
+                    nap.cancel()
+                computed[rnd] = time.time() - tc
+            if trainer is not None:
+                contrib = trained[rnd]
+            if stop.done():
+                break
+            # again, with no await from here to READY: an ABORT of the round we finished may have come
+            # while this one computed, when no outcome of ours waited to hear it (runner.on_abort wakes
+            # only those); READY for this round then would wait for a task the scheduler never forms
+            if back():
+                continue
+            attempt = runner.next_attempt.get((job, rnd), 0)
+            if msg.mode != "tasks" and not bound:  # tasks are the rounds: older ones are over everywhere
+                self.overlay.forget_before(job, rnd - 1)
+                self.engine.drop_stale(job, rnd)
+            runner.prepared[(job, rnd)] = Prepared(contrib, time.time(), computed[rnd])
+            fut = None if bound else runner.outcome(job, rnd)
+            self.send(Ready(job=job, round=rnd, attempt=attempt, have=sorted(self.plans)))
+            if bound:
+                if rnd + 1 < rounds:  # blocks while this worker is `s` ahead of the slowest
+                    await runner.allowed(job, rnd + 1)
+                if self.script and self.handoff is not None and self.inbox is not None:
+                    self._combine(rnd, contrib)
+                    t_free = time.time()
+                rnd += 1
+                continue
+            assert fut is not None
+            await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not fut.done():
+                break  # the job ended while this round waited for its task
+            try:
+                out: Outcome = fut.result()
+            except TaskAborted:
+                continue  # an attempt was aborted: ready again (or go back, above)
+            except Skipped:  # rejoined after this round's task formed
+                runner.prepared.pop((job, rnd), None)
+                rnd += 1
+                continue
+            runner.prepared.pop((job, rnd), None)
+            trained.pop(rnd - 1, None)  # kept one round more: an abort after we finished redoes it
+            if self.script and out.resync and self.node not in out.resync[1:] and self.handoff is not None:
+                self.handoff.offset += 1  # the round carried the model to a rejoining rank: our step is next
+                shifted.add(rnd)
+                rnd += 1
+                continue
+            if self.script and self.handoff is not None:  # the sum goes back to the script
+                members = list(out.plan.participants)
+                self.handoff.deliver(rnd, out.result if out.ok else None,
+                                     sum(out.plan.weights.values()), members, "" if out.ok else out.error,
+                                     weights=[float(out.plan.weights[m]) for m in members])
+                t_free = time.time()
+            elif out.ok and trainer is not None:  # the group's weighted average is this worker's model now
+                trainer.apply(out.result, dict(out.plan.weights))
+                self.params = trainer.model
+                await asyncio.to_thread(trainer.maybe_evaluate, self.clock.now(), rnd)
+            elif out.ok:
+                # off the loop (it relays for others meanwhile), in place: no model-sized temporary
+                await asyncio.to_thread(_step, self.params, -LEARNING_RATE / len(out.plan.participants), out.result)
+            # the result's own array (a task's, never written again): no copy of the model per round
+            self._applied = (job, rnd, out.result if out.ok else None, len(out.plan.participants))
+            rnd += 1
         if bound:  # the last iterations' contributions still travel: wait until their tasks are done here
             await runner.idle(job)
 
