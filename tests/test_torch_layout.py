@@ -233,3 +233,26 @@ def test_importing_without_torch_gives_the_install_hint():
     """)
     out = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=60)
     assert "pip install -e '.[torch]'" in out.stdout and "torch==2.13.0" in out.stdout, out.stdout + out.stderr
+
+
+def test_gradients_go_in_scaled_in_one_copy_and_come_back_as_views_of_the_sum():
+    """The hand-off's two ends: the world size divides in the copy in (float32 and half alike), and an
+    unscaled sum becomes the float32 gradients themselves (views: no copy), a scaled one a copy."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).to(torch.bfloat16))
+    tensors = Tensors.of(model)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    flat = torch.zeros(tensors.layout.flat_size)
+    tensors.grads_into(flat, 0.25)
+    for i, p in enumerate(tensors.params):
+        want = p.grad.float().flatten() * 0.25
+        torch.testing.assert_close(tensors.param_slice(flat, i), want, atol=0, rtol=0)
+    tensors.grads_from(flat, 1.0)
+    lo, hi = flat.data_ptr(), flat.data_ptr() + 4 * flat.numel()
+    for i, p in enumerate(tensors.params):
+        inside = lo <= p.grad.data_ptr() < hi
+        assert inside == (p.dtype == torch.float32), (i, p.dtype)
+        torch.testing.assert_close(p.grad.float().flatten(), tensors.param_slice(flat, i), atol=1e-2, rtol=1e-2)
+    tensors.grads_from(flat, 2.0)  # a weighted sum: a copy, never a scaled view of the sum
+    assert all(not lo <= p.grad.data_ptr() < hi for p in tensors.params)
+    torch.testing.assert_close(tensors.params[0].grad.flatten(), 2 * tensors.param_slice(flat, 0), atol=0, rtol=0)

@@ -2,8 +2,9 @@
 
     sums OUT P STEPS      each step syncs seeded random values (rank r, step k); saves every result
                           to OUT/{scheme}-r{rank}.npy, so the benchmark checks them against its own float64 sum
-    handoff OUT P STEPS   a model of P parameters through wansync.torch's layout: times the script's
-                          copies into the shared buffer and back out of it, per step (OUT/h{rank}.json)
+    handoff OUT P STEPS   a model of P parameters through wansync.torch's layout, as wt.Optimizer's grad
+                          mode does it: times the script's scaled copy into the shared buffer and its taking
+                          the mean back (views of the result: no copy), per step (OUT/h{rank}.json)
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ def main() -> None:
         copy_in = copy_out = 0.0
         for _ in range(steps):
             t = time.perf_counter()
-            tensors.grads_into(sync.buffer())
+            tensors.grads_into(sync.buffer(), 1.0 / sync.world)  # as wt.Optimizer's grad mode
             copy_in += time.perf_counter() - t
             red = sync.allreduce()
             t = time.perf_counter()
-            tensors.grads_from(red.result, 1.0 / red.weight)
+            tensors.grads_from(red.result, sync.world / red.weight)
             copy_out += time.perf_counter() - t
         (out / f"h{rank}.json").write_text(json.dumps({"copy_in_s": copy_in, "copy_out_s": copy_out,
                                                       "steps": steps, "params": n}))

@@ -116,15 +116,20 @@ class Tensors:
         for p, v, _ in self._views(flat, self.params, self.layout.params):
             v.copy_(p.detach())
 
-    def grads_into(self, flat: torch.Tensor) -> None:
-        """Gradients into the flat vector; a parameter without a gradient contributes zeros."""
+    def grads_into(self, flat: torch.Tensor, scale: float = 1.0) -> None:
+        """Gradients times `scale` into the flat vector, in the copy's one pass (as DDP divides by the world
+        size before its all-reduce); a parameter without a gradient contributes zeros."""
         for p, v, s in self._views(flat, self.params, self.layout.params):
             if p.grad is None:
                 v.zero_()
             elif p.grad.is_sparse:
                 raise ValueError(f"parameter {s.name!r} has a sparse gradient: wansync.torch syncs dense ones only")
-            else:
+            elif scale != 1.0 and p.grad.dtype == v.dtype and p.grad.device == v.device:
+                torch.mul(p.grad, scale, out=v)
+            else:  # another dtype or device: scaled in float32, on this side of the copy
                 v.copy_(p.grad)
+                if scale != 1.0:
+                    v.mul_(scale)
 
     def params_from(self, flat: torch.Tensor, scale: float = 1.0) -> None:
         with torch.no_grad():
@@ -133,9 +138,14 @@ class Tensors:
 
     def grads_from(self, flat: torch.Tensor, scale: float = 1.0) -> None:
         """Gradients from the flat vector; every parameter gets one (zeros where no rank had any, as
-        DDP gives unused parameters)."""
+        DDP gives unused parameters). Unscaled, a float32 parameter on the flat vector's device gets a view
+        of it as its gradient, not a copy: the step reads the sum where the data plane left it (valid
+        until the next synchronization, as the gradients are until the next backward pass)."""
         for p, v, _ in self._views(flat, self.params, self.layout.params):
-            if p.grad is None:
+            if scale == 1.0 and p.dtype == v.dtype and p.device == v.device:
+                p.grad = v
+                continue
+            if p.grad is None or _shares_memory(p.grad, flat):  # a view of the last sum: a gradient of its own now
                 p.grad = torch.empty_like(p)
             _scaled_into(p.grad, v, scale)
 
@@ -162,6 +172,10 @@ def _scaled_into(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
         torch.mul(src, scale, out=dst)
     else:
         dst.copy_(src * scale)
+
+
+def _shares_memory(t: torch.Tensor, flat: torch.Tensor) -> bool:
+    return t.device == flat.device and t.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
 
 
 def _check_dtype(t: torch.Tensor, what: str) -> None:

@@ -142,12 +142,11 @@ class Optimizer(torch.optim.Optimizer):
 
     def _grad_step(self, overflow: bool, scale: torch.Tensor | None) -> None:
         layout, flat = self.tensors.layout, self.sync.buffer()
+        world = self.sync.world
         if overflow:
             flat[: layout.param_numel].zero_()
-        else:
-            self.tensors.grads_into(flat)
-            if scale is not None:
-                flat[: layout.param_numel].div_(float(scale))  # the flat buffer is on the CPU, the scale may not be
+        else:  # divided by the world size (and the AMP scale) in the copy: the sum is the mean
+            self.tensors.grads_into(flat, 1.0 / (world * (1.0 if scale is None else float(scale))))
         self.tensors.buffers_into(flat)
         flat[layout.flag] = 1.0 if overflow else 0.0
         reduced = self.sync.allreduce()
@@ -157,7 +156,7 @@ class Optimizer(torch.optim.Optimizer):
                             f"({modes.WHY[('grad', 'partial')]})")
         if float(reduced.result[layout.flag]) > 0:
             return  # some rank overflowed: every rank skips this step
-        self.tensors.grads_from(reduced.result, 1.0 / reduced.weight)
+        self.tensors.grads_from(reduced.result, world / reduced.weight)  # 1 for a plain sum: views, no copy
         self.tensors.buffers_from(reduced.result, 1.0 / reduced.weight)
         self.inner.step()
 
