@@ -2,7 +2,9 @@
 
 Three modes, one flat float32 buffer (see layout.py):
 - `grad`: every step averages the gradients, then the inner optimizer steps (DDP's math; several
-  backward passes before a step accumulate as usual);
+  backward passes before a step accumulate as usual). As DDP does, each rank's gradients are divided by
+  the world size as they are copied into the flat buffer; the mean comes back as the float32 gradients
+  themselves (`p.grad` becomes a view of the data plane's result, valid until the next step);
 - `model`: the inner optimizer steps locally; every `sync_every` steps the parameters are averaged
   (local SGD; with a partial-reduce data plane, the scheduler's weights);
 - `outer`: DiLoCo. Every `sync_every` (H) inner steps the pseudo-gradient (outer params - params) is
