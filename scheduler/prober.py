@@ -13,7 +13,9 @@ shaper and kernel queues, discarded by the receiver) on links:
   samples) inflates the plan's bottleneck time, and the true bottleneck's share falls below BUSY_SHARE;
 - unknown first, then those whose estimate is older than `refresh_s` (oldest first), and at once a
   link whose newest sample disagreed with its estimate (it may have changed: the view needs a second
-  agreeing sample to move, scheduler/view.py `_moved`);
+  agreeing sample to move, scheduler/view.py `_moved`), or one at a node where another link's estimate
+  just moved by NODE_MOVED or more (a node's port moves all its links: a tree's idle links, probed while
+  the ports were shared, would otherwise keep their old share until refresh_s comes round for each);
 - at most one probe per node at a time (as sender or receiver: where node caps exist a second one
   would share the cap), at most `at_once` in the cluster, and no node probing for more than `budget`
   of the last WINDOW_S seconds (counting the probe about to start, at the view's rate of its link).
@@ -54,6 +56,7 @@ MIN_PROBE_BYTES = 32 * 1024
 BUSY_SHARE = 0.5  # a plan link loaded for this share of its bottleneck's time is busy: never probed
 PASSIVE_BUSY_S = 1.0  # ... and so is a link that gave a passive sample this recently (reports every 0.25 s)
 REFRESH_S = 5.0  # a link's estimate older than this is probed again
+NODE_MOVED = 1.5  # an estimate that moved by this factor (up or down) moves its nodes' other links up the queue
 WINDOW_S = 5.0  # the budget's window
 BUDGET = 0.25  # share of the window a node may spend in probes (sending or receiving)
 AT_ONCE = 2  # probes in flight in the whole cluster
@@ -109,6 +112,8 @@ class Prober:
         self.size: dict[tuple[int, int], int] = {}  # next probe's bytes per link, where a probe taught us
         self.faster: dict[tuple[int, int], float] = {}  # known links a probe showed faster (Mbit/s, a lower bound)
         self.last_probe: dict[tuple[int, int], float] = {}  # when each link was last ordered a probe
+        self.estimates: dict[tuple[int, int], float] = {}  # each known link's estimate when last looked at
+        self.node_moved: dict[int, float] = {}  # when an estimate of a link at this node last moved by NODE_MOVED
         self.stats = ProbeStats()
         # (t, src, dst, bytes, versions of the plans in force then) of every probe ordered: what an audit of
         # "never a running plan's bottleneck" needs (scripts/bench/view.py)
@@ -179,7 +184,9 @@ class Prober:
 
     def candidates(self, now: float, free: set[int], busy: set[tuple[int, int]]) -> list[tuple[int, int]]:
         """Links that may be probed now, most wanted first: unknown ones, then those whose newest sample
-        disagreed with the estimate, then the stalest beyond refresh_s."""
+        disagreed with the estimate or whose node saw another link move since their last sample and
+        probe, then the stalest beyond refresh_s."""
+        self._note_moves(now)
         ranked = []
         for a, b, e in self.view.g.edges(data=True):
             if a not in free or b not in free or (a, b) in busy:
@@ -190,11 +197,23 @@ class Prober:
                 continue
             recent = e["recent"]
             moved = (recent and abs(recent[-1][0] - e["rate"]) > 2 * AGREE * e["rate"]) or (a, b) in self.faster
-            if moved and now - probed >= 2 * TICK_S:
+            at_moved_node = max(self.node_moved.get(a, -math.inf), self.node_moved.get(b, -math.inf)) \
+                > max(e["t"], probed)
+            if (moved and now - probed >= 2 * TICK_S) or at_moved_node:
                 ranked.append((1, probed, (a, b)))
             elif now - max(e["t"], probed) >= self.refresh_s:
                 ranked.append((2, max(e["t"], probed), (a, b)))
         return [k for *_, k in sorted(ranked)]
+
+    def _note_moves(self, now: float) -> None:
+        """Note the nodes of every known link whose estimate moved by NODE_MOVED since the last look."""
+        for a, b, e in self.view.g.edges(data=True):
+            if not e["measured"]:
+                continue
+            before = self.estimates.get((a, b))
+            self.estimates[(a, b)] = e["rate"]
+            if before and max(e["rate"], before) >= NODE_MOVED * min(e["rate"], before):
+                self.node_moved[a] = self.node_moved[b] = now
 
     def _spent(self, node: int, now: float) -> float:
         """Seconds of the last WINDOW_S this node spent in probes."""

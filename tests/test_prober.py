@@ -456,3 +456,23 @@ def test_short_busy_periods_add_up_only_with_recent_ones():
     assert len(probes.samples) == 1
     _, _, nbytes, seconds = probes.samples[0]
     assert nbytes * 8 / seconds / 1e6 == pytest.approx(10.0, rel=0.02)
+
+
+@pytest.mark.unit
+def test_a_link_that_moved_fourfold_sends_its_nodes_other_links_up_the_queue():
+    """A port that loosens moves every link of its node: when one link's estimate moves by NODE_MOVED, the
+    other links at its two nodes, sampled before, come before merely stale ones; a small move does not."""
+    view = NetworkView(uniform(4).links)
+    for k in view.links():
+        view.g.edges[k].update(rate=50.0, measured=True, t=0.0, recent=((50.0, 0.1),))
+    p, _ = make_prober(view, at_once=1, budget=1.0, refresh_s=5.0)
+    everyone = {0, 1, 2, 3}
+    assert p.candidates(1.0, everyone, set()) == []  # nothing stale, nothing moved
+    view.g.edges[0, 1].update(rate=50.0 * (1 + prober_mod.NODE_MOVED) / 2, t=1.5)  # a move below the factor
+    assert p.candidates(2.0, everyone, set()) == []
+    view.g.edges[0, 1].update(rate=200.0, t=2.5, recent=((200.0, 0.1),))  # its ports loosened fourfold
+    first = p.candidates(3.0, everyone, {(0, 1)})
+    at_0_or_1 = {ln for ln in view.links() if ln != (0, 1) and set(ln) & {0, 1}}
+    assert set(first) == at_0_or_1  # (2, 3) touches neither node: it waits for refresh_s
+    view.g.edges[1, 0].update(t=3.5)  # sampled after the move: known afresh, no longer wanted
+    assert (1, 0) not in p.candidates(4.0, everyone, {(0, 1)})

@@ -208,9 +208,11 @@ def flipping(segments: int = 4) -> tuple[Table, dict[str, Any]]:
     ranks = [advised(flip_topology(c).scaled(SCALE)) for c in FLIP_CAPS]
     winners = [r[0].scheme for r in ranks]
     pred = [{c.scheme: c.round_s for c in r} for r in ranks]
-    # rounds enough for a scheme that always runs each segment's winner to span segments - 1 of them
+    # rounds enough for a scheme that always runs each segment's winner to span every segment: the last
+    # flip falls inside every job, with a segment after it to switch in (segments - 1 of them left the
+    # last flip at the end of the run, where no scheme could answer it)
     period = FLIP_PERIOD_S * SCALE
-    rounds = min(400, sum(int(period / (pred[k % 2][winners[k % 2]] or 1.0)) for k in range(segments - 1)))
+    rounds = min(400, sum(int(period / (pred[k % 2][winners[k % 2]] or 1.0)) for k in range(segments)))
     # a flip: the previous segment's winner is predicted more than the margin slower in the next segment
     flip_at = [k for k in range(1, segments)
                if (pred[k % 2].get(winners[(k - 1) % 2]) or float("inf"))
