@@ -376,6 +376,27 @@ def test_live_rounds_slower_than_predicted_make_the_decision_stale_and_auto_lear
     assert not auto.stale(memory)  # the ring runs as expected
 
 
+@pytest.mark.unit
+def test_rounds_on_links_that_moved_since_the_decision_teach_auto_no_ratio():
+    """The WAN under the scheme in force changed after the decision (its hub's links got 4x faster, the
+    view saw it): its rounds ran 4x faster than predicted, which says nothing of the simulator. No ratio is
+    learned from them; the same rounds on an unchanged view are learned, as before."""
+    planner = auto.make(lambda: [planners.resolve("star"), planners.resolve("ring")])
+    slow_hub = mesh(5, lambda a, b: 250.0 if 0 in (a, b) else 20.0)
+    for view, learns in ((oracle_view(hub()), False), (oracle_view(slow_hub), True)):
+        memory: dict = {}
+        before = oracle_view(slow_hub)
+        plan = planner(before, job(5), memory)
+        first = decision(memory)
+        assert first["chosen"] == "star"
+        star_s = next(c["round_s"] for c in first["candidates"] if c["scheme"] == "star")
+        for _ in range(auto.STALE_ROUNDS):
+            measured(memory, plan.scheme, star_s / 4)
+        planner(view, job(5), memory)
+        [star] = [c for c in decision(memory)["candidates"] if c["scheme"] == "star"]
+        assert star["ratio"] == (pytest.approx(0.25) if learns else 1.0), view
+
+
 @pytest.mark.loopback
 async def test_the_scheduler_feeds_measured_rounds_to_the_planner_and_re_plans_when_it_says_stale():
     """A planner (registered here) that calls itself stale once it has seen three measured rounds: the

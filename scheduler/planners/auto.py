@@ -223,15 +223,26 @@ def _since(state: dict[str, Any], measured: Sequence[tuple[int, str, float]]) ->
     return [sec for seq, scheme, sec in measured if seq > state["seq"] and scheme == state["plan_scheme"]]
 
 
-def learn(state: dict[str, Any], measured: Sequence[tuple[int, str, float]]) -> None:
+def learn(state: dict[str, Any], measured: Sequence[tuple[int, str, float]], view: NetworkView | None = None) -> None:
     """The scheme in force's live rounds over what the simulator predicted for it: from now on its
     predictions are scaled by that ratio (a plan of many thin trees may run slower than the
     simulator's per-chunk costs say, on a machine short of CPU). Only where that prediction rested on
     measured rates (every link of the plan known to the view at the decision): a prediction on nominal
-    guesses says nothing of the simulator. Candidates never run keep 1: the simulator's word."""
+    guesses says nothing of the simulator. Nor where the view of the plan's links has moved by more than
+    the margin since (`view`): those rounds ran on another WAN than the one predicted (a port that
+    loosened made them 4x faster: a ratio of 0.25 would have called the scheme 4x faster everywhere).
+    Candidates never run keep 1: the simulator's word."""
     recent = _since(state, measured)
-    if state["scheme"] is not None and state["predicted_s"] and state.get("learnable") and len(recent) >= 2:
-        state["ratio"][state["scheme"]] = statistics.median(recent) / state["predicted_s"]
+    if not (state["scheme"] is not None and state["predicted_s"] and state.get("learnable") and len(recent) >= 2):
+        return
+    if view is not None and moved(state.get("rates_at", {}), view, state.get("margin", MARGIN)):
+        return
+    state["ratio"][state["scheme"]] = statistics.median(recent) / state["predicted_s"]
+
+
+def moved(rates_at: Mapping[tuple[int, int], float], view: NetworkView, margin: float) -> bool:
+    """Whether any of these links' rates (as the view had them at a decision) moved by more than `margin`."""
+    return any(abs(view.rate(*ln) - r) > margin * r for ln, r in rates_at.items())
 
 
 def stale(memory: dict[str, Any]) -> bool:
@@ -261,7 +272,7 @@ def make(candidates: Callable[[], Sequence[Any]]) -> Callable[[NetworkView, Job,
         state = memory.setdefault("auto", {"scheme": None, "inner": {}, "cost": {}, "ratio": {}, "seq": -1,
                                            "plan_scheme": None, "expect_s": None, "predicted_s": None})
         margin = float(job.options.get("auto_margin", MARGIN))
-        learn(state, memory.get("measured", ()))
+        learn(state, memory.get("measured", ()), view)
         t, cpu = time.perf_counter(), time.thread_time()
         # the scheme in force first, then the cheapest to decide on (a slow solver cannot starve the rest)
         cheap = sorted((s.name for s in specs), key=lambda n: state["cost"].get(n, 0.0))
@@ -277,9 +288,10 @@ def make(candidates: Callable[[], Sequence[Any]]) -> Callable[[NetworkView, Job,
         d = Decision(chosen, state["scheme"], why, tuple(cands), time.thread_time() - cpu, time.perf_counter() - t)
         mine = next(c for c in cands if c.scheme == chosen)
         measured = memory.get("measured") or [(-1, "", 0.0)]
+        links = link_loads(plans[chosen], router(view))
         state.update(scheme=chosen, plan_scheme=plans[chosen].scheme, predicted_s=mine.round_s,
                      expect_s=mine.key, seq=measured[-1][0], margin=margin,
-                     learnable=view.coverage_of(link_loads(plans[chosen], router(view))) >= 1.0)
+                     learnable=view.coverage_of(links) >= 1.0, rates_at={ln: view.rate(*ln) for ln in links})
         state["cost"].update({c.scheme: c.plan_s + c.sim_s for c in cands if c.plan_s or c.sim_s})
         memory.setdefault("events", []).append({"kind": "auto", **d.wire()})
         out = plans[chosen]
