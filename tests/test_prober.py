@@ -476,3 +476,31 @@ def test_a_link_that_moved_fourfold_sends_its_nodes_other_links_up_the_queue():
     assert set(first) == at_0_or_1  # (2, 3) touches neither node: it waits for refresh_s
     view.g.edges[1, 0].update(t=3.5)  # sampled after the move: known afresh, no longer wanted
     assert (1, 0) not in p.candidates(4.0, everyone, {(0, 1)})
+
+
+@pytest.mark.unit
+def test_no_probe_goes_through_a_capped_port_that_a_plans_busy_links_fill():
+    """Under node caps a probe on an idle link takes its bytes from the plan's share of the ports it
+    crosses: a link out of a node whose capped uplink the busy links fill, or into one whose capped
+    downlink they fill, is not probed; a port with room (a loose cap) or without a cap is."""
+    view = NetworkView(uniform(4).links)
+    for k in view.links():
+        view.g.edges[k].update(rate=50.0, measured=True, t=0.0, recent=((50.0, 0.1),))
+    for node in range(4):
+        for kind in ("up", "down"):
+            view.set_cap(node, kind, 50.0)
+    p, _ = make_prober(view, at_once=1, budget=1.0, refresh_s=1.0)
+    everyone = {0, 1, 2, 3}
+    busy = {(0, 1)}  # a plan fills 0's uplink and 1's downlink
+    assert p.busy_ports(busy) == {(0, "up"), (1, "down")}
+    open_ = p.candidates(10.0, everyone, busy)
+    assert open_ and not [ln for ln in open_ if ln[0] == 0 or ln[1] == 1]
+    assert (1, 0) in open_ and (2, 3) in open_
+    view.declare_cap(0, "up", 10_000.0)  # the uplink loosened: its share is small now
+    assert (0, 2) in p.candidates(10.0, everyone, busy)
+    assert (2, 1) not in p.candidates(10.0, everyone, busy)
+    uncapped = NetworkView(uniform(4).links)
+    for k in uncapped.links():
+        uncapped.g.edges[k].update(rate=50.0, measured=True, t=0.0, recent=((50.0, 0.1),))
+    q, _ = make_prober(uncapped, at_once=1, budget=1.0, refresh_s=1.0)
+    assert q.busy_ports(busy) == set() and (0, 2) in q.candidates(10.0, everyone, busy)
