@@ -149,12 +149,14 @@ class ChunkEngine:
         return self.overlay.clock() if self.overlay is not None else time.time()
 
     # --- task lifecycle ------------------------------------------------------------------------------
-    def begin_task(self, job: int, task: int, attempt: int, plan: Plan, contribution: np.ndarray | None) -> TaskPart:
+    def begin_task(self, job: int, task: int, attempt: int, plan: Plan, contribution: np.ndarray | None,
+                   into: np.ndarray | None = None) -> TaskPart:
         """This node's part of a task: its own contribution goes in (members), held frames for this task
-        are replayed, leaf chunks go out. `contribution`: None unless this node is a member."""
+        are replayed, leaf chunks go out. `contribution`: None unless this node is a member; `into`:
+        where its result should land (TaskPart)."""
         if job not in self.jobs:  # driven without an agent (tests): the job is announced by its first task
             self.open_job(job, task)
-        part = TaskPart(self, job, task, attempt, plan, contribution, self.clock())
+        part = TaskPart(self, job, task, attempt, plan, contribution, self.clock(), into)
         self.tasks[part.key] = part
         self.top[job] = max(self.top.get(job, task), task)
         for h, data in self._unstash(part.key):
@@ -172,6 +174,8 @@ class ChunkEngine:
         """Forget a part that ended (its outcome taken): its frames are no longer expected here."""
         self.tasks.pop(part.key, None)
         self.rate_tables.pop((part.job, part.task, part.attempt), None)
+        if part.external and self.overlay is not None:  # its memory goes back to its owner: no late byte lands
+            self.overlay.let_go(part.result)
 
     def abort(self, job: int, task: int, attempt: int) -> None:
         """Attempts up to `attempt` of this task end now; their frames, held or late, are dropped."""

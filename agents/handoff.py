@@ -11,7 +11,8 @@ Per step: the script fills send slot k % 2 with its P values and says `step k`; 
 appends the check trailer in place (core.sketch, and one flag per rank: a contribution that is not
 finite is sent as zeros with its rank's flag set, so the sync fails naming the rank instead of
 spreading NaN) and returns the slot as the round's contribution, without a copy. `deliver(k, ...)`
-copies the round's sum into the result region and says `done k`.
+says `done k` once the round's sum is in the result region: received there in place (a BSP job's first
+attempt of a round, `result_region`), else copied there.
 
 Failures (docs/training-failures.md). A script that dies (its channel closes without `bye`) or
 stops calling `step()` is reported through `on_gone`, and the agent tells the scheduler (LEAVE): its
@@ -47,7 +48,6 @@ HELLO_TIMEOUT_S = 10.0
 STALL_S = 60.0  # a script idle this long while a round waits for its step is gone (at least; see below)
 STALL_FACTOR = 4.0  # ... and at least this many times its slowest step gap so far
 SHARE_TIMEOUT_S = 60.0  # a script asked for its model (a rank rejoins) answers within this
-SEED = 1  # the sketch's signs (the same on every agent)
 
 # the scheduler's verdict on every rank's layout: (ok, error, world[, rejoin: the job runs, this rank
 # comes back into it and gets the current model])
@@ -78,6 +78,7 @@ class Script:
     seal_s: float = 0.0  # time sealing contributions (the check trailer) and copying results back
     deliver_s: float = 0.0
     sealed: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)  # slot -> (step, contribution)
+    presealed: dict[int, int] = field(default_factory=dict)  # slot -> the step whose trailer the script wrote
     t_done: float = 0.0  # when the last `done` went out (or the script attached): its step gap starts
     slowest: float = 0.0  # its longest gap from a `done` to the next `step` so far (its compute time)
     bye: bool = False  # said goodbye: it ended, it did not die
@@ -291,7 +292,8 @@ class Handoff:
         if t == "step":
             if script.step is not None:
                 raise wire.HandoffError(f"step {msg.get('k')!r} announced while step {script.step} is not done")
-            script.step = wire.check_step(msg, script.next_step)
+            script.step, sealed = wire.check_step(msg, script.next_step)
+            script.presealed[script.step % 2] = script.step if sealed else -1
             script.next_step += 1
             script.slowest = max(script.slowest, time.monotonic() - script.t_done)
             self._changed.set()
@@ -333,19 +335,21 @@ class Handoff:
         done = script.sealed.get(k % 2)
         if done is not None and done[0] == k:
             return done[1]
-        view = self._sealed(script, script.regions[k % 2], k)
+        view = self._sealed(script, script.regions[k % 2], k, own=script.presealed.get(k % 2) == k)
         script.sealed[k % 2] = (k, view)
         return view
 
-    def _sealed(self, script: Script, region: np.ndarray, k: int) -> np.ndarray:
-        """The slot with its trailer: the sketch and L1 of the values, then this rank's flag if they
-        were not finite (sent as zeros then)."""
+    def _sealed(self, script: Script, region: np.ndarray, k: int, own: bool = False) -> np.ndarray:
+        """The slot with its trailer: the sketch and L1 of the values (computed here, or as the script
+        wrote them: `own`), then this rank's flag if they were not finite (sent as zeros then). A
+        trailer the script got wrong fails the sum's check at every receiver: loud, never wrong."""
         t = time.perf_counter()
         P, n = script.params, script.values
         x = region[:P]
         flags = region[P + sketch.ROWS + 1:n]
         flags[:] = 0
-        trailer = sketch.trailer(x, SEED)
+        trailer = (region[P:P + sketch.ROWS + 1].astype(np.float64) if own
+                   else sketch.trailer(x, wire.SKETCH_SEED))
         if not np.isfinite(trailer).all():  # the fold of non-finite values is not finite
             script.nonfinite += 1
             log.error("node %d: step %d of the script holds non-finite values; it sends zeros and the sync fails",
@@ -419,6 +423,13 @@ class Handoff:
         model[:script.params] = script.regions[2][:script.params]
         return self._sealed(script, model, rnd - self.offset)
 
+    def result_region(self) -> np.ndarray | None:
+        """Where a round's sum may land as it is received, so `deliver` copies nothing: the result region.
+        Only for jobs whose rounds all wait for every rank (the caller's rule): the script reads the
+        region between `done k` and its next step, and no round is summed here before that step."""
+        script = self.script
+        return None if script is None else script.regions[2][:script.values]
+
     def check(self, result: np.ndarray, members: int) -> tuple[bool, str]:
         """The receivers' check of a sum (the job's verifier): the sketch within the rounding bound."""
         script = self.script or self.last
@@ -426,7 +437,7 @@ class Handoff:
             return False, "no script attached"
         if result.shape != (script.values,):
             return False, f"result has {result.size} values, the attached model {script.values}"
-        return sketch.check(result, script.params, members, SEED)
+        return sketch.check(result, script.params, members, wire.SKETCH_SEED)
 
     def deliver(self, rnd: int, result: np.ndarray | None, weight: float, members: list[int], error: str = "",
                 weights: list[float] | None = None) -> None:
@@ -442,7 +453,7 @@ class Handoff:
             if bad.size:
                 ok, error = False, (f"rank(s) {', '.join(map(str, bad.tolist()))} contributed non-finite values "
                                     f"(or had no model to share) at step {k}; the sync is void")
-            else:
+            elif not np.may_share_memory(result, script.regions[2]):  # else it was received in place
                 t = time.perf_counter()
                 script.regions[2][:P] = result[:P]
                 script.deliver_s += time.perf_counter() - t

@@ -268,7 +268,10 @@ class RoundLoop:
             if msg.mode != "tasks" and not bound:  # tasks are the rounds: older ones are over everywhere
                 self.overlay.forget_before(job, rnd - 1)
                 self.engine.drop_stale(job, rnd)
-            runner.prepared[(job, rnd)] = Prepared(contrib, time.time(), computed[rnd])
+            # a barrier job's sum lands in the script's result region as it is received (no copy back):
+            # no one reads that region while the next round is summed there (agents/handoff.py)
+            into = self.handoff.result_region() if self.script and msg.barrier and self.handoff is not None else None
+            runner.prepared[(job, rnd)] = Prepared(contrib, time.time(), computed[rnd], into)
             fut = None if bound else runner.outcome(job, rnd)
             self.send(Ready(job=job, round=rnd, attempt=attempt, have=sorted(self.plans)))
             if bound:

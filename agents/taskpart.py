@@ -98,9 +98,12 @@ class TaskPart:
     """One task attempt as this node runs it, from `begin` to `end`; `done` holds its outcome."""
 
     def __init__(self, host: TaskHost, job: int, task: int, attempt: int, plan: Plan,
-                 contribution: np.ndarray | None, t_begin: float) -> None:
-        """`contribution`: None unless this node is a member. Raises ValueError where the plan gives this
-        node no part, or a member's contribution does not fit the plan."""
+                 contribution: np.ndarray | None, t_begin: float, into: np.ndarray | None = None) -> None:
+        """`contribution`: None unless this node is a member. `into`: where the result should land, if
+        this node holds one (float32 of the plan's size; a training script's result region, so the sum
+        is received where the script reads it, with no copy); else one of the engine's own arrays.
+        Raises ValueError where the plan gives this node no part, or a member's contribution does not
+        fit the plan."""
         me = host.node
         self.host = host
         self.job, self.task, self.attempt, self.plan = job, task, attempt, plan
@@ -131,7 +134,9 @@ class TaskPart:
             self.pending += self.roles[gi].duties * len(g.chunks)
         self.duties = self.pending
         needs_result = self.receiver or any(r.in_bcast for r in self.roles.values())
-        self.result = host.arrays.empty(plan.params if needs_result else 0)
+        self.external = (needs_result and into is not None and into.shape == (plan.params,)
+                         and into.dtype == np.float32)  # the result lives in memory the engine does not own
+        self.result = into if self.external else host.arrays.empty(plan.params if needs_result else 0)
         self.everyone = bitmap_int(bitmap(plan.participants))  # what every final value must hold
         self.contributors = [(1 << me) if self.member else 0] * len(plan.layout)  # per chunk: summed into acc
         self.agg_bytes: dict[tuple[int, int], int] = defaultdict(int)  # (chunk, origin) -> bytes summed

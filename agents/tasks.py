@@ -58,6 +58,7 @@ class Prepared:
     contribution: np.ndarray
     t_ready: float
     t_compute: float
+    into: np.ndarray | None = None  # where its task's result should land (TaskPart), first attempt only
 
 
 class TaskRunner:
@@ -223,7 +224,10 @@ class TaskRunner:
                 contribution, mine, 0, self.node, plan.params)
         t_start = self.clock.now()
         try:
-            st = self.engine.begin_task(job, msg.task, msg.attempt, plan, contrib)
+            # a retry's result gets an array of its own: a frame of the aborted attempt may still be read
+            # into `into`, and a retry after the script had the first result must not change it under it
+            into = prep.into if prep is not None and msg.attempt == 0 and not msg.resync else None
+            st = self.engine.begin_task(job, msg.task, msg.attempt, plan, contrib, into)
         except ValueError as exc:  # the plan gives this node no part: the scheduler's bug, said plainly
             log.error("node %d: task %d of job %d: %s", self.node, msg.task, job, exc)
             return

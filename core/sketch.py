@@ -16,7 +16,9 @@ values were not finite, I sent zeros instead", so every receiver can name who fa
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -92,6 +94,82 @@ def trailer(x: np.ndarray, seed: int) -> np.ndarray:
     where x is."""
     f, l1 = fold(x)
     return np.concatenate([signs(len(f), seed) @ f, [l1]])
+
+
+class Folder:
+    """A contribution's trailer, built while its values are written: each piece is folded at its offset
+    as it is written (`scaled_copy`: scaled into place and folded in one pass where core.sketchjit's
+    compiled loop is installed; `add`: a piece already in place), and `trailer` gives what `trailer`
+    would give for the whole contribution (the same sketch rows; the L1 summed in float64).
+    `covered` counts the values folded, so a caller can tell a trailer that missed some."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.acc = np.zeros(min(n, FOLD), np.float64)
+        self.l1 = 0.0
+        self.covered = 0
+        self._tmp: np.ndarray | None = None  # numpy's |x| per block, without the compiled loop
+        self.compiled = _jit() is not None
+
+    def reset(self) -> None:
+        self.acc.fill(0.0)
+        self.l1 = 0.0
+        self.covered = 0
+
+    def add(self, x: np.ndarray, offset: int) -> None:
+        """x (float32, 1-D) holds the contribution's values [offset, offset + len(x))."""
+        jit = _jit()
+        if jit is not None and x.flags.c_contiguous:
+            self.l1 += jit.fold_into(x, offset, self.acc)
+        else:
+            if self._tmp is None:
+                self._tmp = np.empty(len(self.acc), np.float32)
+            period, i, j = len(self.acc), 0, offset % len(self.acc)
+            while i < len(x):
+                run = min(len(x) - i, period - j)
+                block, part = x[i:i + run], self.acc[j:j + run]
+                np.add(part, block, out=part)
+                self.l1 += _l1(block, self._tmp)
+                i, j = i + run, 0
+        self.covered += len(x)
+
+    def zeros(self, n: int) -> None:
+        """n values were set to zero (they add nothing: counted only)."""
+        self.covered += n
+
+    def scaled_copy(self, src: np.ndarray, dst: np.ndarray, scale: float, offset: int) -> None:
+        """dst = float32(src * scale), then folded as the values [offset, offset + len(dst)); in one
+        pass with the compiled loop."""
+        jit = _jit()
+        if jit is not None and src.flags.c_contiguous and dst.flags.c_contiguous and src.dtype == np.float32:
+            self.l1 += jit.scaled_fold(src, dst, np.float32(scale), offset, self.acc)
+            self.covered += len(dst)
+            return
+        np.multiply(src, np.float32(scale), out=dst)
+        self.add(dst, offset)
+
+    def trailer(self, seed: int) -> np.ndarray:
+        """The sketch rows and the L1 norm (float64), as `trailer` of the whole contribution."""
+        return np.concatenate([signs(len(self.acc), seed) @ self.acc, [self.l1]])
+
+
+_JIT: list = []  # [module or None], once looked up
+
+
+def _jit() -> Any:
+    """core.sketchjit if numba is installed (and WANSYNC_NO_JIT is unset), compiled or loaded now; else None."""
+    if not _JIT:
+        module = None
+        if not os.environ.get("WANSYNC_NO_JIT"):
+            try:
+                from core import sketchjit
+            except ImportError:
+                pass
+            else:
+                sketchjit.warm()
+                module = sketchjit
+        _JIT.append(module)
+    return _JIT[0]
 
 
 def tolerance(m: int) -> float:

@@ -367,6 +367,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._buf = bytearray(self._scratch)
                 self._view = memoryview(self._buf)
 
+    def let_go(self, owner: object) -> bool:
+        """The payload being read now lands in `owner`'s memory (an array a handler gave as its
+        destination) and that owner gave the memory to someone else (an aborted task's result, which is a
+        training script's region): the rest of the payload goes to a buffer of our own, and the frame
+        is still delivered whole (its handler drops it, its task being gone). True if it was."""
+        if self._state != _PAYLOAD or self._growing or self._dest is None or self._dest.obj is not owner:
+            return False
+        self._dest = memoryview(bytearray(len(self._dest)))  # the size was accepted with the header
+        return True
+
     def _begin_discard(self, nbytes: int, header: dict[str, Any] | None = None) -> None:
         """Read past `nbytes` of payload; then deliver `header` alone (None: an invalid frame)."""
         take = min(nbytes, self._end - self._start)

@@ -9,7 +9,8 @@ the script writes the next one), and the result. Only small control messages cro
 a 4-byte big-endian length and a msgpack map:
 
     script -> agent   hello {token, rank, pid, layout, params}   once, first
-                      step {k}              slot k % 2 holds step k's contribution (model values only)
+                      step {k, sealed}      slot k % 2 holds step k's contribution (model values; with
+                                            sealed, its check trailer after them, core.sketch.Folder)
                       log {metrics}         numbers for the run's results
                       bye {steps}           detach
     agent -> script   welcome {params, slot, world, flags} + the memfd     attached (every rank attached
@@ -45,6 +46,7 @@ MAX_TENSORS = 8192  # a layout stays within one control message (overlay.fieldch
 MAX_PARAMS = 1 << 33  # elements of one model
 MAX_METRICS = 64
 SLOTS = 3  # send, send, result
+SKETCH_SEED = 1  # the check's sign rows (core.sketch), the same for every rank and whoever seals a slot
 HEADER = struct.Struct(">I")
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -135,11 +137,15 @@ def check_layout(layout: Any) -> dict[str, Any]:
     return {"names": names, "shapes": shapes, "dtypes": dtypes, "params": total}
 
 
-def check_step(msg: Mapping[str, Any], expect: int) -> int:
+def check_step(msg: Mapping[str, Any], expect: int) -> tuple[int, bool]:
+    """The step's number (the one expected) and whether the script wrote the slot's trailer itself."""
     k = _int(msg, "k")
     if k != expect:
         raise HandoffError(f"step {k} announced, step {expect} expected (one step at a time, in order)")
-    return k
+    sealed = msg.get("sealed", False)
+    if not isinstance(sealed, bool):
+        raise HandoffError(f"step.sealed must be true or false, got {sealed!r}"[:100])
+    return k, sealed
 
 
 def check_log(msg: Mapping[str, Any]) -> dict[str, float]:

@@ -348,6 +348,9 @@ class Job(Record):
     # multicast progress models: how many iterations older than its own a received model may be when a
     # worker applies it (agents/received.py); None: a worker applies only its own tasks' results
     staleness: int | None = _count(optional=True)
+    # every worker contributes to and receives every round, and the next round forms only once all are
+    # READY (BSP): a round's result is read by no one here once the next one begins
+    barrier: bool | None = f(optional=True)
 
 
 @message

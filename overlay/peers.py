@@ -275,6 +275,12 @@ class Overlay:
             del self._rx[key]
         return sum(s.cancel(drop) for s in self.senders.values())
 
+    def let_go(self, owner: object) -> int:
+        """No byte read from here on lands in memory `owner` exports (FrameProtocol.let_go): a task whose
+        result lives in memory it does not own ended, and a frame of it half read on some connection
+        must not finish writing there. How many frames were diverted."""
+        return sum(proto.let_go(owner) for proto in list(self._conns.values()))
+
     def forget_before(self, job: int, task: int) -> None:
         """Duplicate detection only needs keys of tasks still in flight: those of tasks before `task`
         (over everywhere), and their transfers never acknowledged, are of no use to anyone now."""

@@ -223,7 +223,9 @@ class Scheduler:
                             rule=None if progress is None else progress.rule, compute=compute,
                             compute_scale=compute_scale if compute else None, seed=seed if compute else None,
                             workload=workload,
-                            staleness=None if progress is None else progress.staleness()).wire()
+                            staleness=None if progress is None else progress.staleness(),
+                            barrier=(progress is not None and progress.uses_barrier
+                                     and progress.groups == "full") or None).wire()
         for a in list(self.agents.values()):
             self.registry.send(a, js.job_msg)
         self.on_event("job", {"job": js.job, "scheme": scheme, "rounds": js.rounds, "version": js.plan.version,

@@ -48,6 +48,27 @@ async def test_payload_lands_in_the_handlers_buffer():
     assert np.array_equal(dest, data)
 
 
+async def test_a_payload_let_go_lands_no_further_byte_in_its_owners_memory():
+    """An aborted task's result region is the training script's again: the rest of a frame half read into it
+    goes to the codec's own buffer, and the frame is still delivered whole (its handler drops it)."""
+    dest = np.zeros(1000, np.float32)
+    rec = Recorder(dest)
+    proto = make(rec)
+    data = np.arange(1, 1001, dtype=np.float32)
+    stream = encode(chunk(4000)) + data.tobytes()
+    head = len(stream) - 4000 + 1600  # the header and 400 values in
+    buf = proto.get_buffer(-1)
+    buf[:head] = stream[:head]
+    proto.buffer_updated(head)
+    assert np.array_equal(dest[:400], data[:400]) and not dest[400:].any()
+    assert not proto.let_go(np.zeros(3, np.float32))  # another owner's memory: nothing changes
+    assert proto.let_go(dest)
+    feed(proto, stream[head:], random.Random(2))
+    assert not dest[400:].any()  # not one byte more
+    assert len(rec.frames) == 1 and len(rec.frames[0][1]) == 4000
+    assert not proto.let_go(dest)  # nothing is being read into it now
+
+
 @pytest.mark.parametrize("prefix", [struct.pack("!I", 0), struct.pack("!I", MAX_HEADER + 1), b"\xff\xff\xff\xff"])
 async def test_bad_length_closes_the_connection(prefix):
     rec = Recorder()

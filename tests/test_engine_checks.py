@@ -163,3 +163,29 @@ async def test_the_same_frames_with_honest_bitmaps_complete_exactly():
     leaf, st0, _ = engine(0, tree_plan(STAR))
     deliver(leaf, kind="bcast", origin=2, contributors=[0, 1, 2], data=own_sum([0, 1, 2]))
     assert np.array_equal(st0.done.result(), own_sum([0, 1, 2]))
+
+
+async def test_a_result_given_a_place_is_received_there_and_let_go_when_its_part_ends():
+    """`into` (a training script's result region): the final value is received straight into it, and
+    once the part ends (here: aborted before it) the engine tells the overlay to let go of it, so a
+    frame half read into it lands no further byte there. A part without one keeps its own array."""
+    plan = tree_plan(STAR)
+    eng = ChunkEngine(0, uniform(3).routes())
+    wire = RecordingWire()
+    eng.overlay = wire  # type: ignore[assignment]
+    region = np.full(PARAMS, -1.0, np.float32)
+    st = eng.begin_task(JOB, RND, 0, plan, contrib(0), into=region)
+    deliver(eng, kind="bcast", origin=2, contributors=[0, 1, 2], data=own_sum([0, 1, 2]))
+    assert st.done.result() is region and np.array_equal(region, own_sum([0, 1, 2]))
+    eng.end_task(st)
+    assert wire.let_go_of == [region]
+    st = eng.begin_task(JOB, RND + 1, 0, plan, contrib(0), into=region)  # aborted before its value came
+    eng.abort(JOB, RND + 1, 0)
+    with pytest.raises(TaskAborted):
+        await st.done
+    eng.end_task(st)
+    assert wire.let_go_of == [region, region]
+    own = eng.begin_task(JOB, RND + 2, 0, plan, contrib(0))
+    assert own.result is not region and not own.external
+    eng.end_task(own)
+    assert wire.let_go_of == [region, region]

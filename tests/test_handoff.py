@@ -47,6 +47,9 @@ for k in range(steps):
     if os.environ.get("NAN_AT") == f"{rank}:{k}":
         x[5] = np.nan
     ch.buffer().numpy()[:] = x
+    if os.environ.get("SEAL"):  # the trailer folded here, as wt.Optimizer's grad mode folds it while copying
+        fold = ch.folder()
+        fold.add(x + np.float32(1.0) if os.environ.get("LIE_AT") == f"{rank}:{k}" else ch.buffer().numpy(), 0)
     try:
         red = ch.allreduce()
     except SyncError as exc:
@@ -89,11 +92,13 @@ def private_dir():
         yield Path(d)
 
 
-@pytest.mark.parametrize("scheme", ["ring", "star"])
-async def test_scripts_get_the_sum_of_every_rank(private_dir, tmp_path, scheme):
+@pytest.mark.parametrize(("scheme", "sealed"), [("ring", True), ("star", False)])
+async def test_scripts_get_the_sum_of_every_rank(private_dir, tmp_path, scheme, sealed):
+    """Scripts that fold the check trailer themselves (sealed) and scripts that leave it to the agent; in
+    both, the sum is received straight into the scripts' result region (a BSP job: no copy back)."""
     nodes = 3
     async with Cluster("h1", uniform(nodes, 200.0, 0.0), handoff=(str(private_dir), TOKEN)) as c:
-        procs = start_scripts(nodes, private_dir, tmp_path)
+        procs = start_scripts(nodes, private_dir, tmp_path, {"SEAL": "1"} if sealed else None)
         layout = await c.sched.attached(60)
         assert layout["params"] == P
         job = asyncio.create_task(c.sched.run_job(scheme, rounds=1_000_000, params=P + trailer_len(nodes),
@@ -109,6 +114,28 @@ async def test_scripts_get_the_sum_of_every_rank(private_dir, tmp_path, scheme):
     metrics = [st["training"]["metrics"] for st in js.stats.values()]
     assert all([m["step"] for m in ms if "step" in m] == list(map(float, range(STEPS))) for ms in metrics)
     assert all(ms[-1]["steps"] == STEPS and 0 <= ms[-1]["sync_s"] <= ms[-1]["wall_s"] for ms in metrics)
+    assert all(st["training"]["deliver_s"] == 0.0 for st in js.stats.values())  # received in place
+
+
+async def test_a_trailer_a_script_got_wrong_fails_that_sync_and_no_other(private_dir, tmp_path):
+    """The agent takes a sealed step's trailer as the script wrote it; one that does not match the values
+    (folded from other values) fails that sync at every rank through the receivers' check, never a wrong
+    sum; the other steps sum right."""
+    nodes = 3
+    async with Cluster("h4", uniform(nodes, 200.0, 0.0), handoff=(str(private_dir), TOKEN)) as c:
+        procs = start_scripts(nodes, private_dir, tmp_path, {"SEAL": "1", "LIE_AT": "2:1"})
+        await c.sched.attached(60)
+        job = asyncio.create_task(c.sched.run_job("ring", rounds=1_000_000, params=P + trailer_len(nodes),
+                                                  chunk_params=8192, workload="handoff"))
+        outs = await wait_exit(procs)
+        await c.sched.close_job(c.sched.current, timeout=30)
+        await job
+    for r, o in enumerate(outs):
+        assert o[-1]["done"] == STEPS - 1, o
+        assert [e["k"] for e in o if "error" in e] == [1] and "sketch" in o[0]["error"], o
+        got = np.load(tmp_path / f"r{r}.npy")
+        for i, k in enumerate((0, 2)):
+            assert_float_sum(got[i], [contribution(q, k) for q in range(nodes)])
 
 
 async def test_a_rank_with_another_model_is_refused_by_name(private_dir, tmp_path):

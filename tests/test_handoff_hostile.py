@@ -474,6 +474,8 @@ async def test_a_step_out_of_order_closes_the_scripts_connection(private_dir, tm
         await misbehaves(c, logs, [frame({"t": "step", "k": -1})], "step.k must be an integer")
         await misbehaves(c, logs, [frame({"t": "step", "k": "0"})], "step.k must be an integer")
         await misbehaves(c, logs, [frame({"t": "step"})], "step.k must be an integer")
+        for sealed in (1, "yes", None, [True]):  # whether the script wrote the trailer: true or false only
+            await misbehaves(c, logs, [frame({"t": "step", "k": 0, "sealed": sealed})], "step.sealed must be true")
         # a second step before the first is done (no job runs: `done 0` never comes)
         await misbehaves(c, logs, [frame({"t": "step", "k": 0}), frame({"t": "step", "k": 1})],
                          "step 1 announced while step 0 is not done")

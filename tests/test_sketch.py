@@ -65,3 +65,79 @@ def test_a_true_sum_passes_and_what_is_not_one_fails(n):
     nan[7] = np.nan
     ok, why = sketch.check(nan, n, 3, 1)
     assert not ok and "non-finite" in why
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def folding(request, monkeypatch):
+    """Folder with core.sketchjit's compiled loops, and with numpy's (no numba, or WANSYNC_NO_JIT)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(sketch, "_JIT", [None])
+    else:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(sketch, "_JIT", [])
+    return request.param
+
+
+@pytest.mark.parametrize("n", [1000, 2 * sketch.FOLD + 4321])
+def test_a_trailer_folded_piece_by_piece_is_the_whole_vectors(folding, n):
+    """Pieces written at their offsets (scaled copies, pieces added after they were written, zeros),
+    some crossing a multiple of FOLD: the same sketch rows as sketch.trailer of the vector they make,
+    bit for bit, and its L1 (computed here in float64)."""
+    rng = np.random.default_rng(5)
+    fold = sketch.Folder(n)
+    assert fold.compiled == (folding == "compiled")
+    x = np.zeros(n, np.float32)
+    cuts = sorted({0, n, *rng.integers(1, n, 6).tolist(), *(c for c in (sketch.FOLD - 7, sketch.FOLD + 3) if c < n)})
+    for i, (lo, hi) in enumerate(zip(cuts, cuts[1:], strict=False)):
+        src = rng.standard_normal(hi - lo).astype(np.float32)
+        if i % 3 == 0:
+            fold.scaled_copy(src, x[lo:hi], 0.25, lo)
+            want = src * np.float32(0.25)
+            assert np.array_equal(x[lo:hi], want)  # the copy itself: float32(src * scale)
+        elif i % 3 == 1:
+            x[lo:hi] = src
+            fold.add(x[lo:hi], lo)
+        else:
+            fold.zeros(hi - lo)
+    assert fold.covered == n
+    got, ref = fold.trailer(1), sketch.trailer(x, 1)
+    assert np.array_equal(got[:sketch.ROWS], ref[:sketch.ROWS])
+    # the L1 only scales the bound: float64 with the compiled loop, float32 blocks with numpy's
+    assert got[sketch.ROWS] == pytest.approx(float(np.abs(x.astype(np.float64)).sum()), rel=1e-6)
+
+
+def test_a_folded_trailer_passes_the_check_and_a_wrong_one_fails(folding):
+    """Two contributions sealed by Folder, summed as a receiver sums them: the check passes; one whose
+    trailer missed a piece (the writer folded less than it wrote) fails it."""
+    n = sketch.FOLD + 999
+    xs = contributions(2, n, seed=9)
+    out = np.zeros(n + sketch.trailer_len(), np.float32)
+    for j, x in enumerate(xs):
+        fold, slot = sketch.Folder(n), np.empty(n, np.float32)
+        fold.scaled_copy(x, slot, 1.0, 0)
+        if j == 1:
+            slot[:10] += 1.0  # written after it was folded: the trailer no longer says what the slot holds
+        out += np.concatenate([slot, fold.trailer(1).astype(np.float32)])
+    ok, why = sketch.check(out, n, 2, 1)
+    assert not ok and "sketch" in why
+    out = np.zeros(n + sketch.trailer_len(), np.float32)
+    for x in xs:
+        fold, slot = sketch.Folder(n), np.empty(n, np.float32)
+        fold.scaled_copy(x, slot, 1.0, 0)
+        out += np.concatenate([slot, fold.trailer(1).astype(np.float32)])
+    assert sketch.check(out, n, 2, 1) == (True, "")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_makes_the_folded_trailer_non_finite(folding, bad):
+    """The agent tells a non-finite contribution by its trailer: the compiled loops' fastmath must not
+    assume finite values away."""
+    n = 5000
+    src = np.ones(n, np.float32)
+    src[1234] = bad
+    fold = sketch.Folder(n)
+    fold.scaled_copy(src, np.empty(n, np.float32), 0.5, 0)
+    assert not np.isfinite(fold.trailer(1)).all()
+    fold = sketch.Folder(n)
+    fold.add(src, 0)
+    assert not np.isfinite(fold.trailer(1)).all()

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import msgpack
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,9 @@ class OneRank:
 
     def buffer(self):
         return self.buf
+
+    def folder(self):
+        return None
 
     def allreduce(self):
         self.calls += 1
@@ -256,3 +260,31 @@ def test_gradients_go_in_scaled_in_one_copy_and_come_back_as_views_of_the_sum():
     tensors.grads_from(flat, 2.0)  # a weighted sum: a copy, never a scaled view of the sum
     assert all(not lo <= p.grad.data_ptr() < hi for p in tensors.params)
     torch.testing.assert_close(tensors.params[0].grad.flatten(), 2 * tensors.param_slice(flat, 0), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_the_check_trailer_folded_in_the_copy_is_the_whole_slots(overflow):
+    """Grad mode's buffer written with the data plane's fold (float32 gradients scaled and folded in one pass,
+    a bfloat16 one copied then scaled and folded in place, a parameter without a gradient as zeros, the
+    buffers, the flag): the values are the gradients over the world size, and the fold covers every value
+    and gives the trailer computed here from the finished buffer (the sketch rows bit for bit)."""
+    from core import sketch
+    from wansync.torch.optimizer import fill_grads
+
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.BatchNorm1d(200),
+                                torch.nn.Linear(200, 7).to(torch.bfloat16), torch.nn.Linear(7, 3))
+    tensors = Tensors.of(model)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    model[3].bias.grad = None
+    flat = torch.full((tensors.layout.flat_size,), 9.0)
+    fold = sketch.Folder(tensors.layout.flat_size)
+    fill_grads(tensors, flat, 4, overflow, None, fold)
+    assert fold.covered == tensors.layout.flat_size
+    for i, p in enumerate(tensors.params):
+        want = torch.zeros(p.numel()) if overflow or p.grad is None else p.grad.float().flatten() / 4
+        torch.testing.assert_close(tensors.param_slice(flat, i), want, atol=0, rtol=0)
+    assert float(flat[tensors.layout.flag]) == (1.0 if overflow else 0.0)
+    got, ref = fold.trailer(1), sketch.trailer(flat.numpy(), 1)
+    assert np.array_equal(got[:sketch.ROWS], ref[:sketch.ROWS])
+    assert got[sketch.ROWS] == pytest.approx(ref[sketch.ROWS], rel=1e-6)

@@ -41,6 +41,9 @@ class Partial:
     def buffer(self) -> torch.Tensor:
         return self.flat
 
+    def folder(self):
+        return None
+
     def allreduce(self):
         import wansync.torch as wt
 

@@ -3,8 +3,9 @@
     sums OUT P STEPS      each step syncs seeded random values (rank r, step k); saves every result
                           to OUT/{scheme}-r{rank}.npy, so the benchmark checks them against its own float64 sum
     handoff OUT P STEPS   a model of P parameters through wansync.torch's layout, as wt.Optimizer's grad
-                          mode does it: times the script's scaled copy into the shared buffer and its taking
-                          the mean back (views of the result: no copy), per step (OUT/h{rank}.json)
+                          mode does it: times the script's scaled copy into the shared buffer (folding the
+                          check trailer in the same pass) and its taking the mean back (views of the
+                          result: no copy), per step (OUT/h{rank}.json)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from wansync.torch import plane
 from wansync.torch.layout import Tensors
+from wansync.torch.optimizer import fill_grads
 
 
 def values(rank: int, k: int, n: int) -> np.ndarray:
@@ -49,7 +51,7 @@ def main() -> None:
         copy_in = copy_out = 0.0
         for _ in range(steps):
             t = time.perf_counter()
-            tensors.grads_into(sync.buffer(), 1.0 / sync.world)  # as wt.Optimizer's grad mode
+            fill_grads(tensors, sync.buffer(), sync.world, False, None, sync.folder())  # wt.Optimizer's grad mode
             copy_in += time.perf_counter() - t
             red = sync.allreduce()
             t = time.perf_counter()

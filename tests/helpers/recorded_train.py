@@ -37,6 +37,9 @@ class Recording:
     def buffer(self) -> torch.Tensor:
         return self.inner.buffer()
 
+    def folder(self):
+        return self.inner.folder()
+
     def allreduce(self) -> wt.Reduced:
         sent = self.inner.buffer().clone()
         r = self.inner.allreduce()

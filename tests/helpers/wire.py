@@ -20,6 +20,7 @@ class RecordingWire:
 
     def __init__(self) -> None:
         self.sent: list[tuple[dict[str, Any], tuple[int, ...]]] = []
+        self.let_go_of: list[object] = []  # arrays the engine gave back (Overlay.let_go)
         self.clock = time.time
 
     def send_chunk(self, header: dict[str, Any], payload: memoryview, path: tuple[int, ...], *,
@@ -31,6 +32,10 @@ class RecordingWire:
 
     def drop_connection(self, peer: int) -> None:
         pass
+
+    def let_go(self, owner: object) -> int:
+        self.let_go_of.append(owner)
+        return 0
 
 
 # --- raw peers: what an attacker (or a test) speaks on the wire ------------------------------------------------

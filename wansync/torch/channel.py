@@ -5,7 +5,10 @@ run's token in WANSYNC_HANDOFF_TOKEN (and RANK, WORLD_SIZE, LOCAL_RANK as torchr
 sends the model's layout and blocks until every rank attached and the scheduler found their models
 alike (else `SyncError` naming the rank that differs); then the agent hands over the shared memory.
 A step writes the flat values into send slot k % 2 (`buffer()`), says `step k`, and blocks until
-`done k`: the sum is in the result region, which `allreduce` returns as a tensor view (no copy).
+`done k`: the sum is in the result region, which `allreduce` returns as a tensor view (no copy). A
+writer that folded every value as it wrote it (`folder()`, wt.Optimizer's grad mode) has the check
+trailer written here and the step says `sealed`: the agent then takes it as is instead of reading
+the whole slot again.
 
 Failures (docs/training-failures.md): the agent going away, or dropping this script (it stopped
 calling step() for too long), raises `SyncError` naming it at the next step, never a hang. While a
@@ -24,6 +27,7 @@ from typing import Any
 
 import torch
 
+from core import sketch
 from overlay import handoff as wire
 
 from .sync import Reduced, SyncError
@@ -66,6 +70,10 @@ class Channel:
             os.close(fds[0])
         whole = torch.frombuffer(self.mem, dtype=torch.float32)
         self.regions = [whole[i * slot:i * slot + self.params] for i in range(wire.SLOTS)]
+        self.trailers = [whole[i * slot + self.params:i * slot + self.params + sketch.ROWS + 1].numpy()
+                         for i in range(2)]
+        self._fold = sketch.Folder(self.params)  # the step's trailer, folded as the optimizer writes the slot
+        self._fold_step = -1  # the step `folder()` last handed it out for
         self.sock.settimeout(None)  # a sync waits as long as the slowest rank computes
         self.step = 0
         self.closed = False
@@ -92,10 +100,19 @@ class Channel:
     def buffer(self) -> torch.Tensor:
         return self.regions[self.step % 2]
 
+    def folder(self) -> sketch.Folder:
+        self._fold.reset()
+        self._fold_step = self.step
+        return self._fold
+
     def allreduce(self) -> Reduced:
         k = self.step
         t = time.perf_counter()
-        self._send({"t": "step", "k": k})
+        sealed = self._fold_step == k and self._fold.covered == self.params
+        if sealed:  # the trailer is folded already: the agent seals without a pass of its own
+            self.trailers[k % 2][:] = self._fold.trailer(wire.SKETCH_SEED)
+        self._fold_step = -1
+        self._send({"t": "step", "k": k, "sealed": sealed})
         msg, _ = self._recv()
         while msg["t"] == "share":  # a rank rejoins and gets its model from this one
             ok = self.provide is not None and bool(self.provide(self.regions[2]))

@@ -53,6 +53,9 @@ class GlooSync:
     def buffer(self) -> torch.Tensor:
         return self._data[: self.params]
 
+    def folder(self) -> None:
+        return None  # Gloo's sum carries no trailer
+
     def allreduce(self) -> Reduced:
         if self._closed:
             raise SyncError(f"rank {self.rank}: allreduce after close")

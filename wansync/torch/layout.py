@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from core.sketch import Folder
+
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -116,15 +118,27 @@ class Tensors:
         for p, v, _ in self._views(flat, self.params, self.layout.params):
             v.copy_(p.detach())
 
-    def grads_into(self, flat: torch.Tensor, scale: float = 1.0) -> None:
+    def grads_into(self, flat: torch.Tensor, scale: float = 1.0, fold: Folder | None = None) -> None:
         """Gradients times `scale` into the flat vector, in the copy's one pass (as DDP divides by the world
-        size before its all-reduce); a parameter without a gradient contributes zeros."""
+        size before its all-reduce); a parameter without a gradient contributes zeros. `fold`: the
+        data plane's check trailer, folded in that same pass (core.sketch.Folder)."""
         for p, v, s in self._views(flat, self.params, self.layout.params):
             if p.grad is None:
                 v.zero_()
-            elif p.grad.is_sparse:
+                if fold is not None:
+                    fold.zeros(v.numel())
+                continue
+            if p.grad.is_sparse:
                 raise ValueError(f"parameter {s.name!r} has a sparse gradient: wansync.torch syncs dense ones only")
-            elif scale != 1.0 and p.grad.dtype == v.dtype and p.grad.device == v.device:
+            same = p.grad.dtype == v.dtype and p.grad.device == v.device
+            if fold is not None and same and v.device.type == "cpu" and p.grad.is_contiguous():
+                fold.scaled_copy(p.grad.view(-1).numpy(), v.view(-1).numpy(), scale, s.offset)
+                continue
+            if fold is not None and v.device.type == "cpu":  # another dtype or device: copied, then scaled
+                v.copy_(p.grad)                                # and folded in one pass, in place
+                flat_v = v.view(-1).numpy()
+                fold.scaled_copy(flat_v, flat_v, scale, s.offset)
+            elif scale != 1.0 and same:
                 torch.mul(p.grad, scale, out=v)
             else:  # another dtype or device: scaled in float32, on this side of the copy
                 v.copy_(p.grad)
@@ -150,9 +164,11 @@ class Tensors:
             _scaled_into(p.grad, v, scale)
 
     # floating buffers (BatchNorm running statistics)
-    def buffers_into(self, flat: torch.Tensor) -> None:
-        for b, v, _ in self._views(flat, self.buffers, self.layout.buffers):
+    def buffers_into(self, flat: torch.Tensor, fold: Folder | None = None) -> None:
+        for b, v, s in self._views(flat, self.buffers, self.layout.buffers):
             v.copy_(b)
+            if fold is not None:
+                fold.add(v.view(-1).numpy(), s.offset)
 
     def buffers_from(self, flat: torch.Tensor, scale: float = 1.0) -> None:
         with torch.no_grad():

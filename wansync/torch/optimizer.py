@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from core.sketch import Folder
+
 from . import modes
 from .layout import Tensors
 from .replica import broadcast, open_sync
@@ -144,13 +146,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _grad_step(self, overflow: bool, scale: torch.Tensor | None) -> None:
         layout, flat = self.tensors.layout, self.sync.buffer()
-        world = self.sync.world
-        if overflow:
-            flat[: layout.param_numel].zero_()
-        else:  # divided by the world size (and the AMP scale) in the copy: the sum is the mean
-            self.tensors.grads_into(flat, 1.0 / (world * (1.0 if scale is None else float(scale))))
-        self.tensors.buffers_into(flat)
-        flat[layout.flag] = 1.0 if overflow else 0.0
+        fill_grads(self.tensors, flat, self.sync.world, overflow, scale, self.sync.folder())
         reduced = self.sync.allreduce()
         if len(reduced.members) != self.sync.world:
             raise SyncError(f"rank {self.sync.rank}: grad mode got the gradients of ranks {list(reduced.members)} "
@@ -158,7 +154,7 @@ class Optimizer(torch.optim.Optimizer):
                             f"({modes.WHY[('grad', 'partial')]})")
         if float(reduced.result[layout.flag]) > 0:
             return  # some rank overflowed: every rank skips this step
-        self.tensors.grads_from(reduced.result, world / reduced.weight)  # 1 for a plain sum: views, no copy
+        self.tensors.grads_from(reduced.result, self.sync.world / reduced.weight)  # 1 for a plain sum: views
         self.tensors.buffers_from(reduced.result, 1.0 / reduced.weight)
         self.inner.step()
 
@@ -212,6 +208,24 @@ class Optimizer(torch.optim.Optimizer):
     def close(self) -> None:
         """Detach from the data plane (no more synchronizations from this rank)."""
         self.sync.close()
+
+
+def fill_grads(tensors: Tensors, flat: torch.Tensor, world: int, overflow: bool, scale: torch.Tensor | None,
+               fold: Folder | None) -> None:
+    """Grad mode's buffer: the gradients divided by the world size (and the AMP scale) in the copy, so the
+    sum is the mean (zeros where this rank overflowed), the floating buffers, the skip flag; each piece
+    folded into the data plane's check trailer as it is written (`fold`, where the data plane has one)."""
+    layout = tensors.layout
+    if overflow:
+        flat[: layout.param_numel].zero_()
+        if fold is not None:
+            fold.zeros(layout.param_numel)
+    else:
+        tensors.grads_into(flat, 1.0 / (world * (1.0 if scale is None else float(scale))), fold)
+    tensors.buffers_into(flat, fold)
+    flat[layout.flag] = 1.0 if overflow else 0.0
+    if fold is not None:
+        fold.add(flat[layout.flag:layout.flag + 1].numpy(), layout.flag)
 
 
 def _amp(opt: torch.optim.Optimizer) -> tuple[bool, torch.Tensor | None]:

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from core.sketch import Folder
+
 
 class SyncError(RuntimeError):
     """A synchronization failed (a rank's contribution was not finite, the job ended, the agent went
@@ -41,6 +43,12 @@ class Sync(Protocol):
 
     def buffer(self) -> torch.Tensor:
         """The flat float32 buffer (length `params`) the next `allreduce` sends; write it in place."""
+        ...
+
+    def folder(self) -> Folder | None:
+        """A fold of the data plane's check trailer to fill while writing this step's buffer (the
+        writer folds each piece as it writes it: core.sketch.Folder), or None where the data plane
+        checks its own way. A fold that missed a value is ignored, the data plane then folds itself."""
         ...
 
     def allreduce(self) -> Reduced:
