@@ -1,5 +1,6 @@
 """wt.ddp on real torch ranks: DistributedDataParallel whose gradients go through the data plane
-(GlooSync here), once per backward, reaches what plain Gloo DDP does."""
+(GlooSync here, with a check trailer to fold as a wansync channel has), once per backward, reaches
+what plain Gloo DDP does."""
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ def test_wt_ddp_equals_plain_ddp_with_one_sync_per_backward(tmp_path):
     assert out[0]["scale"] == out[1]["scale"] == 2.0**9  # both scalers backed off once
     for r in out:
         assert r["syncs"] == STEPS  # the hook, not DDP's own all-reduce, moved the gradients
+        assert r["bad_folds"] == 0  # the trailer folded in the hook's copy was the buffer's every time
         assert r["final"].keys() == r["reference"].keys()
         for k in r["final"]:
             torch.testing.assert_close(r["final"][k], r["reference"][k], atol=1e-6, rtol=1e-5)

@@ -134,14 +134,28 @@ def scenario_scaler(rank: int) -> dict:
 
 def scenario_ddp(rank: int) -> dict:
     import wansync.torch as wt
+    from core import sketch
     from wansync.torch.gloo import GlooSync
     from wansync.torch.layout import Tensors
 
     class Counted(GlooSync):
+        """Gloo's sum, with a check trailer to fold as a wansync channel has (wt.ddp's hook folds it in
+        its copy): at every sync the fold must cover the whole buffer and give the trailer computed here
+        from the buffer as it is sent (the sketch rows bit for bit), overflowing step included."""
+
         calls = 0
+        bad_folds = 0
+
+        def folder(self) -> sketch.Folder:
+            self.fold = sketch.Folder(self.params)
+            return self.fold
 
         def allreduce(self) -> wt.Reduced:
             Counted.calls += 1
+            want = sketch.trailer(self.buffer().numpy(), 1)
+            got = self.fold.trailer(1)
+            if self.fold.covered != self.params or not (got[:sketch.ROWS] == want[:sketch.ROWS]).all():
+                Counted.bad_folds += 1
             return super().allreduce()
 
     model = make_model(seed=rank)
@@ -157,7 +171,8 @@ def scenario_ddp(rank: int) -> dict:
         scaler.step(opt)
         scaler.update()
     reference = _ddp_reference(rank, scaler_inf=True)
-    return {"final": params(model), "reference": reference, "syncs": Counted.calls, "scale": scaler.get_scale()}
+    return {"final": params(model), "reference": reference, "syncs": Counted.calls, "scale": scaler.get_scale(),
+            "bad_folds": Counted.bad_folds}
 
 
 def _local(mode: str, rank: int) -> dict:

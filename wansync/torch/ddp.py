@@ -7,14 +7,16 @@ broadcast before each forward (`forward_sync_buffers=False` unless given); float
 through the data plane with the gradients instead, as `wt.Optimizer` does in `grad` mode.
 
 The hook collects one backward's buckets and, when the last arrives, sends the whole flat gradient
-once (the data plane's buffer is the model's layout, not a bucket); each bucket's future then
-completes with its averaged slice. A rank whose gradients are not finite (a GradScaler overflow)
+once (the data plane's buffer is the model's layout, not a bucket), folding the data plane's check
+trailer in the copy as wt.Optimizer's grad mode does; each bucket's future then completes with its
+averaged slice. A rank whose gradients are not finite (a GradScaler overflow)
 sends zeros and raises the flag: every rank then gets inf gradients, so every scaler skips the step,
 as under plain DDP where the inf travels in the sum.
 """
 
 # No `from __future__ import annotations`: DDP compares the hook's annotations with the real types.
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -45,15 +47,37 @@ class _Hook:
     def _sync(self) -> None:
         pending, self.pending = self.pending, []
         tensors, layout, flat = self.tensors, self.tensors.layout, self.sync.buffer()
-        flat[: layout.param_numel].zero_()  # parameters DDP left out of every bucket contribute zeros
+        fold = self.sync.folder()  # the data plane's check trailer, folded in the copy (None: Gloo)
+        written = set()
         for bucket, _ in pending:
             for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                tensors.param_slice(flat, self.index[id(p)]).copy_(g.reshape(-1))
-        overflow = not bool(torch.isfinite(flat[: layout.param_numel]).all())
+                i = self.index[id(p)]
+                dst, src = tensors.param_slice(flat, i), g.reshape(-1)
+                if fold is None:
+                    dst.copy_(src)
+                elif src.device.type == "cpu" and src.dtype == torch.float32 and src.is_contiguous():
+                    fold.scaled_copy(src.numpy(), dst.numpy(), 1.0, layout.params[i].offset)
+                else:
+                    dst.copy_(src)
+                    fold.add(dst.numpy(), layout.params[i].offset)
+                written.add(i)
+        for i, spec in enumerate(layout.params):  # parameters DDP left out of every bucket contribute zeros
+            if i not in written:
+                tensors.param_slice(flat, i).zero_()
+                if fold is not None:
+                    fold.zeros(spec.numel)
+        # a non-finite value makes the fold's L1 non-finite: no pass of its own to find one
+        overflow = (not math.isfinite(fold.l1) if fold is not None
+                    else not bool(torch.isfinite(flat[: layout.param_numel]).all()))
         if overflow:
             flat[: layout.param_numel].zero_()
-        tensors.buffers_into(flat)
+            if fold is not None:
+                fold.reset()
+                fold.zeros(layout.param_numel)
+        tensors.buffers_into(flat, fold)
         flat[layout.flag] = 1.0 if overflow else 0.0
+        if fold is not None:
+            fold.add(flat[layout.flag:layout.flag + 1].numpy(), layout.flag)
         try:
             reduced = self.sync.allreduce()
         except Exception as e:
@@ -72,7 +96,7 @@ class _Hook:
                 offset = 0
                 for p in bucket.parameters():
                     part = tensors.param_slice(reduced.result, self.index[id(p)])
-                    out[offset : offset + part.numel()].copy_(part * w)
+                    torch.mul(part, w, out=out[offset : offset + part.numel()])
                     offset += part.numel()
                 if offset != buffer.numel():
                     raise RuntimeError(f"bucket {bucket.index()}: {buffer.numel()} elements, parameters hold {offset}")
