@@ -114,9 +114,16 @@ class Tensors:
             yield t, flat[s.offset : s.offset + s.numel].view(s.shape), s
 
     # parameters and gradients
-    def params_into(self, flat: torch.Tensor) -> None:
-        for p, v, _ in self._views(flat, self.params, self.layout.params):
-            v.copy_(p.detach())
+    def params_into(self, flat: torch.Tensor, fold: Folder | None = None) -> None:
+        """The parameters into the flat vector (float32); `fold`: the check trailer, folded in the copy."""
+        for p, v, s in self._views(flat, self.params, self.layout.params):
+            src = p.detach()
+            if fold is not None and src.dtype == v.dtype and src.device == v.device and src.is_contiguous():
+                fold.scaled_copy(src.view(-1).numpy(), v.view(-1).numpy(), 1.0, s.offset)
+                continue
+            v.copy_(src)
+            if fold is not None:
+                fold.add(v.view(-1).numpy(), s.offset)
 
     def grads_into(self, flat: torch.Tensor, scale: float = 1.0, fold: Folder | None = None) -> None:
         """Gradients times `scale` into the flat vector, in the copy's one pass (as DDP divides by the world

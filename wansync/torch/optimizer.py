@@ -159,10 +159,10 @@ class Optimizer(torch.optim.Optimizer):
         self.inner.step()
 
     def _model_sync(self) -> None:
-        flat = self.sync.buffer()
-        self.tensors.params_into(flat)
-        self.tensors.buffers_into(flat)
-        flat[self.tensors.layout.flag] = 0.0
+        flat, fold = self.sync.buffer(), self.sync.folder()
+        self.tensors.params_into(flat, fold)
+        self.tensors.buffers_into(flat, fold)
+        _flag(flat, self.tensors.layout.flag, 0.0, fold)
         reduced = self.sync.allreduce()
         self.tensors.params_from(reduced.result, 1.0 / reduced.weight)
         self.tensors.buffers_from(reduced.result, 1.0 / reduced.weight)
@@ -170,11 +170,17 @@ class Optimizer(torch.optim.Optimizer):
     def _outer_sync(self) -> None:
         """Average the pseudo-gradients, then step the outer params and continue from them."""
         assert self.outer is not None
-        flat, tensors = self.sync.buffer(), self.tensors
+        flat, tensors, fold = self.sync.buffer(), self.tensors, self.sync.folder()
         for i, (p, q) in enumerate(zip(tensors.params, self.outer_params, strict=True)):
-            tensors.param_slice(flat, i).view(q.shape).copy_(q - p.to(torch.float32))
-        tensors.buffers_into(flat)
-        flat[tensors.layout.flag] = 0.0
+            part = tensors.param_slice(flat, i)
+            if q.device == part.device:
+                torch.sub(q, p.to(torch.float32), out=part.view(q.shape))
+            else:  # on another device: the difference there, then one copy
+                part.view(q.shape).copy_(q - p.to(torch.float32))
+            if fold is not None:
+                fold.add(part.numpy(), tensors.layout.params[i].offset)
+        tensors.buffers_into(flat, fold)
+        _flag(flat, tensors.layout.flag, 0.0, fold)
         reduced = self.sync.allreduce()
         w = 1.0 / reduced.weight
         for i, q in enumerate(self.outer_params):
@@ -223,9 +229,14 @@ def fill_grads(tensors: Tensors, flat: torch.Tensor, world: int, overflow: bool,
     else:
         tensors.grads_into(flat, 1.0 / (world * (1.0 if scale is None else float(scale))), fold)
     tensors.buffers_into(flat, fold)
-    flat[layout.flag] = 1.0 if overflow else 0.0
+    _flag(flat, layout.flag, 1.0 if overflow else 0.0, fold)
+
+
+def _flag(flat: torch.Tensor, at: int, value: float, fold: Folder | None) -> None:
+    """The skip flag, folded where the data plane has a fold."""
+    flat[at] = value
     if fold is not None:
-        fold.add(flat[layout.flag:layout.flag + 1].numpy(), layout.flag)
+        fold.add(flat[at:at + 1].numpy(), at)
 
 
 def _amp(opt: torch.optim.Optimizer) -> tuple[bool, torch.Tensor | None]:
