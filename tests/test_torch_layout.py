@@ -294,7 +294,6 @@ def test_the_check_trailer_folded_in_the_parameters_copy_is_the_whole_slots():
     """Model mode's buffer (parameters: float32 folded in the copy, bfloat16 copied then folded; buffers;
     the flag) with the data plane's fold: the trailer computed here from the finished buffer."""
     from core import sketch
-    from wansync.torch.optimizer import _flag
 
     model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.BatchNorm1d(200),
                                 torch.nn.Linear(200, 7).to(torch.bfloat16))
@@ -303,7 +302,7 @@ def test_the_check_trailer_folded_in_the_parameters_copy_is_the_whole_slots():
     fold = sketch.Folder(tensors.layout.flat_size)
     tensors.params_into(flat, fold)
     tensors.buffers_into(flat, fold)
-    _flag(flat, tensors.layout.flag, 0.0, fold)
+    tensors.flag_into(flat, 0.0, fold)
     assert fold.covered == tensors.layout.flat_size
     for i, p in enumerate(tensors.params):
         torch.testing.assert_close(tensors.param_slice(flat, i), p.detach().float().flatten(), atol=0, rtol=0)

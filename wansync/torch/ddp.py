@@ -75,9 +75,7 @@ class _Hook:
                 fold.reset()
                 fold.zeros(layout.param_numel)
         tensors.buffers_into(flat, fold)
-        flat[layout.flag] = 1.0 if overflow else 0.0
-        if fold is not None:
-            fold.add(flat[layout.flag:layout.flag + 1].numpy(), layout.flag)
+        tensors.flag_into(flat, 1.0 if overflow else 0.0, fold)
         try:
             reduced = self.sync.allreduce()
         except Exception as e:

@@ -177,6 +177,13 @@ class Tensors:
             if fold is not None:
                 fold.add(v.view(-1).numpy(), s.offset)
 
+    def flag_into(self, flat: torch.Tensor, value: float, fold: Folder | None = None) -> None:
+        """The skip flag (1.0: this rank's step is to be skipped everywhere), folded where there is a fold."""
+        at = self.layout.flag
+        flat[at] = value
+        if fold is not None:
+            fold.add(flat[at:at + 1].numpy(), at)
+
     def buffers_from(self, flat: torch.Tensor, scale: float = 1.0) -> None:
         with torch.no_grad():
             for b, v, _ in self._views(flat, self.buffers, self.layout.buffers):

@@ -162,7 +162,7 @@ class Optimizer(torch.optim.Optimizer):
         flat, fold = self.sync.buffer(), self.sync.folder()
         self.tensors.params_into(flat, fold)
         self.tensors.buffers_into(flat, fold)
-        _flag(flat, self.tensors.layout.flag, 0.0, fold)
+        self.tensors.flag_into(flat, 0.0, fold)
         reduced = self.sync.allreduce()
         self.tensors.params_from(reduced.result, 1.0 / reduced.weight)
         self.tensors.buffers_from(reduced.result, 1.0 / reduced.weight)
@@ -180,7 +180,7 @@ class Optimizer(torch.optim.Optimizer):
             if fold is not None:
                 fold.add(part.numpy(), tensors.layout.params[i].offset)
         tensors.buffers_into(flat, fold)
-        _flag(flat, tensors.layout.flag, 0.0, fold)
+        tensors.flag_into(flat, 0.0, fold)
         reduced = self.sync.allreduce()
         w = 1.0 / reduced.weight
         for i, q in enumerate(self.outer_params):
@@ -229,14 +229,7 @@ def fill_grads(tensors: Tensors, flat: torch.Tensor, world: int, overflow: bool,
     else:
         tensors.grads_into(flat, 1.0 / (world * (1.0 if scale is None else float(scale))), fold)
     tensors.buffers_into(flat, fold)
-    _flag(flat, layout.flag, 1.0 if overflow else 0.0, fold)
-
-
-def _flag(flat: torch.Tensor, at: int, value: float, fold: Folder | None) -> None:
-    """The skip flag, folded where the data plane has a fold."""
-    flat[at] = value
-    if fold is not None:
-        fold.add(flat[at:at + 1].numpy(), at)
+    tensors.flag_into(flat, 1.0 if overflow else 0.0, fold)
 
 
 def _amp(opt: torch.optim.Optimizer) -> tuple[bool, torch.Tensor | None]:
