@@ -119,8 +119,8 @@ class Folder:
     def add(self, x: np.ndarray, offset: int) -> None:
         """x (float32, 1-D) holds the contribution's values [offset, offset + len(x))."""
         jit = _jit()
-        if jit is not None and x.flags.c_contiguous:
-            self.l1 += jit.fold_into(x, offset, self.acc)
+        if jit is not None and x.flags.c_contiguous and x.flags.writeable and x.dtype == np.float32:
+            self.l1 += jit.fold_into(x, offset, self.acc)  # writes x back unchanged: one loop for both
         else:
             if self._tmp is None:
                 self._tmp = np.empty(len(self.acc), np.float32)

@@ -85,6 +85,19 @@ async def wait_exit(procs: list[subprocess.Popen], timeout: float = 90) -> list[
     return [[json.loads(line) for line in p.stdout.read().strip().splitlines()] for p in procs]
 
 
+async def ring_job(name: str, nodes: int, d: Path, tmp: Path, env_extra: dict[str, str]) -> list[list[dict]]:
+    """One script per rank (with `env_extra`) through a ring job until they exit; their JSON lines."""
+    async with Cluster(name, uniform(nodes, 200.0, 0.0), handoff=(str(d), TOKEN)) as c:
+        procs = start_scripts(nodes, d, tmp, env_extra)
+        await c.sched.attached(60)
+        job = asyncio.create_task(c.sched.run_job("ring", rounds=1_000_000, params=P + trailer_len(nodes),
+                                                  chunk_params=8192, workload="handoff"))
+        outs = await wait_exit(procs)
+        await c.sched.close_job(c.sched.current, timeout=30)
+        await job
+    return outs
+
+
 @pytest.fixture
 def private_dir():
     with tempfile.TemporaryDirectory(prefix="wansync-handoff-") as d:
@@ -122,14 +135,7 @@ async def test_a_trailer_a_script_got_wrong_fails_that_sync_and_no_other(private
     (folded from other values) fails that sync at every rank through the receivers' check, never a wrong
     sum; the other steps sum right."""
     nodes = 3
-    async with Cluster("h4", uniform(nodes, 200.0, 0.0), handoff=(str(private_dir), TOKEN)) as c:
-        procs = start_scripts(nodes, private_dir, tmp_path, {"SEAL": "1", "LIE_AT": "2:1"})
-        await c.sched.attached(60)
-        job = asyncio.create_task(c.sched.run_job("ring", rounds=1_000_000, params=P + trailer_len(nodes),
-                                                  chunk_params=8192, workload="handoff"))
-        outs = await wait_exit(procs)
-        await c.sched.close_job(c.sched.current, timeout=30)
-        await job
+    outs = await ring_job("h4", nodes, private_dir, tmp_path, {"SEAL": "1", "LIE_AT": "2:1"})
     for r, o in enumerate(outs):
         assert o[-1]["done"] == STEPS - 1, o
         assert [e["k"] for e in o if "error" in e] == [1] and "sketch" in o[0]["error"], o
@@ -151,14 +157,7 @@ async def test_a_rank_with_another_model_is_refused_by_name(private_dir, tmp_pat
 
 async def test_a_non_finite_contribution_fails_that_sync_naming_the_rank(private_dir, tmp_path):
     nodes = 3
-    async with Cluster("h3", uniform(nodes, 200.0, 0.0), handoff=(str(private_dir), TOKEN)) as c:
-        procs = start_scripts(nodes, private_dir, tmp_path, {"NAN_AT": "1:1"})
-        await c.sched.attached(60)
-        job = asyncio.create_task(c.sched.run_job("ring", rounds=1_000_000, params=P + trailer_len(nodes),
-                                                  chunk_params=8192, workload="handoff"))
-        outs = await wait_exit(procs)
-        await c.sched.close_job(c.sched.current, timeout=30)
-        await job
+    outs = await ring_job("h3", nodes, private_dir, tmp_path, {"NAN_AT": "1:1"})
     for r, o in enumerate(outs):  # steps 0 and 2 synced; step 1 failed everywhere, naming rank 1
         assert o[-1]["done"] == STEPS - 1
         assert [e["k"] for e in o if "error" in e] == [1] and "rank(s) 1 " in o[0]["error"], o
