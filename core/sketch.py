@@ -156,6 +156,12 @@ class Folder:
 _JIT: list = []  # [module or None], once looked up
 
 
+def warm() -> bool:
+    """Load the compiled fold now (numba's import and cache: a second or so), not at the first Folder; True
+    if there is one."""
+    return _jit() is not None
+
+
 def _jit() -> Any:
     """core.sketchjit if numba is installed (and WANSYNC_NO_JIT is unset), compiled or loaded now; else None."""
     if not _JIT:

@@ -43,6 +43,9 @@ class Channel:
     def __init__(self, path: str, token: str, rank: int, layout: dict[str, Any], *,
                  timeout: float = ATTACH_TIMEOUT_S) -> None:
         self.rank, self.path = rank, path
+        # the fold's compiled loop loaded now, before the agent hears of us: the gap from `welcome` to the
+        # first step is part of what the agent learns of this script's pace (agents/handoff.py STALL_FACTOR)
+        sketch.warm()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
