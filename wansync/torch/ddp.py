@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from .gloo import process_group
-from .layout import Tensors
+from .layout import Tensors, copy_folded
 from .replica import open_sync
 from .sync import Sync
 
@@ -55,11 +55,8 @@ class _Hook:
                 dst, src = tensors.param_slice(flat, i), g.reshape(-1)
                 if fold is None:
                     dst.copy_(src)
-                elif src.device.type == "cpu" and src.dtype == torch.float32 and src.is_contiguous():
-                    fold.scaled_copy(src.numpy(), dst.numpy(), 1.0, layout.params[i].offset)
                 else:
-                    dst.copy_(src)
-                    fold.add(dst.numpy(), layout.params[i].offset)
+                    copy_folded(dst, src, 1.0, layout.params[i].offset, fold)
                 written.add(i)
         for i, spec in enumerate(layout.params):  # parameters DDP left out of every bucket contribute zeros
             if i not in written:

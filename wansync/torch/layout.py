@@ -117,13 +117,10 @@ class Tensors:
     def params_into(self, flat: torch.Tensor, fold: Folder | None = None) -> None:
         """The parameters into the flat vector (float32); `fold`: the check trailer, folded in the copy."""
         for p, v, s in self._views(flat, self.params, self.layout.params):
-            src = p.detach()
-            if fold is not None and src.dtype == v.dtype and src.device == v.device and src.is_contiguous():
-                fold.scaled_copy(src.view(-1).numpy(), v.view(-1).numpy(), 1.0, s.offset)
-                continue
-            v.copy_(src)
             if fold is not None:
-                fold.add(v.view(-1).numpy(), s.offset)
+                copy_folded(v, p.detach(), 1.0, s.offset, fold)
+            else:
+                v.copy_(p.detach())
 
     def grads_into(self, flat: torch.Tensor, scale: float = 1.0, fold: Folder | None = None) -> None:
         """Gradients times `scale` into the flat vector, in the copy's one pass (as DDP divides by the world
@@ -137,15 +134,9 @@ class Tensors:
                 continue
             if p.grad.is_sparse:
                 raise ValueError(f"parameter {s.name!r} has a sparse gradient: wansync.torch syncs dense ones only")
-            same = p.grad.dtype == v.dtype and p.grad.device == v.device
-            if fold is not None and same and v.device.type == "cpu" and p.grad.is_contiguous():
-                fold.scaled_copy(p.grad.view(-1).numpy(), v.view(-1).numpy(), scale, s.offset)
-                continue
-            if fold is not None and v.device.type == "cpu":  # another dtype or device: copied, then scaled
-                v.copy_(p.grad)                                # and folded in one pass, in place
-                flat_v = v.view(-1).numpy()
-                fold.scaled_copy(flat_v, flat_v, scale, s.offset)
-            elif scale != 1.0 and same:
+            if fold is not None:
+                copy_folded(v, p.grad, scale, s.offset, fold)
+            elif scale != 1.0 and p.grad.dtype == v.dtype and p.grad.device == v.device:
                 torch.mul(p.grad, scale, out=v)
             else:  # another dtype or device: scaled in float32, on this side of the copy
                 v.copy_(p.grad)
@@ -192,6 +183,21 @@ class Tensors:
     def param_slice(self, flat: torch.Tensor, index: int) -> torch.Tensor:
         s = self.layout.params[index]
         return flat[s.offset : s.offset + s.numel]
+
+
+def copy_folded(dst: torch.Tensor, src: torch.Tensor, scale: float, offset: int, fold: Folder) -> None:
+    """dst (a piece of a CPU flat vector, at `offset`) = src * scale, folded into the check trailer: in the
+    copy's one pass where src is a CPU float32 tensor in one piece, else copied first (another dtype or
+    device), then scaled and folded in place."""
+    d = dst.view(-1).numpy()
+    if src.dtype == torch.float32 and src.device.type == "cpu" and src.is_contiguous():
+        fold.scaled_copy(src.reshape(-1).numpy(), d, scale, offset)
+        return
+    dst.copy_(src)
+    if scale == 1.0:
+        fold.add(d, offset)
+    else:
+        fold.scaled_copy(d, d, scale, offset)
 
 
 def _scaled_into(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
