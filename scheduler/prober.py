@@ -74,7 +74,7 @@ def busy_links(plans: Iterable[Plan], view: NetworkView, route: Callable[[int, i
     view's rates; a link the view lacks counts at its nominal rate)."""
     out: set[tuple[int, int]] = set()
     for plan in plans:
-        times = {k: b / (max(view.rate(*k) if view.g.has_edge(*k) else view.nominal, 1e-9) * MBIT)
+        times = {k: b / (max(view.rate_or_nominal(*k), 1e-9) * MBIT)
                  for k, b in link_loads(plan, route).items()}
         if times:
             top = max(times.values())
@@ -215,7 +215,7 @@ class Prober:
         add up to PORT_BUSY of its declared cap. Without caps, links are independent: none."""
         load: dict[tuple[int, str], float] = {}
         for a, b in busy:
-            mbps = self.view.rate(a, b) if self.view.g.has_edge(a, b) else self.view.nominal
+            mbps = self.view.rate_or_nominal(a, b)
             load[(a, "up")] = load.get((a, "up"), 0.0) + mbps
             load[(b, "down")] = load.get((b, "down"), 0.0) + mbps
         return {port for port, mbps in load.items()

@@ -93,6 +93,10 @@ class NetworkView:
     def rate(self, a: int, b: int) -> float:
         return self.g.edges[a, b]["rate"]
 
+    def rate_or_nominal(self, a: int, b: int) -> float:
+        """The link's estimate; the nominal guess for a link this view does not hold (a plan's route may)."""
+        return self.rate(a, b) if self.g.has_edge(a, b) else self.nominal
+
     def links_mbps(self, node: int, kind: str) -> float:
         """The summed rate estimate of the node's links out of it ("up") or into it ("down")."""
         if node not in self.g:

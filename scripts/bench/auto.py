@@ -184,16 +184,22 @@ def flip_topology(cap_mbps: float) -> Any:
                      f"flip{n}")
 
 
+def flip_file(path: Path, cap_mbps: float) -> Path:
+    """flip_topology(cap_mbps) as a topology file at `path`."""
+    topo = flip_topology(cap_mbps)
+    path.write_text(json.dumps({"nodes": topo.nodes, "name": topo.name, "defaults": {"delay_ms": 0},
+                                "links": [{"src": a, "dst": b, "rate_mbps": sp.rate_mbps}
+                                          for (a, b), sp in topo.links.items()],
+                                "caps": [{"node": k, "uplink_mbps": cap_mbps, "downlink_mbps": cap_mbps}
+                                         for k in range(topo.nodes)]}))
+    return path
+
+
 def flip_files(d: Path, segments: int) -> tuple[str, str]:
     """The topology (ports loose) and a CSV trace that tightens every port to FLIP_CAPS[1] and loosens it
     again every FLIP_PERIOD_S (full scale): links stay as they are, only the ports move."""
     topo = flip_topology(FLIP_CAPS[0])
-    path = d / "flip.json"
-    path.write_text(json.dumps({"nodes": topo.nodes, "name": topo.name, "defaults": {"delay_ms": 0},
-                                "links": [{"src": a, "dst": b, "rate_mbps": sp.rate_mbps}
-                                          for (a, b), sp in topo.links.items()],
-                                "caps": [{"node": k, "uplink_mbps": FLIP_CAPS[0], "downlink_mbps": FLIP_CAPS[0]}
-                                         for k in range(topo.nodes)]}))
+    path = flip_file(d / "flip.json", FLIP_CAPS[0])
     trace = d / "flip.csv"
     lines = ["time,src,dst,rate"]
     for k in range(1, segments):

@@ -41,16 +41,6 @@ CAP_MBPS = 50.0
 SCHEMES = ["ring", "mst"]
 
 
-def topology_file(where: Path) -> Path:
-    topo = auto.flip_topology(CAP_MBPS)
-    path = where / "ports50.json"
-    path.write_text(json.dumps({
-        "nodes": topo.nodes, "name": "flip-ports50", "defaults": {"delay_ms": 0},
-        "links": [{"src": a, "dst": b, "rate_mbps": sp.rate_mbps} for (a, b), sp in topo.links.items()],
-        "caps": [{"node": k, "uplink_mbps": CAP_MBPS, "downlink_mbps": CAP_MBPS} for k in range(topo.nodes)]}))
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=8)
@@ -59,7 +49,7 @@ def main() -> None:
     medians: dict[str, dict[str, float]] = {s: {} for s in SCHEMES}
     valid = True
     with tempfile.TemporaryDirectory() as d:
-        path = topology_file(Path(d))
+        path = auto.flip_file(Path(d) / "ports50.json", CAP_MBPS)
         for probe in ("off", "on"):
             cfg = resolve(Options.make(topology=str(path), seed=1, schemes=SCHEMES, workload__model=auto.MODEL,
                                        scale=auto.SCALE, rounds=args.rounds, warmup=1, no_http=True, probe=probe))
