@@ -101,7 +101,7 @@ class Folder:
     as it is written (`scaled_copy`: scaled into place and folded in one pass where core.sketchjit's
     compiled loop is installed; `add`: a piece already in place), and `trailer` gives what `trailer`
     would give for the whole contribution (the same sketch rows; the L1 summed in float64).
-    `covered` counts the values folded, so a caller can tell a trailer that missed some."""
+    `covered` counts the values folded, so a caller can tell a trailer that missed some (`complete`)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -110,6 +110,11 @@ class Folder:
         self.covered = 0
         self._tmp: np.ndarray | None = None  # numpy's |x| per block, without the compiled loop
         self.compiled = _jit() is not None
+
+    @property
+    def complete(self) -> bool:
+        """Every one of the contribution's n values was folded."""
+        return self.covered == self.n
 
     def reset(self) -> None:
         self.acc.fill(0.0)

@@ -111,7 +111,7 @@ class Channel:
     def allreduce(self) -> Reduced:
         k = self.step
         t = time.perf_counter()
-        sealed = self._fold_step == k and self._fold.covered == self.params
+        sealed = self._fold_step == k and self._fold.complete
         if sealed:  # the trailer is folded already: the agent seals without a pass of its own
             self.trailers[k % 2][:] = self._fold.trailer(wire.SKETCH_SEED)
         self._fold_step = -1
