@@ -33,6 +33,7 @@ from .engine import ChunkEngine
 from .handoff import Handoff
 from .looplag import LoopLag
 from .received import Inbox
+from .scratch import KEEP_ARRAYS_PER_SIZE
 from .taskpart import TaskAborted
 from .tasks import Outcome, Prepared, Skipped, TaskRunner
 from .training import Trainer, TrainingSpec, WorkloadError, check_result
@@ -102,6 +103,9 @@ class RoundLoop:
         aux0 = (self.engine.aux_bytes, self.engine.sent_bytes)
         self.params = np.zeros(nparams, dtype=np.float32)
         self.script = msg.workload == HANDOFF
+        # the rounds' accumulators and results, ready before the first round; a barrier job's results land
+        # in the training script's region, so its rounds take accumulators only
+        await self.engine.arrays.prefault(nparams, 2 if self.script and msg.barrier else KEEP_ARRAYS_PER_SIZE)
         # back in a running job (this agent restarted, or was declared lost) with no script: it sits the
         # job out until one attaches (the scheduler then sends the job again)
         idle = bool(self.script and msg.start and self.handoff is not None

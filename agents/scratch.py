@@ -5,10 +5,12 @@ freed: ~15 ms per 100 MB, every round, for a task part's accumulator and its res
 - ScratchPool: a segment of a partial sum lands in a scratch buffer and is added into the accumulator at
   once, so the buffer is given back right after.
 - RecycledArrays: a task part's model-sized accumulator and result, handed out again once nothing refers
-  to them any more (their users never say when: a result outlives its task in the workload's hands)."""
+  to them any more (their users never say when: a result outlives its task in the workload's hands).
+  A job's are faulted in before its first round (`prefault`), so no round pays for them."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import weakref
 
@@ -97,6 +99,27 @@ class RecycledArrays:
             self._bytes += arr.nbytes
         return arr
 
+    async def prefault(self, n: int, count: int = KEEP_ARRAYS_PER_SIZE) -> int:
+        """Fault in, before a job's first round, the arrays of n values its rounds will take from this pool
+        (up to `count`, within the pool's limits), so they are kept ready. Otherwise the first rounds
+        allocate them, and pay their page faults: an unshaped 100 MB ring on 4 agents ran its first measured
+        round in 0.4-0.7 s against 0.2 later. The pages are written in a thread, off the loop; returns
+        how many arrays were added."""
+        if n * 4 < MIN_RECYCLED_BYTES:
+            return 0
+        want = min(count, self.keep_per_size) - len(self._kept.get(n, ()))
+        if want <= 0:
+            return 0
+        fresh = await asyncio.to_thread(_faulted, n, want)
+        kept = self._kept.setdefault(n, [])  # again: the loop ran while the thread wrote
+        added = 0
+        for arr in fresh:
+            if len(kept) < self.keep_per_size and self._room(arr.nbytes):
+                kept.append(arr)
+                self._bytes += arr.nbytes
+                added += 1
+        return added
+
     def _room(self, nbytes: int) -> bool:
         """Make room for nbytes more by letting go of kept arrays nothing refers to (another size's: a
         job that ended); False if there is none."""
@@ -112,3 +135,13 @@ class RecycledArrays:
     @property
     def kept_bytes(self) -> int:
         return self._bytes
+
+
+def _faulted(n: int, count: int) -> list[np.ndarray]:
+    """`count` float32 arrays of n values with every page touched (np.zeros would map them lazily)."""
+    out = []
+    for _ in range(count):
+        arr = np.empty(n, np.float32)
+        arr.fill(0.0)
+        out.append(arr)
+    return out

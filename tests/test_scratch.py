@@ -3,6 +3,9 @@ given back, never twice at once, never one the pool did not hand out (a result, 
 pool keeps no more than its limits. The recycled model-sized arrays: handed out again only once
 nothing refers to them, whatever holds them (a slice, a memoryview, the array itself)."""
 
+import asyncio
+import resource
+
 import numpy as np
 import pytest
 
@@ -105,3 +108,33 @@ def test_small_arrays_are_not_kept_and_the_recycler_keeps_no_more_than_its_limit
     del held, other
     arrays.empty(2 * N)  # now the unused ones of the other size make room
     assert arrays.kept_bytes <= 3 * N * 4 and arrays._kept[2 * N]
+
+
+def test_prefaulted_arrays_are_the_next_ones_handed_out_within_the_limits():
+    arrays = RecycledArrays(keep_bytes=3 * N * 4, keep_per_size=4)
+    assert asyncio.run(arrays.prefault(N, 4)) == 3  # the byte limit holds: three fit
+    assert arrays.kept_bytes == 3 * N * 4
+    ready = {address(a) for a in arrays._kept[N]}
+    got = [arrays.empty(N) for _ in range(3)]
+    assert {address(a) for a in got} == ready and arrays.reused == 3
+    assert asyncio.run(arrays.prefault(N, 4)) == 0  # all three in use and no room for a fourth
+    assert asyncio.run(RecycledArrays().prefault(N - 1)) == 0  # small: glibc's heap serves those
+    assert asyncio.run(RecycledArrays(keep_per_size=2).prefault(N, 4)) == 2
+
+
+def test_a_prefaulted_array_takes_no_page_fault_when_a_round_writes_it():
+    """The point of prefault: the pages are mapped before the round. 64 MiB: above glibc's largest mmap
+    threshold, so a fresh array is always new pages (the control, which shows the count works). A fault
+    maps 4 KiB, or 2 MiB where the kernel gives transparent huge pages: at least 32 for 64 MiB."""
+    n = (64 << 20) // 4
+
+    def faults_writing(a: np.ndarray) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a.fill(1.0)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    fresh = faults_writing(np.empty(n, np.float32))
+    assert fresh >= (n * 4 >> 21) // 2
+    arrays = RecycledArrays()
+    assert asyncio.run(arrays.prefault(n, 1)) == 1
+    assert faults_writing(arrays.empty(n)) <= fresh // 10
