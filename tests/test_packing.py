@@ -408,3 +408,43 @@ def test_gpu_topologies():
     for bad in ("gpumesh:4", "gpumesh:2x2:inter=0", "gpunic:1x1", "gpumesh:2x2:speed=1"):
         with pytest.raises(TopologyError):
             build(bad)
+
+
+@pytest.mark.parametrize("spec,nodes,seed", [("internet2", None, 1), ("hetero:20-155:x=0.3", 8, 3),
+                                             ("hetero", 6, 5), ("crew:8", None, 1)])
+def test_blinks_root_search_ends_at_the_first_root_as_wide_as_every_roots_best(spec, nodes, seed, monkeypatch):
+    """Every root's packing is at most λ (Edmonds), here computed by brute force over cuts; trying every
+    root finds nothing wider than the first that reaches it, the best-connected member."""
+    from scheduler.planners import blink
+    from scheduler.planners.common import best_hub
+    topo = build(spec, nodes, seed=seed)
+    view = oracle_view(topo)
+    members = list(range(topo.nodes))
+    cap = {k: view.rate(*k) for k in view.links()}
+    every = [blink._packed(view, members, r) for r in members]
+    widest_of_all = max(pk.sum_chi for pk in every)
+    assert widest_of_all <= cut_bound(cap, members) * (1 + 1e-9)
+    calls = []
+    real = blink._packed
+    monkeypatch.setattr(blink, "_packed", lambda v, m, r: calls.append(r) or real(v, m, r))
+    plan = blink.plan(view, Job(PARAMS, CHUNK, tuple(members), {}))
+    assert plan.scheme == "blink" and calls == [best_hub(view, members)]
+    assert blink.widest(view, members, members).sum_chi >= widest_of_all * (1 - 1e-6)
+
+
+def test_blinks_root_search_takes_the_widest_and_the_first_of_equals(monkeypatch):
+    from scheduler.planners import blink
+
+    def search(widths: list[float], lam: float = 100.0) -> tuple[int, list[int]]:
+        calls: list[int] = []
+
+        def packed(view, members, r):
+            calls.append(r)
+            return dataclasses.make_dataclass("P", ["sum_chi", "lam", "root"])(widths[r], lam, r)
+        monkeypatch.setattr(blink, "_packed", packed)
+        return blink.widest(None, [], list(range(len(widths)))).root, calls
+
+    assert search([90.0, 100.0, 95.0]) == (1, [0, 1])  # on until one reaches λ
+    assert search([90.0, 95.0, 93.0]) == (1, [0, 1, 2])  # none does: every root, the widest
+    assert search([95.0, 95.0, 93.0]) == (0, [0, 1, 2])  # the first of equals
+    assert search([100.0, 100.0]) == (0, [0])

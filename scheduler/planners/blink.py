@@ -3,10 +3,16 @@
 Inside one machine (or on a WAN, where every member is a machine of its own) BLINK packs spanning
 trees from one root over the members only (it relays through no inactive GPU): the packing LP
 (packing_lp.pack) restricted to that root and those nodes, reduce and broadcast as separate stages
-(each may use a link's full rate: T = 2 S / sum chi), the root whose packing is widest (every member
-tried while they are few, else the best-connected one). Across machines BLINK is hierarchical
-(digest 001 §5.4): each machine reduces to its leader over trees packed inside it, the leaders run
-a ring all-reduce over the network, and each machine broadcasts back down its trees. As one plan:
+(each may use a link's full rate: T = 2 S / sum chi), from the root whose packing is widest: the
+best-connected member first, then (while the members are few) the others, until one reaches the
+members' smallest directed cut λ. No root's packing is wider (Edmonds: trees out of a root, and into
+it, pack up to its smallest cut each way, and every cut separates it from some member one way or the
+other), and on every mesh measured the first root reaches it: one solve, not one per member (an
+8-node hetero mesh: 0.07 s, against 0.55 s of solves when every root was packed and the widest kept,
+which among equally wide roots was whichever the LP's rounding favoured).
+Across machines BLINK is hierarchical (digest 001 §5.4): each machine reduces to its leader over trees
+packed inside it, the leaders run a ring all-reduce over the network, and each machine broadcasts back
+down its trees. As one plan:
 per ring owner and per slice of every machine's trees, one group whose aggregation tree is the
 machines' reduce trees into their leaders and the leaders' chain ending at the owner, and whose
 broadcast tree is the chain onward from the owner and the machines' broadcast trees. The data plane
@@ -36,6 +42,7 @@ from .packing import (
 from .packing_lp import Packing, pack
 
 TRY_EVERY_ROOT = 9  # members up to which every root is tried
+WIDE_ENOUGH = 1e-6  # a packing this close to λ (relative) is as wide as any root's: the search ends
 
 
 def plan(view: NetworkView, job: Job) -> Plan:
@@ -44,9 +51,22 @@ def plan(view: NetworkView, job: Job) -> Plan:
     machines = machines_of(view, job)
     if len(machines) > 1 and any(len(m) > 1 for m in machines):
         return _hierarchical(view, job, machines)
-    roots = members if len(members) <= TRY_EVERY_ROOT else [best_hub(view, members)]
-    best = max((_packed(view, members, r) for r in roots), key=lambda pk: pk.sum_chi)
-    return compile_packing(best, job, scheme="blink", min_chunk_params=chunk_floor(job))
+    hub = best_hub(view, members)
+    roots = [hub, *(m for m in members if m != hub)] if len(members) <= TRY_EVERY_ROOT else [hub]
+    return compile_packing(widest(view, members, roots), job, scheme="blink", min_chunk_params=chunk_floor(job))
+
+
+def widest(view: NetworkView, members: Sequence[int], roots: Sequence[int]) -> Packing:
+    """The widest root's packing, roots tried in order (the first of equals wins), until one reaches λ."""
+    best: Packing | None = None
+    for r in roots:
+        pk = _packed(view, members, r)
+        if best is None or pk.sum_chi > best.sum_chi:
+            best = pk
+        if best.sum_chi >= best.lam * (1 - WIDE_ENOUGH):
+            break
+    assert best is not None
+    return best
 
 
 def _packed(view: NetworkView, nodes: Sequence[int], root: int) -> Packing:
