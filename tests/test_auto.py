@@ -162,6 +162,39 @@ def test_a_planner_that_raises_or_overruns_is_skipped_and_the_others_decide():
 
 
 @pytest.mark.unit
+def test_the_budget_counts_wall_time_too_and_a_simulation_gets_what_is_left_of_it(monkeypatch):
+    """A decision waiting for a core (a niced solver on a busy machine) delays the switch as much as one
+    computing: past the budget in wall time the remaining candidates are skipped. Each simulation but the
+    in-force scheme's is capped at the CPU budget left."""
+    def waiting(view, job, memory):
+        time.sleep(0.3)  # no CPU: a solve that waits for a core
+        return planners.resolve("ring").plan(view, job)
+
+    specs = [planners.resolve("star"), planners.PlannerSpec("waiting", waiting), planners.resolve("mst")]
+    view = oracle_view(hub())
+    cands, _ = auto.evaluate(view, job(5), specs, {}, budget_s=0.2, prune=False)
+    by = {c.scheme: c for c in cands}
+    assert by["star"].round_s is not None  # the first is never skipped
+    for late in ("waiting", "mst"):  # planned past the budget's wall time, or not planned at all
+        assert by[late].skipped is not None and "planning budget of 0.2 s spent" in by[late].skipped
+    assert by["waiting"].plan_s < 0.2  # its 0.3 s were wall time, not CPU
+    assert auto.evaluate(view, job(5), specs, {}, budget_s=5.0, prune=False)[0][2].round_s is not None
+
+    given: dict[str, float] = {}
+    real = auto.simulate
+
+    def recording(plan, net, *, costs, cpu_budget_s):
+        given[plan.scheme] = cpu_budget_s
+        return real(plan, net, costs=costs, cpu_budget_s=cpu_budget_s)
+
+    monkeypatch.setattr(auto, "simulate", recording)
+    specs[:] = [planners.resolve("star"), planners.resolve("ring"), planners.resolve("mst")]
+    auto.evaluate(view, job(5), specs, {}, budget_s=1.0, in_force="ring", prune=False)
+    assert given["ring"] == 1.0
+    assert auto.MIN_SIM_S <= given["star"] < 1.0 and auto.MIN_SIM_S <= given["mst"] < 1.0
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("topo", [hub(), ringish(), uniform(5, rate_mbps=100.0, delay_s=0.0), internet2(seed=1)],
                          ids=["hub", "ringish", "uniform", "internet2"])
 def test_the_lower_bound_never_exceeds_a_simulated_round(topo):

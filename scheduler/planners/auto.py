@@ -33,7 +33,11 @@ from .onview import link_loads, view_network
 # error against live rounds is ~1-4 % on the fidelity checks and up to ~10 % on fluctuating WANs
 MARGIN = 0.1
 PAYBACK_ROUNDS = 3  # a switch pays for itself within this many rounds, or it is not made
-BUDGET_S = 2.0  # CPU seconds for planning and simulating the candidates of one decision; the rest are skipped
+# seconds, of CPU and of wall time alike, for planning and simulating the candidates of one decision; the
+# rest are skipped. Wall time too: the solver is niced behind the agents, and a decision that waits for a
+# core still delays the switch (2 CPU-s alone let decisions take 2.5-3.3 s on a loaded 2-core machine)
+BUDGET_S = 1.5
+MIN_SIM_S = 0.05  # the least CPU a candidate's simulation is given, whatever is left of the budget
 OPTIONS = ("auto_margin", "auto_budget_s")  # auto's own job options, not passed to the candidates
 
 
@@ -97,8 +101,9 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
              ratio: Mapping[str, float] | None = None) -> tuple[list[Candidate], dict[str, Plan]]:
     """Each candidate planned (`in_force`, the scheme running now, first; then in `order`), then
     simulated (`in_force` first, the others cheapest first: fewest trees) until `budget_s` of this thread's
-    CPU is spent (CPU, not wall time: a solver waiting for a core the agents hold costs them nothing),
-    though never before one candidate has a prediction, and never skipping `in_force`. A candidate
+    CPU or of wall time is spent (a switch waits for the decision, whether it computes or waits for a core),
+    though never before one candidate has a prediction, and never skipping `in_force`; a candidate's
+    simulation gets what is left of the CPU budget (`in_force`'s the whole budget). A candidate
     whose lower bound is no better than the fastest expectation so far cannot win and is not simulated
     (branch and bound: the simulation of a many-tree plan is what a decision costs). A planner that
     raises, or a plan the simulator cannot finish (or not within `budget_s` of CPU), is skipped with
@@ -111,7 +116,7 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     ratio = ratio or {}
     rank = {s: i for i, s in enumerate(order)}
     specs = sorted(specs, key=lambda sp: (sp.name != in_force, rank.get(sp.name, len(rank))))
-    start = time.thread_time()
+    start, wall0 = time.thread_time(), time.perf_counter()
     out: dict[str, Candidate] = {}
     plans: dict[str, Plan] = {}
     bound: dict[str, float | None] = {}
@@ -119,10 +124,10 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
 
     def over_budget(name: str, have_one: bool) -> bool:
         """Past the budget, skip all but the scheme in force — once there is something to run."""
-        spent = time.thread_time() - start
-        if spent <= budget_s or name == in_force or not have_one:
+        cpu, wall = time.thread_time() - start, time.perf_counter() - wall0
+        if max(cpu, wall) <= budget_s or name == in_force or not have_one:
             return False
-        out[name] = Candidate(name, skipped=f"planning budget of {budget_s:g} CPU-s spent ({spent:.2f})")
+        out[name] = Candidate(name, skipped=f"planning budget of {budget_s:g} s spent ({cpu:.2f} CPU-s, {wall:.2f} s)")
         return True
 
     for spec in specs:
@@ -162,11 +167,12 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
             del plans[name]
             continue
         t1 = time.thread_time()
-        # a simulation started within the budget may take the budget itself, no more: a decision costs
-        # at most about twice its budget, and a plan whose simulation alone would take longer (classed
-        # trees under node caps: tens of CPU-s) is skipped rather than holding the decision up
+        # a simulation gets what is left of the budget (the scheme in force all of it): a plan whose
+        # simulation alone would take longer (classed trees under node caps: tens of CPU-s) is skipped
+        # rather than holding the decision up
+        left = budget_s if name == in_force else max(MIN_SIM_S, budget_s - (time.thread_time() - start))
         try:
-            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=budget_s).round_s
+            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=left).round_s
         except SimulationOverBudget as exc:
             out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction in time: simulation {exc}")
             if name != in_force:  # the scheme in force stays runnable: it is kept when nothing else is predicted
