@@ -11,7 +11,9 @@ Four parts, one table each (application backend, probing on, resnet50 x --scale)
   scheme's live median is within 3 % of the live winner's.
 - flipping trace (designed here): a 6-node mesh, ring neighbours fast and chords slow, whose nodes'
   ports alternate every period between loose (tree packing's many trees win) and binding at 50
-  Mbit/s (the ring or a sharded PS wins: packing's LP knows links, not ports); --quick: 3 periods.
+  Mbit/s (the ring or a sharded PS wins: packing's LP knows links, not ports); --quick: 4 periods, as
+  many of each state (with 3, ending in the state it began with, a switcher that is always right gains
+  1.5 % at most: predicted 0.985 x the best fixed scheme's time; with 4, 13 %: 0.869).
   Its flips are counted by the simulator: a segment boundary where the previous segment's winner is
   predicted more than auto's margin slower than the new segment's; a switch with no flip in the two
   periods before it is a flap. Live: auto, ring and each segment's winner, R rounds each (the trace
@@ -210,9 +212,20 @@ def flip_files(d: Path, segments: int) -> tuple[str, str]:
     return str(path), f"csv:{trace}"
 
 
+TIE = 1e-3  # schemes predicted within this share of each other tie
+
+
+def winner(ranked: list[auto_planner.Candidate]) -> str:
+    """A segment's winner: the fastest predicted, or ring where it ties (ring runs live anyway: in the
+    binding state ring and shardps are predicted 1.36724 and 1.36721 s)."""
+    best = ranked[0]
+    ring = next((c for c in ranked if c.scheme == "ring" and c.round_s is not None), None)
+    return "ring" if ring is not None and best.round_s and ring.round_s <= (1 + TIE) * best.round_s else best.scheme
+
+
 def flipping(segments: int = 4) -> tuple[Table, dict[str, Any]]:
     ranks = [advised(flip_topology(c).scaled(SCALE)) for c in FLIP_CAPS]
-    winners = [r[0].scheme for r in ranks]
+    winners = [winner(r) for r in ranks]
     pred = [{c.scheme: c.round_s for c in r} for r in ranks]
     # rounds enough for a scheme that always runs each segment's winner to span every segment: the last
     # flip falls inside every job, with a segment after it to switch in (segments - 1 of them left the
@@ -223,6 +236,11 @@ def flipping(segments: int = 4) -> tuple[Table, dict[str, Any]]:
     flip_at = [k for k in range(1, segments)
                if (pred[k % 2].get(winners[(k - 1) % 2]) or float("inf"))
                > (1 + auto_planner.MARGIN) * pred[k % 2][winners[k % 2]]]
+    # the most any auto can gain on this trace: each segment at its predicted winner from its first moment,
+    # against the best fixed scheme's predicted time to the same rounds
+    both = [s for s in pred[0] if pred[0][s] and pred[1].get(s)]
+    ceiling = (time_to(rounds, [pred[k % 2][winners[k % 2]] for k in range(segments)], period)
+               / min(time_to(rounds, [pred[k % 2][s] for k in range(segments)], period) for s in both))
     with tempfile.TemporaryDirectory() as d:
         topo, trace = flip_files(Path(d), segments)
         fixed = sorted(set(winners) | {"ring"})
@@ -240,18 +258,32 @@ def flipping(segments: int = 4) -> tuple[Table, dict[str, Any]]:
         else:
             flaps += 1  # no flip in the two periods before it
     t = Table(title=f"flipping trace: {FLIP_NODES}-node ring mesh, every port {FLIP_CAPS[0]:g} <-> {FLIP_CAPS[1]:g} "
-                    f"Mbit/s every {period:g} s; winners {winners[0]} / {winners[1]}, flips at segments {flip_at}")
+                    f"Mbit/s every {period:g} s; winners {winners[0]} / {winners[1]}, flips at segments {flip_at}; "
+                    f"an auto switching at every flip at once would take {ceiling:.3f} x the best fixed scheme's "
+                    "time (predicted)")
     for col in ("scheme", f"time to {rounds} rounds s", "median round s", "exact", "guard", "ran", "switches"):
         t.add_column(col)
     for j in jobs:
         t.add_row(j.scheme, f"{j.span_s:.2f}", f"{j.median_s:.3f}", "yes" if j.wrong == 0 else f"{j.wrong} wrong",
                   j.verdict, ",".join(j.schemes_run),
                   "; ".join(f"{d['at'] - j.t0:.1f}s->{d['chosen']}" for d in j.decisions if d["switched"]))
-    return t, {"auto_vs_best_fixed_flip": round(a.span_s / best.span_s, 3), "flips": len(flip_at),
+    return t, {"auto_vs_best_fixed_flip": round(a.span_s / best.span_s, 3), "auto_ideal_vs_best_fixed_flip":
+               round(ceiling, 3), "flips": len(flip_at),
                "switches_flip": len(switches), "flaps_flip": flaps,
                "switch_latency_s": round(statistics.median(latency), 2) if latency else None,
                "plan_s": [d.get("wall_s", d["decide_s"]) for d in a.decisions],
                "rounds_wrong": sum(j.wrong for j in jobs), "live_guard_valid": all(j.valid for j in jobs)}
+
+
+def time_to(rounds: int, round_s: list[float], period: float) -> float:
+    """Seconds to `rounds` rounds whose length is round_s[k] in segment k (each `period` long; after the
+    last one its rounds go on)."""
+    done, t = 0.0, 0.0
+    for k, r in enumerate(round_s):
+        if k == len(round_s) - 1 or done + period / r >= rounds:
+            return t + (rounds - done) * r
+        done, t = done + period / r, t + period
+    return t
 
 
 # --- the random trace ------------------------------------------------------------------------------
@@ -296,7 +328,7 @@ def main() -> None:
     out: dict[str, Any] = {}
     t, s = static(args.quick)
     console.print(t)
-    t, f = flipping(segments=3 if args.quick else 6)
+    t, f = flipping(segments=4 if args.quick else 6)
     console.print(t)
     t, r = random_trace(args.trace_seed, rounds=20 if args.quick else 40)
     console.print(t)
