@@ -410,6 +410,7 @@ def test_gpu_topologies():
             build(bad)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec,nodes,seed", [("internet2", None, 1), ("hetero:20-155:x=0.3", 8, 3),
                                              ("hetero", 6, 5), ("crew:8", None, 1)])
 def test_blinks_root_search_ends_at_the_first_root_as_wide_as_every_roots_best(spec, nodes, seed, monkeypatch):
@@ -432,6 +433,7 @@ def test_blinks_root_search_ends_at_the_first_root_as_wide_as_every_roots_best(s
     assert blink.widest(view, members, members).sum_chi >= widest_of_all * (1 - 1e-6)
 
 
+@pytest.mark.unit
 def test_blinks_root_search_takes_the_widest_and_the_first_of_equals(monkeypatch):
     from scheduler.planners import blink
 
