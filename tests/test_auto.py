@@ -166,8 +166,23 @@ def test_the_budget_counts_wall_time_too_and_a_simulation_gets_what_is_left_of_i
     """A decision waiting for a core (a niced solver on a busy machine) delays the switch as much as one
     computing: past the budget in wall time the remaining candidates are skipped. The in-force scheme's
     simulation gets half the budget, each other one the CPU budget left."""
+    class WallClock:
+        """auto's clocks, with wall time that a solve waiting for a core moves and CPU time that it does not."""
+
+        def __init__(self) -> None:
+            self.waited = 0.0
+
+        def perf_counter(self) -> float:
+            return time.perf_counter() + self.waited
+
+        def thread_time(self) -> float:
+            return time.thread_time()
+
+    clock = WallClock()
+    monkeypatch.setattr(auto, "time", clock)
+
     def waiting(view, job, memory):
-        time.sleep(0.3)  # no CPU: a solve that waits for a core
+        clock.waited += 0.3  # no CPU: a solve that waits 0.3 s for a core
         return planners.resolve("ring").plan(view, job)
 
     specs = [planners.resolve("star"), planners.PlannerSpec("waiting", waiting), planners.resolve("mst")]
@@ -179,6 +194,7 @@ def test_the_budget_counts_wall_time_too_and_a_simulation_gets_what_is_left_of_i
         assert by[late].skipped is not None and "planning budget of 0.2 s spent" in by[late].skipped
     assert by["waiting"].plan_s < 0.2  # its 0.3 s were wall time, not CPU
     assert auto.evaluate(view, job(5), specs, {}, budget_s=5.0, prune=False)[0][2].round_s is not None
+    monkeypatch.setattr(auto, "time", time)
 
     given: dict[str, float] = {}
     real = auto.simulate
