@@ -108,6 +108,8 @@ class RecycledArrays:
         if n * 4 < MIN_RECYCLED_BYTES:
             return 0
         want = min(count, self.keep_per_size) - len(self._kept.get(n, ()))
+        while want > 0 and not self._room(want * n * 4):  # fault in only what the pool will keep
+            want -= 1
         if want <= 0:
             return 0
         fresh = await asyncio.to_thread(_faulted, n, want)

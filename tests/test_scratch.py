@@ -110,9 +110,14 @@ def test_small_arrays_are_not_kept_and_the_recycler_keeps_no_more_than_its_limit
     assert arrays.kept_bytes <= 3 * N * 4 and arrays._kept[2 * N]
 
 
-def test_prefaulted_arrays_are_the_next_ones_handed_out_within_the_limits():
+def test_prefaulted_arrays_are_the_next_ones_handed_out_within_the_limits(monkeypatch):
+    import agents.scratch as scratch
+    faulted: list[int] = []
+    real = scratch._faulted
+    monkeypatch.setattr(scratch, "_faulted", lambda n, count: faulted.append(count) or real(n, count))
     arrays = RecycledArrays(keep_bytes=3 * N * 4, keep_per_size=4)
     assert asyncio.run(arrays.prefault(N, 4)) == 3  # the byte limit holds: three fit
+    assert faulted == [3]  # and no fourth is faulted in only to be dropped
     assert arrays.kept_bytes == 3 * N * 4
     ready = {address(a) for a in arrays._kept[N]}
     got = [arrays.empty(N) for _ in range(3)]
