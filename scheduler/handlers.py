@@ -149,13 +149,15 @@ class Handlers:
             if dst != a.node or src not in a.neighbors:  # samples are taken by the receiver of a link
                 raise ProtocolError(f"sample of link {src}->{dst}, not a link into node {a.node}",
                                     field="samples", msg_type=msg.T)
+        # the caps the node declares now first: the view judges each sample against the ports it ran under
+        # (a share of a port that just tightened, judged against the loose one, would read as the link's rate)
+        for kind, mbps in zip(("up", "down"), msg.declared or (), strict=False):
+            if mbps is not None:
+                self.view.declare_cap(a.node, kind, mbps)
         for src, dst, nbytes, seconds, *probed in msg.samples:
             self.view.observe(src, dst, nbytes, seconds, probed=bool(probed and probed[0]))
         for kind, nbytes, seconds in msg.caps or ():  # the node's own caps (a big switch's ports)
             self.view.observe_cap(a.node, ("up", "down")[int(kind)], int(nbytes), seconds)
-        for kind, mbps in zip(("up", "down"), msg.declared or (), strict=False):
-            if mbps is not None:
-                self.view.declare_cap(a.node, kind, mbps)
         self.host.on_event("samples", {"node": a.node, "samples": msg.samples})
         if self.host.current is not None:
             self.versions.refresh_aux(self.host.current)

@@ -211,6 +211,7 @@ class LiveState:
             how = describe(e)
             out.append({"src": a, "dst": b, "throughput_mbps": round(self.current_mbps.get((a, b), 0.0), 3),
                         "bytes_total": self.sched.link_bytes.get((a, b), 0), "rate_mbps": round(e["rate"], 3),
+                        "capacity_mbps": round(self.sched.view.capacity(a, b), 3),
                         "measured": e["measured"], "samples": e["n"], "how": how["how"], "spread": how["spread"],
                         "age_s": round(now - e["t"], 3) if e["measured"] else None})
         return out

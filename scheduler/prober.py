@@ -222,7 +222,10 @@ class Prober:
                 if (cap := self.view.cap(*port)) is not None and mbps >= PORT_BUSY * cap}
 
     def _note_moves(self, now: float) -> None:
-        """Note the nodes of every known link whose estimate moved by NODE_MOVED since the last look."""
+        """Note the nodes of every known link whose estimate moved by NODE_MOVED since the last look, and
+        of every port whose declared cap moved (the view, NetworkView._port_moved)."""
+        for (node, _), t in self.view.ports_moved.items():
+            self.node_moved[node] = max(self.node_moved.get(node, -math.inf), t)
         for a, b, e in self.view.g.edges(data=True):
             if not e["measured"]:
                 continue

@@ -46,6 +46,9 @@ KNOWN_SAMPLES = 2  # ... in at least this many samples (or one of twice KNOWN_S)
 AGREE = 0.10  # ... at least half of whose busy time lies within this of their median (else: unknown yet)
 KEEP = 7  # latest samples per link the estimate is the (duration-weighted) median of
 MOVED = 2 * AGREE  # two agreeing newest samples this far from the estimate: the rate changed (_moved)
+PORT_BOUND = 1 - AGREE  # a sample whose port's busy links add up to this share of its declared cap: a share
+CONCURRENT_S = 1.0  # ... busy: a sample within this long (agents report every 0.25 s)
+QUARANTINE_S = 0.75  # samples this close to a port's move may have run under either port (_ports_moving)
 CAP_QUANTILE = 0.75  # a cap's estimate: this quantile of its latest samples (aggregates only reach it binding)
 
 
@@ -64,6 +67,7 @@ class NetworkView:
         self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
         self.caps: dict[tuple[int, str], dict] = {}  # (node, "up" | "down") -> its estimate, as an edge's
         self.cpus: dict[int, tuple[str, int]] = {}  # node -> (its machine, its CPUs), as its launcher knows
+        self.ports_moved: dict[tuple[int, str], float] = {}  # (node, "up" | "down") -> when its declared cap moved
         for a, b in links:
             self.add_link(a, b)
 
@@ -141,13 +145,37 @@ class NetworkView:
         else:
             self.declare_cap(node, kind, mbps)
 
-    def declare_cap(self, node: int, kind: str, mbps: float) -> None:
-        """The rate a node says its cap runs at now (a trace changed it)."""
+    def declare_cap(self, node: int, kind: str, mbps: float, now: float | None = None) -> None:
+        """The rate a node says its cap runs at now (a trace changed it). A cap that moved by more than
+        MOVED makes its links' samples history (`_port_moved`)."""
         e = self.caps.get((node, kind))
         if e is not None:
+            before = e["nominal"]
             e["nominal"] = float(mbps)
             if not e["measured"]:
                 e["rate"] = float(mbps)
+            if abs(mbps - before) > MOVED * max(before, 1e-9):
+                self._port_moved(node, kind, time.time() if now is None else now)
+
+    def _port_moved(self, node: int, kind: str, now: float) -> None:
+        """A node's port moved: its links' samples were taken under the old port (a share of it, where it
+        bound) and say little of the new one. Each keeps its estimate, but its next sample replaces
+        them instead of joining them: found on the auto bench's flipping trace, where ring links read at
+        their share of binding 50 Mbit/s ports (10 Mbit/s, samples of 0.5 s) kept that estimate long after
+        the ports loosened, because the scheme in force gave them samples of 0.05 s at 200 Mbit/s, which
+        the duration-weighted median outweighed and _moved (samples of KNOWN_S at least) ignored."""
+        self.ports_moved[(node, kind)] = now
+        if node not in self.g:
+            return
+        edges = self.g.out_edges(node, data=True) if kind == "up" else self.g.in_edges(node, data=True)
+        for *_, e in edges:
+            if e["measured"]:
+                e["recent"], e["probed"] = (), ()
+            # samples taken as the port moved may have run under the new one: not the link's own
+            e["free"] = tuple(x for x in e.get("free", ()) if x[3] < now - QUARANTINE_S)
+            if e.get("free_since", -math.inf) >= now - QUARANTINE_S:  # ... nor a move they made
+                e["free_since"] = -math.inf
+            e["capacity"] = _free_rate(e["free"], e.get("free_since", -math.inf))
 
     def observe_cap(self, node: int, kind: str, nbytes: int, seconds: float, now: float | None = None) -> None:
         """One passive sample of a node cap: all of the node's traffic that way moved nbytes over `seconds`
@@ -198,11 +226,50 @@ class NetworkView:
                 e["n"] + 1 >= KNOWN_SAMPLES and _agreeing(pool, rate) >= 0.5)):
             e["rate"] = rate  # from now on the link is known (its estimate follows its samples)
             e["measured"] = True
-        e["t"] = time.time() if now is None else now
+        t = time.time() if now is None else now
+        if not self._port_bound(src, dst, recent[-1][0], t) and not self._ports_moving(src, dst, t):
+            free = e["free"] = (*e.get("free", ())[-(KEEP - 1):], (recent[-1][0], seconds, probed, t))
+            if e.get("capacity") is not None and _moved([x[:2] for x in free], e["capacity"]):
+                e["free_since"] = free[-2][3]  # the older ones describe the past (kept: a port's move may undo it)
+            e["capacity"] = _free_rate(free, e.get("free_since", -math.inf))
+        e["t"] = t
         if not probed:
             e["passive_t"] = e["t"]
         e["n"] += 1
         self.samples += 1
+
+    def _port_bound(self, src: int, dst: int, mbps: float, now: float) -> bool:
+        """Did a declared node cap, rather than the link, set this sample's rate? It did where the link's
+        busy neighbours through the same port (a sample within CONCURRENT_S) and this sample add up to
+        PORT_BOUND of the port's declared cap: the link delivered its share of the port, and may run
+        faster alone (a ring link read 25 Mbit/s as one of two tree links through a 50 Mbit/s port)."""
+        for node, kind in ((src, "up"), (dst, "down")):
+            c = self.caps.get((node, kind))
+            if c is None:
+                continue
+            edges = self.g.out_edges(node, data=True) if kind == "up" else self.g.in_edges(node, data=True)
+            total = mbps + sum(d["rate"] for u, v, d in edges
+                               if (u, v) != (src, dst) and d["measured"] and d["t"] >= now - CONCURRENT_S)
+            if total >= PORT_BOUND * c["nominal"]:
+                return True
+        return False
+
+    def _ports_moved_at(self, src: int, dst: int) -> float:
+        return max(self.ports_moved.get((src, "up"), -math.inf), self.ports_moved.get((dst, "down"), -math.inf))
+
+    def _ports_moving(self, src: int, dst: int, now: float) -> bool:
+        """Did a port of this link move within QUARANTINE_S? A sample then may have run under either port
+        (the source declares its uplink in its own reports, up to a report later than the receiver's)."""
+        return now - self._ports_moved_at(src, dst) < QUARANTINE_S
+
+    def capacity(self, a: int, b: int) -> float:
+        """What the link itself carries, as far as the view knows: the estimate from its samples that no
+        declared node cap bound (`_port_bound`), else its estimate (`rate`: what it delivers). What a
+        prediction of another plan needs: the simulator applies the ports itself, and a share of a port
+        under one plan is not the link's rate under another (auto's flipping trace: ring links known
+        only at their share of binding ports kept the ring from ever being chosen while they bound)."""
+        e = self.g.edges[a, b]
+        return e["capacity"] if e["measured"] and e.get("capacity") is not None else e["rate"]
 
     def passive_since(self, t: float) -> set[tuple[int, int]]:
         """Links a plan's own chunks kept busy since time t (a passive sample arrived): in use now."""
@@ -332,6 +399,16 @@ def describe(e: dict) -> dict:
         spread = (_weighted_quantile(recent, 0.75) - _weighted_quantile(recent, 0.25)) / mid if mid > 0 else None
     return {"how": e.get("how", "passive") if e["measured"] else "nominal", "t": e["t"], "samples": e["n"],
             "spread": None if spread is None else round(spread, 4)}
+
+
+def _free_rate(free: tuple[tuple[float, float, bool, float], ...], since: float) -> float | None:
+    """A link's capacity from its samples no port bound (rate, seconds, probed, when), those since its
+    rate last moved: their duration-weighted median, the probed ones deciding where there are any (as
+    for `rate`); None without any."""
+    free = tuple(x for x in free if x[3] >= since)
+    if not free:
+        return None
+    return _weighted_median([x[:2] for x in free if x[2]] if any(x[2] for x in free) else [x[:2] for x in free])
 
 
 def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:

@@ -6,6 +6,7 @@ over real TCP, every round stays exact across its switches."""
 from __future__ import annotations
 
 import asyncio
+import re
 import statistics
 import time
 
@@ -75,6 +76,18 @@ def test_on_a_hub_wan_auto_runs_a_star_at_the_hub():
     own = own_predictions(topo)
     assert decision(memory)["chosen"] in {s for s, t in own.items() if t == pytest.approx(min(own.values()))}
     assert own["star"] == pytest.approx(min(own.values()))
+    # a candidate that cannot win says which link's estimate kept it out: one of the slow ones, here
+    pruned = [c for c in decision_after(topo)["candidates"] if (c["skipped"] or "").startswith("cannot win")]
+    assert pruned
+    for c in pruned:
+        m = re.search(r"set by (\d+)->(\d+) at ([\d.]+) Mbit/s \(passive, 0 samples\)", c["skipped"])
+        assert m and 0 not in (int(m[1]), int(m[2])) and float(m[3]) == pytest.approx(20.0), c["skipped"]
+
+
+def decision_after(topo: Topology) -> dict:
+    """auto's first decision on the WAN's true rates."""
+    planners.resolve("auto").plan(oracle_view(topo), job(topo.nodes), memory := {})
+    return decision(memory)
 
 
 @pytest.mark.unit
@@ -199,15 +212,18 @@ def test_the_budget_counts_wall_time_too_and_a_simulation_gets_what_is_left_of_i
     given: dict[str, float] = {}
     real = auto.simulate
 
-    def recording(plan, net, *, costs, cpu_budget_s):
-        given[plan.scheme] = cpu_budget_s
-        return real(plan, net, costs=costs, cpu_budget_s=cpu_budget_s)
+    walls: dict[str, float] = {}
+
+    def recording(plan, net, *, costs, cpu_budget_s, wall_budget_s):
+        given[plan.scheme], walls[plan.scheme] = cpu_budget_s, wall_budget_s
+        return real(plan, net, costs=costs, cpu_budget_s=cpu_budget_s, wall_budget_s=wall_budget_s)
 
     monkeypatch.setattr(auto, "simulate", recording)
     specs[:] = [planners.resolve("star"), planners.resolve("ring"), planners.resolve("mst")]
     auto.evaluate(view, job(5), specs, {}, budget_s=1.0, in_force="ring", prune=False)
-    assert given["ring"] == 0.5  # the scheme in force: half, whatever the others take
-    assert auto.MIN_SIM_S <= given["star"] < 1.0 and auto.MIN_SIM_S <= given["mst"] < 1.0
+    assert given["ring"] == walls["ring"] == 0.5  # the scheme in force: half, whatever the others take
+    for other in ("star", "mst"):  # the others: what is left, of CPU and of wall time
+        assert auto.MIN_SIM_S <= given[other] < 1.0 and auto.MIN_SIM_S <= walls[other] < 1.0
 
 
 @pytest.mark.unit

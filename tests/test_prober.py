@@ -479,6 +479,70 @@ def test_a_link_that_moved_fourfold_sends_its_nodes_other_links_up_the_queue():
 
 
 @pytest.mark.unit
+def test_a_port_that_moved_makes_its_links_samples_history_and_its_idle_links_wanted():
+    """Samples of a link taken while its node's port bound are a share of that port: once the node
+    declares the port moved (a trace loosened it), the link's next sample replaces them, even a short
+    one the long old ones would outweigh; links through the node's other port keep theirs. Its idle
+    links come before merely stale ones. (The auto bench's flipping trace kept ring links at their
+    10 Mbit/s share of binding ports after the ports loosened to 10 Gbit/s.)"""
+    view = NetworkView(uniform(3).links)
+    for node in range(3):
+        for kind in ("up", "down"):
+            view.set_cap(node, kind, 50.0)
+    for k in view.links():
+        for t in range(4):  # 10 Mbit/s: a share of the binding ports, in samples of 0.5 s
+            view.observe(*k, int(10 * MBIT * 0.5), 0.5, now=t)
+    short = 0.8 * KNOWN_S  # what a scheme moving a little over a fast link gives (0.044 s seen)
+    view.observe(0, 1, int(200 * MBIT * short), short, now=5)
+    assert view.rate(0, 1) == pytest.approx(10.0)  # outweighed while the port stays as it was
+    view.declare_cap(0, "up", 52.0, now=6)  # within MOVED: nothing happens
+    view.observe(0, 1, int(200 * MBIT * short), short, now=7)
+    assert view.rate(0, 1) == pytest.approx(10.0)
+    p, _ = make_prober(view, at_once=1, budget=1.0, refresh_s=100.0)
+    assert p.candidates(8.0, {0, 1, 2}, set()) == [(0, 1)]  # only the one whose newest sample disagreed
+    view.declare_cap(0, "up", 10_000.0, now=9)  # the uplink loosened
+    assert {(0, 2), (1, 0), (2, 0)} <= set(p.candidates(9.5, {0, 1, 2}, set()))  # node 0's idle links are wanted
+    assert (1, 2) not in p.candidates(9.5, {0, 1, 2}, set())  # at neither node: waits for refresh_s
+    view.observe(0, 1, int(200 * MBIT * short), short, now=10)
+    assert view.rate(0, 1) == pytest.approx(200.0) and view.known(0, 1)  # the new port's sample decides
+    view.observe(1, 0, int(200 * MBIT * short), short, now=10)  # into node 0: its downlink did not move
+    assert view.rate(1, 0) == pytest.approx(10.0)
+
+
+@pytest.mark.unit
+def test_a_link_sampled_as_a_share_of_a_binding_port_keeps_what_it_carried_alone_for_predictions():
+    """Under a binding port a link delivers its share: the view says so (`rate`), but the simulator, which
+    applies the ports itself, is given what the link carried when no port bound it (`capacity`), so
+    another plan's use of the link is predicted right. Samples no port bound teach both."""
+    from scheduler.planners.onview import view_network
+
+    view = NetworkView(uniform(3).links)
+    for node in range(3):
+        for kind in ("up", "down"):
+            view.set_cap(node, kind, 10_000.0)  # loose ports
+    for t in range(3):  # alone and unbound: 200 and 10 Mbit/s
+        view.observe(0, 1, int(200 * MBIT * 0.25), 0.25, now=10 * t)
+        view.observe(0, 2, int(10 * MBIT * 0.25), 0.25, now=10 * t + 5)
+    assert view.capacity(0, 1) == pytest.approx(200.0) and view.capacity(0, 2) == pytest.approx(10.0)
+    # the ports bind: the receiver's report of two shares comes in before the senders declare it
+    view.observe(0, 1, int(25 * MBIT * 0.25), 0.25, now=99.6)
+    view.observe(0, 1, int(25 * MBIT * 0.25), 0.25, now=99.8)
+    for node in range(3):
+        for kind in ("up", "down"):
+            view.declare_cap(node, kind, 50.0, now=100)
+    assert view.capacity(0, 1) == pytest.approx(200.0)  # samples so close to the move were not the link's
+    for t in range(4):  # 0 -> 1 and 0 -> 2 busy together through node 0's 50 Mbit/s uplink: 25 each
+        view.observe(0, 1, int(25 * MBIT * 0.25), 0.25, now=101 + t)
+        view.observe(0, 2, int(25 * MBIT * 0.25), 0.25, now=101.1 + t)
+    assert view.rate(0, 1) == pytest.approx(25.0)  # what it delivers there
+    assert view.capacity(0, 1) == pytest.approx(200.0)  # ... and what it carries alone
+    assert view_network(view).rates_mbps[(0, 1)] == pytest.approx(200.0)
+    for t in range(3):  # 1 -> 2 alone, well below its port: a sample of the link itself
+        view.observe(1, 2, int(30 * MBIT * 0.25), 0.25, now=110 + t)
+    assert view.capacity(1, 2) == pytest.approx(30.0) == view.rate(1, 2)
+
+
+@pytest.mark.unit
 def test_no_probe_goes_through_a_capped_port_that_a_plans_busy_links_fill():
     """Under node caps a probe on an idle link takes its bytes from the plan's share of the ports it
     crosses: a link out of a node whose capped uplink the busy links fill, or into one whose capped

@@ -87,12 +87,29 @@ def router(view: NetworkView) -> Callable[[int, int], tuple[int, ...]]:
 
 
 def lower_bound_s(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[int, ...]]) -> float | None:
-    """No round of `plan` can be shorter than its busiest link's bytes at the view's rate (a plan with
-    auxiliary routes may move bytes off its tree links: no bound, None)."""
+    """No round of `plan` can be shorter than its busiest link's bytes at the link's rate (the view's
+    capacity: the simulator adds the ports), unless it has auxiliary routes, which may move bytes off
+    its tree links: no bound, None."""
+    found = bound_link(plan, view, route)
+    return None if found is None else found[0]
+
+
+def bound_link(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[int, ...]]
+               ) -> tuple[float, tuple[int, int] | None] | None:
+    """lower_bound_s and the link that sets it (None for a plan that moves no bytes)."""
     if any(g.aux for g in plan.groups):
         return None
     loads = link_loads(plan, route, aux=False)
-    return max((b * 8 / (max(view.rate(*ln), 1e-9) * 1e6) for ln, b in loads.items()), default=0.0)
+    times = [(b * 8 / (max(view.capacity(*ln), 1e-9) * 1e6), ln) for ln, b in loads.items()]
+    return max(times, default=(0.0, None))
+
+
+def _estimate(view: NetworkView, link: tuple[int, int] | None) -> str:
+    """How the view knows the link that bounds a plan (a decision's record says what kept a scheme out)."""
+    if link is None or not view.g.has_edge(*link):
+        return ""
+    h = view.how(*link)
+    return f"; set by {link[0]}->{link[1]} at {view.capacity(*link):.1f} Mbit/s ({h['how']}, {h['samples']} samples)"
 
 
 def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str, dict[str, Any]], *,
@@ -103,11 +120,11 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     simulated (`in_force` first, the others cheapest first: fewest trees) until `budget_s` of this thread's
     CPU or of wall time is spent (a switch waits for the decision, whether it computes or waits for a core),
     though never before one candidate has a prediction, and never skipping `in_force`; a candidate's
-    simulation gets what is left of the CPU budget (`in_force`'s half the budget: where its simulation
-    cannot finish, the other half still predicts the others). A candidate
-    whose lower bound is no better than the fastest expectation so far cannot win and is not simulated
+    simulation gets what is left of the budget, CPU and wall time alike (`in_force`'s half the budget:
+    where its simulation cannot finish, the other half still predicts the others). A candidate whose
+    lower bound is no better than the fastest expectation so far cannot win and is not simulated
     (branch and bound: the simulation of a many-tree plan is what a decision costs). A planner that
-    raises, or a plan the simulator cannot finish (or not within `budget_s` of CPU), is skipped with
+    raises, or a plan the simulator cannot finish (or not within its budget), is skipped with
     the reason. `memory` holds each
     candidate's planner memory.
     prune=False simulates every candidate (a ranking, `wansync advise`); `net` is what to simulate on
@@ -121,6 +138,7 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     out: dict[str, Candidate] = {}
     plans: dict[str, Plan] = {}
     bound: dict[str, float | None] = {}
+    by: dict[str, tuple[int, int] | None] = {}  # the link that sets each bound
     route = router(view)
 
     def over_budget(name: str, have_one: bool) -> bool:
@@ -139,7 +157,8 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
             plan = spec.plan(view, Job(job.params, job.chunk_params, job.participants,
                                        {**job.options, **spec.options}), memory.setdefault(spec.name, {}))
             plan.validate(view.links())
-            bound[spec.name] = lower_bound_s(plan, view, route)
+            found = bound_link(plan, view, route)
+            bound[spec.name], by[spec.name] = found if found is not None else (None, None)
         except Exception as exc:  # any planner's failure is this candidate's, not the job's
             out[spec.name] = Candidate(spec.name, plan_s=time.thread_time() - t0,
                                        skipped=f"planner failed: {type(exc).__name__}: {exc}")
@@ -161,7 +180,7 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
         r = ratio.get(name, 1.0)
         if prune and name != in_force and lb is not None and lb * r >= best:
             out[name] = replace(c, ratio=r, skipped=f"cannot win: its lower bound {lb:.3f} s (x{r:.2f}) >= "
-                                                    f"{best:.3f} s expected")
+                                                    f"{best:.3f} s expected{_estimate(view, by[name])}")
             del plans[name]
             continue
         if over_budget(name, best < math.inf):
@@ -172,10 +191,15 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
         # plan whose simulation alone would take longer (classed trees under node caps: tens of CPU-s) is
         # skipped rather than holding the decision up. Not all of it for the scheme in force: on the
         # auto bench's flipping trace, tree packing in force when the ports tightened spent the whole budget
-        # on a simulation that could not finish, and every other candidate was skipped
-        left = budget_s / 2 if name == in_force else max(MIN_SIM_S, budget_s - (time.thread_time() - start))
+        # on a simulation that could not finish, and every other candidate was skipped. Wall time too:
+        # a simulation given 0.75 CPU-s ran for seconds in the niced solver behind busy agents
+        if name == in_force:
+            left = wall_left = budget_s / 2
+        else:
+            left = max(MIN_SIM_S, budget_s - (time.thread_time() - start))
+            wall_left = max(MIN_SIM_S, budget_s - (time.perf_counter() - wall0))
         try:
-            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=left).round_s
+            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=left, wall_budget_s=wall_left).round_s
         except SimulationOverBudget as exc:
             out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction in time: simulation {exc}")
             if name != in_force:  # the scheme in force stays runnable: it is kept when nothing else is predicted

@@ -48,8 +48,9 @@ def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]], *, aux:
 
 
 def view_network(view: NetworkView) -> SimNetwork:
-    """The simulator's input from what the scheduler knows: link rates as measured (or nominal), the
+    """The simulator's input from what the scheduler knows: link rates as measured (or nominal; where
+    a declared port bound a link's samples, what it carried when none did: NetworkView.capacity), the
     node caps as the nodes declare them (a big switch's ports), no delays."""
     up = {n: c for (n, kind) in view.caps if kind == "up" and (c := view.cap(n, "up")) is not None}
     down = {n: c for (n, kind) in view.caps if kind == "down" and (c := view.cap(n, "down")) is not None}
-    return make_network({ln: view.rate(*ln) for ln in view.links()}, uplink_mbps=up, downlink_mbps=down)
+    return make_network({ln: view.capacity(*ln) for ln in view.links()}, uplink_mbps=up, downlink_mbps=down)
