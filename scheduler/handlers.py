@@ -161,6 +161,7 @@ class Handlers:
         self.host.on_event("samples", {"node": a.node, "samples": msg.samples})
         if self.host.current is not None:
             self.versions.refresh_aux(self.host.current)
+            self.versions.replan_early(self.host.current)
 
     def on_task_done(self, a: AgentInfo, msg: TaskDone) -> None:
         js = self.host.current

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -107,11 +108,7 @@ class Versions:
             return t.version
         if js.replanning is not None and js.replanning.done():
             self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
-        if (js.replanning is None and js.planner is not None and js.planner.adaptive and t.round > 0
-                and replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s,
-                               OFFLOAD_CPU_SHARE if js.planner.offload else REPLAN_CPU_SHARE)
-                and (self.view.changed_since(js.view_at_plan, self.update_rate)
-                     or (js.planner.stale is not None and js.planner.stale(js.memory)))):
+        if t.round > 0 and self._replan_wanted(js):
             js.replans += 1
             js.view_at_plan = self.view.snapshot()
             js.last_plan_t = time.time()
@@ -127,6 +124,32 @@ class Versions:
                 self.tell(js)
         t.version = js.plan.version
         return t.version
+
+    def _replan_wanted(self, js: JobState) -> bool:
+        """Should the job's adaptive planner plan again now? When the view moved by more than update_rate
+        (or the planner calls its plan stale), no sooner than replan_due allows — unless a node's
+        declared port moved since the last plan began: a change of the WAN itself, not of an estimate,
+        which waits for no CPU share (on auto's flipping trace a decision of 1.5 s held the next one for 3)."""
+        if js.replanning is not None or js.planner is None or not js.planner.adaptive:
+            return False
+        port_moved = max(self.view.ports_moved.values(), default=-math.inf) > js.last_plan_t
+        return ((port_moved or replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s,
+                                          OFFLOAD_CPU_SHARE if js.planner.offload else REPLAN_CPU_SHARE))
+                and (self.view.changed_since(js.view_at_plan, self.update_rate)
+                     or (js.planner.stale is not None and js.planner.stale(js.memory))))
+
+    def replan_early(self, js: JobState) -> None:
+        """A report moved the view: a planner that solves off the loop starts now, not when the next
+        round asks for its version, so the new plan is ready for that round (under binding ports a round
+        takes 2 s, and a switch waited for one round to start its solve and for another to adopt it).
+        BSP rounds only (version_for adopts it at a barrier), once the first has run (version_for plans
+        round 0 and any change of members)."""
+        if (js.mode == "rounds" and js.planner is not None and js.planner.offload and len(js.tasks) > 1
+                and next(reversed(js.tasks.values())).barrier and self._replan_wanted(js)):
+            js.replans += 1
+            js.view_at_plan = self.view.snapshot()
+            js.last_plan_t = time.time()
+            self._replan_off_loop(js)
 
     def _replan_off_loop(self, js: JobState) -> None:
         """A planner whose solve takes long (tree packing's LP, auto) runs in the solver's niced process

@@ -536,3 +536,36 @@ def test_auto_sees_node_caps_and_a_cap_that_moves_is_a_change_of_the_view():
     assert not view.changed_since(before, 0.1)
     view.declare_cap(2, "up", 200.0)
     assert view.changed_since(before, 0.1)
+
+
+@pytest.mark.unit
+def test_a_declared_port_that_moved_starts_a_re_plan_at_once_without_waiting_for_a_round():
+    """A re-plan waits for twice the last off-loop solve (the solver's CPU share) and starts when a round
+    asks for its version; a report that says a port moved starts it at once: the WAN changed (on the
+    flipping trace a switch waited 3 s for the share and a 2-s round for its solve to begin)."""
+    from scheduler.tasks import JobState
+    from scheduler.versions import Versions
+
+    view = oracle_view(ringish())
+    for n in range(5):
+        view.set_cap(n, "up", 10_000.0)
+    ring_plan = planners.resolve("ring").plan(view, job(5))
+    spec = planners.PlannerSpec("slow", lambda v, j, m: ring_plan, adaptive=True, offload=True)
+    js = JobState(1, "slow", 10, job(5), ring_plan, 0, planner=spec, view_at_plan=view.snapshot(),
+                  last_plan_t=time.time(), replan_s=1.5)
+    js.bsp_task(0), js.bsp_task(1)
+    versions = Versions(view, registry=None, obs=None, update_rate=0.1, update_time=0.0)  # type: ignore[arg-type]
+    started = []
+    versions._replan_off_loop = started.append  # type: ignore[method-assign]
+    view.g.edges[0, 1]["rate"] *= 2  # an estimate moved: due only after 2 x 1.5 s
+    versions.replan_early(js)
+    assert started == []
+    view.declare_cap(3, "up", 50.0)  # a port moved: at once
+    versions.replan_early(js)
+    assert started == [js] and js.replans == 1
+    versions.replan_early(js)  # ... once: the view is as the re-plan took it
+    assert started == [js]
+    js.mode = "tasks"  # formed tasks plan their own: nothing to start early
+    view.declare_cap(3, "up", 10_000.0)
+    versions.replan_early(js)
+    assert started == [js]

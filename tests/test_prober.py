@@ -99,8 +99,11 @@ def test_a_running_plans_busy_links_are_never_probed_and_unknown_links_come_firs
     p, orders = make_prober(view, [star_plan(4, 0)], at_once=100, budget=1.0)
     seen = set()
     now = 0.0
-    for _ in range(50):
+    for k in range(50):
         now += 0.2
+        if k % 10 == 0:  # the star runs: every few seconds each of its links gives a passive sample
+            for ln in [(1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3)]:
+                view.observe(*ln, int(100 * MBIT * 0.1), 0.1, now=now)
         for o in p.tick(now):
             seen.add((o.src, o.dst))
             assert (o.src, o.dst) not in {(1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3)}
@@ -128,6 +131,25 @@ def test_a_link_with_a_passive_sample_just_now_is_busy_though_a_misread_link_hid
                                   p.busy_now(10.0 + prober_mod.PASSIVE_BUSY_S + 0.1))
     for o in p.tick(10.5):
         assert (o.src, o.dst) != (2, 0)
+
+
+@pytest.mark.unit
+def test_a_plan_link_whose_estimate_went_stale_without_samples_is_probed():
+    """A plan link loaded at the view's rate is busy only while its estimate is younger than refresh_s: one
+    the plan keeps backlogged gives samples; one that gives none is fed slower than it runs, and a stale
+    low estimate is what makes it look loaded (the flipping trace: ring links read 10 Mbit/s under binding
+    ports kept it for 400 s after the ports loosened, and mst routed over 10 Mbit/s chords around them)."""
+    view = NetworkView(uniform(4).links)
+    for k in view.links():
+        view.g.edges[k].update(rate=100.0, measured=True, t=0.0)
+    view.g.edges[2, 0].update(rate=10.0, t=8.0)  # the star's slowest link, as the view last saw it
+    plan = star_plan(4, 0)
+    assert (2, 0) in busy_links([plan], view, direct)
+    p, _ = make_prober(view, [plan], at_once=100, budget=1.0, refresh_s=5.0)
+    assert (2, 0) in p.busy_now(12.0) and (2, 0) not in p.candidates(12.0, {0, 1, 2, 3}, p.busy_now(12.0))
+    assert (2, 0) not in p.busy_now(13.5) and (2, 0) in p.candidates(13.5, {0, 1, 2, 3}, p.busy_now(13.5))
+    view.observe(2, 0, int(10 * MBIT * 0.2), 0.2, now=13.6)  # a passive sample: the plan keeps it busy
+    assert (2, 0) in p.busy_now(14.0)
 
 
 @pytest.mark.unit

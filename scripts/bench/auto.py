@@ -17,7 +17,8 @@ Four parts, one table each (application backend, probing on, resnet50 x --scale)
   Its flips are counted by the simulator: a segment boundary where the previous segment's winner is
   predicted more than auto's margin slower than the new segment's; a switch with no flip in the two
   periods before it is a flap. Live: auto, ring and each segment's winner, R rounds each (the trace
-  restarts with every job); the whole-run time to R rounds, auto's over the best fixed one's.
+  restarts with every job; a short SETTLE job before each lets the view see the WAN as the trace
+  starts it); the whole-run time to R rounds, auto's over the best fixed one's.
 - random trace: NetStorm's model (every directed link redrawn uniformly in 20-155 Mbit/s every period)
   on internet2, seeded by --trace-seed: auto and the fixed schemes advised within QUICK_WITHIN x.
 - advise on a GPU-like mesh (gpumesh:2x4, links alone): the ranking, no agents.
@@ -91,19 +92,33 @@ class Live:
 # so the first compared scheme does not plan on nominal rates while the last (auto) plans on measured ones
 # (on hetero:20-155:x=0.3 packing's first rounds took 1.68 s, 0.58 s once the view knew the links)
 VIEW_WARMUP, VIEW_WARMUP_ROUNDS = "packing-no-overlap", 8
+# under a trace, a short job before each compared one, dropped too. The trace is replayed from every job's
+# start, so the job before ends wherever its own replay was (ring's 70 s on the flipping trace end with the
+# ports binding), and the next job's first plans, at its start, would see ports that had just been reset to
+# loose as binding (its agents declare the reset in their first reports) and links at their shares of them.
+# Each job should start from a view of the WAN it starts on, as one that had followed the WAN would: without
+# it, auto's flipping-trace runs began with 2.8 s of shardps (1.37 s rounds against mst's 0.25), and mst,
+# adaptive too, took 45 s to 92 rounds in one run and 75 s in the next, by what the job before left
+SETTLE, SETTLE_ROUNDS = "netstorm-lite", 2
 
 
 def live(label: str, topology: str, schemes: list[str], *, nodes: int | None = None, seed: int = 1,
          rounds: int = 4, warmup: int = 2, trace: str | None = None, learn_first: bool = False) -> list[Live]:
     """One `wansync run` of `schemes` on `topology` (the same code path as the CLI), read back from its
-    results file. learn_first: a VIEW_WARMUP job first, not returned."""
+    results file. learn_first: a VIEW_WARMUP job first, not returned; with a trace, a SETTLE job before
+    each of `schemes`, not returned either."""
     fd, name = tempfile.mkstemp(prefix="wansync-auto-", suffix=".jsonl")
     os.close(fd)
     out = Path(name)
     extra: dict[str, Any] = {"trace": trace} if trace else {}  # --seed seeds the WAN's draws and the trace
+    if trace:
+        assert SETTLE not in schemes
+        schemes = [x for sc in schemes for x in (SETTLE, sc)]
+        extra["workload__rounds_by_scheme"] = {SETTLE: SETTLE_ROUNDS}
     if learn_first:
         schemes = [VIEW_WARMUP, *schemes]
-        extra["workload__rounds_by_scheme"] = {VIEW_WARMUP: VIEW_WARMUP_ROUNDS}
+        extra["workload__rounds_by_scheme"] = {**extra.get("workload__rounds_by_scheme", {}),
+                                               VIEW_WARMUP: VIEW_WARMUP_ROUNDS}
     cfg = resolve(Options.make(topology=topology, nodes=nodes, seed=seed, schemes=schemes, workload__model=MODEL,
                                scale=SCALE, rounds=rounds, warmup=warmup, out=str(out), no_http=True, **extra))
     try:
@@ -113,7 +128,7 @@ def live(label: str, topology: str, schemes: list[str], *, nodes: int | None = N
         out.unlink(missing_ok=True)
     plans = {r["version"]: r["scheme"] for r in recs if r.get("type") == "plan"}
     result = []
-    for js in jobs[1:] if learn_first else jobs:
+    for js in [j for j in (jobs[1:] if learn_first else jobs) if j.scheme != SETTLE]:
         measured = [r for r in js.records if not r.warmup] or js.records
         wrong = sum(1 for r in js.records if not (r.ok and r.digests_agree and r.versions_agree))
         g = job_guard(js)
