@@ -56,8 +56,7 @@ Mode = Literal["auto", "exact", "fluid"]
 
 def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes: int = 65536,
              mode: Mode = "auto", dispatch: Dispatch = DISPATCH, costs: WanCosts = NONE,
-             cap_rates: bool = True, cpu_budget_s: float | None = None,
-             wall_budget_s: float | None = None) -> RoundPrediction:
+             cap_rates: bool = True, cpu_budget_s: float | None = None) -> RoundPrediction:
     """Predict one synchronization round of `plan` on `net`, starting at `start_s` on the trace's clock.
 
     mode: `exact` (event driven), `fluid` (static shares, for 1,000-node scale), or `auto`, which
@@ -68,16 +67,14 @@ def simulate(plan: Plan, net: SimNetwork, *, start_s: float = 0.0, segment_bytes
     costs: what live rounds pay outside link transfer (sim/costs.py; MEASURED for this data plane,
     NONE for links alone).
     cap_rates: classed trees crossing a node cap get the scheduler's per-flow rates (exact.py), as live.
-    cpu_budget_s, wall_budget_s: the exact engine raises SimulationOverBudget past that much CPU, or
-    that many seconds of wall time (a caller that must answer in time: auto's decision, a live round's
-    prediction).
+    cpu_budget_s: the exact engine raises SimulationOverBudget past that much CPU (a caller that must
+    answer in time: auto's decision, a live round's prediction).
     """
     m = Model([TaskRun(0, plan, start_s)], net, start_s, segment_bytes, costs)
     if mode == "auto":
         mode = "exact" if m.has_aux or m.classed or any(m.direct) or exact_cost_s(m) <= EXACT_BUDGET_S else "fluid"
     if mode == "exact":
-        pred = Exact(m, dispatch, cap_rates=cap_rates, cpu_budget_s=cpu_budget_s,
-                     wall_budget_s=wall_budget_s).run()
+        pred = Exact(m, dispatch, cap_rates=cap_rates, cpu_budget_s=cpu_budget_s).run()
         task = pred.tasks[0]
         return RoundPrediction(max(task.node_done_s.values()) - start_s, task.node_done_s, pred.link_bytes,
                                pred.link_busy_s, "exact", pred.aux_bytes)

@@ -54,15 +54,12 @@ class Exact:
     order, as a node's ready chunks leave live."""
 
     def __init__(self, m: Model, dispatch: Dispatch = DISPATCH, *, cap_rates: bool = True,
-                 cpu_budget_s: float | None = None, wall_budget_s: float | None = None) -> None:
-        """cpu_budget_s: the CPU seconds (this thread's) the run may take; wall_budget_s: the seconds of
-        wall time (a niced process behind busy agents may wait longer for a core than it computes).
-        Past either it raises SimulationOverBudget (checked every BUDGET_EVERY instants)."""
+                 cpu_budget_s: float | None = None) -> None:
+        """cpu_budget_s: the CPU seconds (this thread's) the run may take; past them it raises
+        SimulationOverBudget (checked every BUDGET_EVERY instants)."""
         self.m = m
         self._deadline = None if cpu_budget_s is None else time.thread_time() + cpu_budget_s
-        self._wall_deadline = None if wall_budget_s is None else time.perf_counter() + wall_budget_s
         self._budget = cpu_budget_s
-        self._wall_budget = wall_budget_s
         self._instants = 0  # event instants handled, over every advance() (the budget is looked at by them)
         self.dispatch = dispatch
         self.cap = list(m.cap)
@@ -176,14 +173,6 @@ class Exact:
     def result(self) -> TasksPrediction:
         return _prediction(self)
 
-    def _check_budget(self, t: float) -> None:
-        """Raise SimulationOverBudget once the run is past its CPU or its wall-time budget."""
-        if self._deadline is not None and time.thread_time() > self._deadline:
-            raise SimulationOverBudget(f"over its budget of {self._budget:g} CPU-s at {t:.3f} s simulated")
-        if self._wall_deadline is not None and time.perf_counter() > self._wall_deadline:
-            raise SimulationOverBudget(f"over its budget of {self._wall_budget:g} s of wall time "
-                                       f"at {t:.3f} s simulated")
-
     def advance(self, until: float, stop_at_end: bool = True) -> list[tuple[Hashable, int | None, float]]:
         """Handle every event up to `until` (inclusive); with stop_at_end, stop after the first instant
         at which a receiver's or a task's end became known. Returns what became known: (task key,
@@ -194,8 +183,9 @@ class Exact:
             t = events[0][0]
             self.now = t
             self._instants += 1
-            if self._instants % BUDGET_EVERY == 0:
-                self._check_budget(t)
+            if (self._deadline is not None and self._instants % BUDGET_EVERY == 0
+                    and time.thread_time() > self._deadline):
+                raise SimulationOverBudget(f"over its budget of {self._budget:g} CPU-s at {t:.3f} s simulated")
             while events and events[0][0] <= t:
                 _, kind, k, ver = heapq.heappop(events)
                 if kind == _DONE:

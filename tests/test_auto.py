@@ -212,18 +212,22 @@ def test_the_budget_counts_wall_time_too_and_a_simulation_gets_what_is_left_of_i
     given: dict[str, float] = {}
     real = auto.simulate
 
-    walls: dict[str, float] = {}
-
-    def recording(plan, net, *, costs, cpu_budget_s, wall_budget_s):
-        given[plan.scheme], walls[plan.scheme] = cpu_budget_s, wall_budget_s
-        return real(plan, net, costs=costs, cpu_budget_s=cpu_budget_s, wall_budget_s=wall_budget_s)
+    def recording(plan, net, *, costs, cpu_budget_s):
+        given[plan.scheme] = cpu_budget_s
+        return real(plan, net, costs=costs, cpu_budget_s=cpu_budget_s)
 
     monkeypatch.setattr(auto, "simulate", recording)
     specs[:] = [planners.resolve("star"), planners.resolve("ring"), planners.resolve("mst")]
     auto.evaluate(view, job(5), specs, {}, budget_s=1.0, in_force="ring", prune=False)
-    assert given["ring"] == walls["ring"] == 0.5  # the scheme in force: half, whatever the others take
-    for other in ("star", "mst"):  # the others: what is left, of CPU and of wall time
-        assert auto.MIN_SIM_S <= given[other] < 1.0 and auto.MIN_SIM_S <= walls[other] < 1.0
+    assert 0.25 < given["ring"] <= 0.5  # the scheme in force: half, whatever the others take (x its CPU share)
+    assert auto.MIN_SIM_S <= given["star"] < 1.0 and auto.MIN_SIM_S <= given["mst"] < 1.0
+    # a decision that got 0.2 CPU-s in 0.8 s of wall time gives a simulation what a quarter of the wall time
+    # left buys, not all the CPU left: the simulator stops on CPU time only
+    assert auto.sim_budget_s(1.0, 0.2, 0.8, in_force=False) == pytest.approx(0.25 * 0.2)
+    assert auto.sim_budget_s(1.0, 0.2, 0.2, in_force=False) == pytest.approx(0.8)  # a core of its own: the rest
+    assert auto.sim_budget_s(1.0, 0.1, 0.4, in_force=True) == pytest.approx(0.25 * 0.5)
+    assert auto.sim_budget_s(1.0, 0.0, 0.0, in_force=True) == 0.5
+    assert auto.sim_budget_s(1.0, 0.9, 0.95, in_force=False) == auto.MIN_SIM_S
 
 
 @pytest.mark.unit

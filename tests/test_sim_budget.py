@@ -47,36 +47,6 @@ def test_the_exact_engine_gives_up_past_its_cpu_budget():
     assert simulate(plan, net, costs=MEASURED, cpu_budget_s=10 * took + 1.0).round_s == full
 
 
-class SlowWall:
-    """time for sim.exact: real CPU time, while every look at the wall clock finds a second gone (a niced
-    process that waits for a core behind busy agents)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def perf_counter(self) -> float:
-        self.t += 1.0
-        return self.t
-
-    thread_time = staticmethod(time.thread_time)
-
-
-@pytest.mark.unit
-def test_the_exact_engine_gives_up_past_its_wall_time_budget(monkeypatch):
-    """auto's decision counts wall time: a simulation that computes little but waits for a core must stop
-    too (a decision took 5.3 s with 1.5 CPU-s)."""
-    import sim.exact
-
-    topo = capped()
-    plan, net = plan_of("packing", topo), sim_network(topo, None)
-    full = simulate(plan, net, costs=MEASURED).round_s
-    assert simulate(plan, net, costs=MEASURED, wall_budget_s=600.0).round_s == full  # fits: the same round
-    monkeypatch.setattr(sim.exact, "time", SlowWall())
-    with pytest.raises(SimulationOverBudget, match="wall time"):
-        simulate(plan, net, costs=MEASURED, cpu_budget_s=600.0, wall_budget_s=30.0)
-    assert simulate(plan, net, costs=MEASURED, cpu_budget_s=600.0).round_s == full  # no wall budget: no stop
-
-
 @pytest.mark.unit
 def test_auto_skips_a_candidate_whose_simulation_overruns_and_keeps_the_scheme_in_force():
     topo = capped()

@@ -120,8 +120,8 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
     simulated (`in_force` first, the others cheapest first: fewest trees) until `budget_s` of this thread's
     CPU or of wall time is spent (a switch waits for the decision, whether it computes or waits for a core),
     though never before one candidate has a prediction, and never skipping `in_force`; a candidate's
-    simulation gets what is left of the budget, CPU and wall time alike (`in_force`'s half the budget:
-    where its simulation cannot finish, the other half still predicts the others). A candidate whose
+    simulation gets what is left of the budget (`sim_budget_s`; `in_force`'s half the budget: where its
+    simulation cannot finish, the other half still predicts the others). A candidate whose
     lower bound is no better than the fastest expectation so far cannot win and is not simulated
     (branch and bound: the simulation of a many-tree plan is what a decision costs). A planner that
     raises, or a plan the simulator cannot finish (or not within its budget), is skipped with
@@ -191,15 +191,12 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
         # plan whose simulation alone would take longer (classed trees under node caps: tens of CPU-s) is
         # skipped rather than holding the decision up. Not all of it for the scheme in force: on the
         # auto bench's flipping trace, tree packing in force when the ports tightened spent the whole budget
-        # on a simulation that could not finish, and every other candidate was skipped. Wall time too:
-        # a simulation given 0.75 CPU-s ran for seconds in the niced solver behind busy agents
-        if name == in_force:
-            left = wall_left = budget_s / 2
-        else:
-            left = max(MIN_SIM_S, budget_s - (time.thread_time() - start))
-            wall_left = max(MIN_SIM_S, budget_s - (time.perf_counter() - wall0))
+        # on a simulation that could not finish, and every other candidate was skipped. And no more CPU
+        # than the decision has been getting per wall second, times the wall time left: the simulator
+        # stops on CPU time, and one given 0.75 CPU-s ran for seconds in the niced solver behind busy agents
+        left = sim_budget_s(budget_s, time.thread_time() - start, time.perf_counter() - wall0, name == in_force)
         try:
-            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=left, wall_budget_s=wall_left).round_s
+            round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=left).round_s
         except SimulationOverBudget as exc:
             out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction in time: simulation {exc}")
             if name != in_force:  # the scheme in force stays runnable: it is kept when nothing else is predicted
@@ -212,6 +209,17 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
         out[name] = replace(c, round_s=round_s, sim_s=time.thread_time() - t1, ratio=r, expected_s=round_s * r)
         best = min(best, round_s * r)
     return [out[s.name] for s in specs], plans
+
+
+def sim_budget_s(budget_s: float, cpu_s: float, wall_s: float, in_force: bool) -> float:
+    """The CPU seconds a candidate's simulation may take, `cpu_s` and `wall_s` of the decision's budget
+    spent: what is left of it (the scheme in force, simulated first: half of it), at most the CPU the
+    decision got per wall second so far times the wall time left (a niced solver that waits for a core
+    would otherwise overrun the wall budget inside one simulation), and at least MIN_SIM_S."""
+    share = min(1.0, cpu_s / wall_s) if wall_s > 0 else 1.0
+    if in_force:
+        return max(MIN_SIM_S, share * budget_s / 2)
+    return max(MIN_SIM_S, min(budget_s - cpu_s, share * (budget_s - wall_s)))
 
 
 def decide(cands: Sequence[Candidate], current: str | None, *, margin: float = MARGIN,
