@@ -6,9 +6,9 @@ Every TICK_S this prober orders short probes (agents/linkprobe.py: real chunks t
 shaper and kernel queues, discarded by the receiver) on links:
 
 - that no running plan keeps busy: a plan link whose load takes at least BUSY_SHARE of the time its
-  bottleneck link's load takes (at the view's rates) is busy, and not probed while the plan runs and
-  its estimate is younger than `refresh_s` (so a plan's bottleneck, which such a link is by
-  definition, never is while it gives samples); so is a link that gave a
+  bottleneck link's load takes (at the view's rates) is busy, and not probed while the plan runs
+  unless its estimate predates a move of a port it crosses (so a plan's bottleneck, which such a link
+  is by definition, never is while it gives samples); so is a link that gave a
   passive sample within PASSIVE_BUSY_S (a plan's chunks kept it backlogged just now). The second rule
   holds where the first is misled: a link the view underestimates tenfold (a starved sender's
   samples) inflates the plan's bottleneck time, and the true bottleneck's share falls below BUSY_SHARE;
@@ -184,14 +184,14 @@ class Prober:
 
     def busy_now(self, now: float) -> set[tuple[int, int]]:
         """Links not to probe now: those a running plan keeps busy at the view's rates, unless their
-        estimate is older than refresh_s, and those that gave a passive sample within PASSIVE_BUSY_S.
-        A plan link the plan keeps backlogged gives samples; one whose estimate went stale meanwhile
-        is fed slower than it runs, and its estimate may be what makes it look loaded: on the auto
-        bench's flipping trace mst's ring links kept the 10 Mbit/s they read under binding ports for
-        400 s after the ports loosened (chunks forwarded from slower links give no sample), and mst
-        kept routing over chords around them."""
+        estimate predates a move of a port they cross (NetworkView.port_moved_at), and those that gave a
+        passive sample within PASSIVE_BUSY_S. A plan link the plan keeps backlogged gives samples; one
+        whose estimate was taken under the old port may look loaded only by it: on the auto bench's
+        flipping trace mst's ring links kept the 10 Mbit/s they read under binding ports for 400 s
+        after the ports loosened (chunks forwarded from slower links give no sample), and mst kept
+        routing over chords around them."""
         loaded = {k for k in busy_links(self.running(), self.view, self.route())
-                  if not self.view.known(*k) or now - self.view.g.edges[k]["t"] < self.refresh_s}
+                  if not self.view.known(*k) or self.view.g.edges[k]["t"] >= self.view.port_moved_at(*k)}
         return loaded | self.view.passive_since(now - PASSIVE_BUSY_S)
 
     def candidates(self, now: float, free: set[int], busy: set[tuple[int, int]]) -> list[tuple[int, int]]:

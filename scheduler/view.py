@@ -254,13 +254,14 @@ class NetworkView:
                 return True
         return False
 
-    def _ports_moved_at(self, src: int, dst: int) -> float:
+    def port_moved_at(self, src: int, dst: int) -> float:
+        """When a port this link crosses (its source's uplink, its destination's downlink) last moved."""
         return max(self.ports_moved.get((src, "up"), -math.inf), self.ports_moved.get((dst, "down"), -math.inf))
 
     def _ports_moving(self, src: int, dst: int, now: float) -> bool:
         """Did a port of this link move within QUARANTINE_S? A sample then may have run under either port
         (the source declares its uplink in its own reports, up to a report later than the receiver's)."""
-        return now - self._ports_moved_at(src, dst) < QUARANTINE_S
+        return now - self.port_moved_at(src, dst) < QUARANTINE_S
 
     def capacity(self, a: int, b: int) -> float:
         """What the link itself carries, as far as the view knows: the estimate from its samples that no

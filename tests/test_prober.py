@@ -134,22 +134,27 @@ def test_a_link_with_a_passive_sample_just_now_is_busy_though_a_misread_link_hid
 
 
 @pytest.mark.unit
-def test_a_plan_link_whose_estimate_went_stale_without_samples_is_probed():
-    """A plan link loaded at the view's rate is busy only while its estimate is younger than refresh_s: one
-    the plan keeps backlogged gives samples; one that gives none is fed slower than it runs, and a stale
-    low estimate is what makes it look loaded (the flipping trace: ring links read 10 Mbit/s under binding
-    ports kept it for 400 s after the ports loosened, and mst routed over 10 Mbit/s chords around them)."""
+def test_a_plan_link_whose_estimate_predates_a_move_of_its_port_is_probed():
+    """A plan link loaded at the view's rate is busy, unless its estimate was taken before a port it
+    crosses moved: then its load may be an artefact of the old port (the flipping trace: ring links read
+    10 Mbit/s under binding ports kept it for 400 s after the ports loosened, fed too slowly by chords to
+    give samples, and mst routed over the chords around them). A passive sample makes it busy again."""
     view = NetworkView(uniform(4).links)
+    for node in range(4):
+        view.set_cap(node, "up", 50.0)
     for k in view.links():
         view.g.edges[k].update(rate=100.0, measured=True, t=0.0)
     view.g.edges[2, 0].update(rate=10.0, t=8.0)  # the star's slowest link, as the view last saw it
     plan = star_plan(4, 0)
     assert (2, 0) in busy_links([plan], view, direct)
     p, _ = make_prober(view, [plan], at_once=100, budget=1.0, refresh_s=5.0)
-    assert (2, 0) in p.busy_now(12.0) and (2, 0) not in p.candidates(12.0, {0, 1, 2, 3}, p.busy_now(12.0))
-    assert (2, 0) not in p.busy_now(13.5) and (2, 0) in p.candidates(13.5, {0, 1, 2, 3}, p.busy_now(13.5))
-    view.observe(2, 0, int(10 * MBIT * 0.2), 0.2, now=13.6)  # a passive sample: the plan keeps it busy
-    assert (2, 0) in p.busy_now(14.0)
+    assert (2, 0) in p.busy_now(30.0)  # however old its estimate: busy while no port moved
+    view.declare_cap(0, "up", 10_000.0, now=31.0)  # another node's uplink: not a port 2 -> 0 crosses
+    assert (2, 0) in p.busy_now(31.5)
+    view.declare_cap(2, "up", 10_000.0, now=32.0)  # its sender's uplink loosened
+    assert (2, 0) not in p.busy_now(32.5) and (2, 0) in p.candidates(32.5, {0, 1, 2, 3}, p.busy_now(32.5))
+    view.observe(2, 0, int(10 * MBIT * 0.2), 0.2, now=33.0)  # a passive sample: the plan keeps it busy
+    assert (2, 0) in p.busy_now(33.5)
 
 
 @pytest.mark.unit
