@@ -440,6 +440,11 @@ def test_live_rounds_slower_than_predicted_make_the_decision_stale_and_auto_lear
     [star] = [c for c in d["candidates"] if c["scheme"] == "star"]
     assert star["ratio"] == pytest.approx(statistics.median([star_s] * 2 + [slow] * 3) / star_s)
     assert not auto.stale(memory)  # nothing measured of the ring yet
+    measured(memory, plan.scheme, 10 * ring_s)  # its first round pays the switch: not the ring's pace
+    measured(memory, plan.scheme, ring_s)
+    planner(view, job(5), memory)
+    [ring] = [c for c in decision(memory)["candidates"] if c["scheme"] == "ring"]
+    assert ring["ratio"] == 1.0  # one round after the first: nothing learnt (the median of both: 5.5)
     for _ in range(auto.STALE_ROUNDS):
         measured(memory, plan.scheme, ring_s)
     assert not auto.stale(memory)  # the ring runs as expected
