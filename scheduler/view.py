@@ -28,6 +28,11 @@ keeps busy (scheduler/prober.py); the view says which (`how`), with the newest s
 the samples' spread, so a reader knows what each estimate rests on. Where both are among a link's
 latest samples the probed ones decide: a probe keeps its link backlogged by design, while a plan's
 chunks on a link it does not keep busy (a tree's inner link, fed at its children's pace) read low.
+
+Where nodes declare caps, a link busy beside others through a binding port delivers a share of the
+port, not its own rate: `rate` says what it delivers, `capacity` what its samples no port bound say
+it carries alone (`_port_bound`), which predictions of other plans need (the simulator applies the
+ports). A port that moves makes its links' samples history (`_port_moved`).
 """
 
 from __future__ import annotations
