@@ -184,14 +184,14 @@ class Prober:
 
     def busy_now(self, now: float) -> set[tuple[int, int]]:
         """Links not to probe now: those a running plan keeps busy at the view's rates, unless their
-        estimate predates a move of a port they cross (NetworkView.port_moved_at), and those that gave a
+        estimate predates a move of a port they cross (NetworkView.ports_moved), and those that gave a
         passive sample within PASSIVE_BUSY_S. A plan link the plan keeps backlogged gives samples; one
         whose estimate was taken under the old port may look loaded only by it: on the auto bench's
         flipping trace mst's ring links kept the 10 Mbit/s they read under binding ports for 400 s
         after the ports loosened (chunks forwarded from slower links give no sample), and mst kept
         routing over chords around them."""
         loaded = {k for k in busy_links(self.running(), self.view, self.route())
-                  if not self.view.known(*k) or self.view.g.edges[k]["t"] >= self.view.port_moved_at(*k)}
+                  if not self.view.known(*k) or self.view.g.edges[k]["t"] >= self.view.ports_moved.at(*k)}
         return loaded | self.view.passive_since(now - PASSIVE_BUSY_S)
 
     def candidates(self, now: float, free: set[int], busy: set[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -231,8 +231,8 @@ class Prober:
 
     def _note_moves(self, now: float) -> None:
         """Note the nodes of every known link whose estimate moved by NODE_MOVED since the last look, and
-        of every port whose declared cap moved (the view, NetworkView._port_moved)."""
-        for (node, _), t in self.view.ports_moved.items():
+        of every port whose declared cap moved (NetworkView.declare_cap)."""
+        for (node, _), t in self.view.ports_moved.t.items():
             self.node_moved[node] = max(self.node_moved.get(node, -math.inf), t)
         for a, b, e in self.view.g.edges(data=True):
             if not e["measured"]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -132,7 +131,7 @@ class Versions:
         which waits for no CPU share (on auto's flipping trace a decision of 1.5 s held the next one for 3)."""
         if js.replanning is not None or js.planner is None or not js.planner.adaptive:
             return False
-        port_moved = max(self.view.ports_moved.values(), default=-math.inf) > js.last_plan_t
+        port_moved = self.view.ports_moved.latest() > js.last_plan_t
         return ((port_moved or replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s,
                                           OFFLOAD_CPU_SHARE if js.planner.offload else REPLAN_CPU_SHARE))
                 and (self.view.changed_since(js.view_at_plan, self.update_rate)

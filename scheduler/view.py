@@ -32,7 +32,7 @@ chunks on a link it does not keep busy (a tree's inner link, fed at its children
 Where nodes declare caps, a link busy beside others through a binding port delivers a share of the
 port, not its own rate: `rate` says what it delivers, `capacity` what its samples no port bound say
 it carries alone (`_port_bound`), which predictions of other plans need (the simulator applies the
-ports). A port that moves makes its links' samples history (`_port_moved`).
+ports). A port that moves makes its links' samples history (`declare_cap`).
 """
 
 from __future__ import annotations
@@ -53,8 +53,32 @@ KEEP = 7  # latest samples per link the estimate is the (duration-weighted) medi
 MOVED = 2 * AGREE  # two agreeing newest samples this far from the estimate: the rate changed (_moved)
 PORT_BOUND = 1 - AGREE  # a sample whose port's busy links add up to this share of its declared cap: a share
 CONCURRENT_S = 1.0  # ... busy: a sample within this long (agents report every 0.25 s)
-QUARANTINE_S = 0.75  # samples this close to a port's move may have run under either port (_ports_moving)
+QUARANTINE_S = 0.75  # samples this close to a port's move may have run under either port (PortMoves.moving)
 CAP_QUANTILE = 0.75  # a cap's estimate: this quantile of its latest samples (aggregates only reach it binding)
+
+
+class PortMoves:
+    """When each node's declared ports last moved ((node, "up" | "down") -> time): the ports a link crosses
+    are its source's uplink and its destination's downlink."""
+
+    def __init__(self) -> None:
+        self.t: dict[tuple[int, str], float] = {}
+
+    def note(self, node: int, kind: str, now: float) -> None:
+        self.t[(node, kind)] = now
+
+    def at(self, src: int, dst: int) -> float:
+        """When a port link src->dst crosses last moved (-inf: never)."""
+        return max(self.t.get((src, "up"), -math.inf), self.t.get((dst, "down"), -math.inf))
+
+    def moving(self, src: int, dst: int, now: float) -> bool:
+        """Did a port of this link move within QUARANTINE_S? A sample then may have run under either port
+        (the source declares its uplink in its own reports, up to a report later than the receiver's)."""
+        return now - self.at(src, dst) < QUARANTINE_S
+
+    def latest(self) -> float:
+        """When any port last moved (-inf: never)."""
+        return max(self.t.values(), default=-math.inf)
 
 
 class DisconnectedView(ValueError):
@@ -72,7 +96,7 @@ class NetworkView:
         self.down: dict[int, dict[tuple[int, int], dict]] = {}  # lost node -> its edges' data
         self.caps: dict[tuple[int, str], dict] = {}  # (node, "up" | "down") -> its estimate, as an edge's
         self.cpus: dict[int, tuple[str, int]] = {}  # node -> (its machine, its CPUs), as its launcher knows
-        self.ports_moved: dict[tuple[int, str], float] = {}  # (node, "up" | "down") -> when its declared cap moved
+        self.ports_moved = PortMoves()  # when each declared cap moved
         for a, b in links:
             self.add_link(a, b)
 
@@ -152,35 +176,35 @@ class NetworkView:
 
     def declare_cap(self, node: int, kind: str, mbps: float, now: float | None = None) -> None:
         """The rate a node says its cap runs at now (a trace changed it). A cap that moved by more than
-        MOVED makes its links' samples history (`_port_moved`)."""
+        MOVED makes its links' samples history: they were taken under the old port (a share of it,
+        where it bound) and say little of the new one. Each link keeps its estimate, but its next sample
+        replaces them instead of joining them: found on the auto bench's flipping trace, where ring links
+        read at their share of binding 50 Mbit/s ports (10 Mbit/s, samples of 0.5 s) kept that estimate
+        long after the ports loosened, because the scheme in force gave them samples of 0.05 s at 200
+        Mbit/s, which the duration-weighted median outweighed and _moved (samples of KNOWN_S at least)
+        ignored."""
         e = self.caps.get((node, kind))
-        if e is not None:
-            before = e["nominal"]
-            e["nominal"] = float(mbps)
-            if not e["measured"]:
-                e["rate"] = float(mbps)
-            if abs(mbps - before) > MOVED * max(before, 1e-9):
-                self._port_moved(node, kind, time.time() if now is None else now)
-
-    def _port_moved(self, node: int, kind: str, now: float) -> None:
-        """A node's port moved: its links' samples were taken under the old port (a share of it, where it
-        bound) and say little of the new one. Each keeps its estimate, but its next sample replaces
-        them instead of joining them: found on the auto bench's flipping trace, where ring links read at
-        their share of binding 50 Mbit/s ports (10 Mbit/s, samples of 0.5 s) kept that estimate long after
-        the ports loosened, because the scheme in force gave them samples of 0.05 s at 200 Mbit/s, which
-        the duration-weighted median outweighed and _moved (samples of KNOWN_S at least) ignored."""
-        self.ports_moved[(node, kind)] = now
+        if e is None:
+            return
+        before = e["nominal"]
+        e["nominal"] = float(mbps)
+        if not e["measured"]:
+            e["rate"] = float(mbps)
+        if abs(mbps - before) <= MOVED * max(before, 1e-9):
+            return
+        now = time.time() if now is None else now
+        self.ports_moved.note(node, kind, now)
         if node not in self.g:
             return
         edges = self.g.out_edges(node, data=True) if kind == "up" else self.g.in_edges(node, data=True)
-        for *_, e in edges:
-            if e["measured"]:
-                e["recent"], e["probed"] = (), ()
+        for *_, d in edges:
+            if d["measured"]:
+                d["recent"], d["probed"] = (), ()
             # samples taken as the port moved may have run under the new one: not the link's own
-            e["free"] = tuple(x for x in e.get("free", ()) if x[3] < now - QUARANTINE_S)
-            if e.get("free_since", -math.inf) >= now - QUARANTINE_S:  # ... nor a move they made
-                e["free_since"] = -math.inf
-            e["capacity"] = _free_rate(e["free"], e.get("free_since", -math.inf))
+            d["free"] = tuple(x for x in d.get("free", ()) if x[3] < now - QUARANTINE_S)
+            if d.get("free_since", -math.inf) >= now - QUARANTINE_S:  # ... nor a move they made
+                d["free_since"] = -math.inf
+            d["capacity"] = _free_rate(d["free"], d.get("free_since", -math.inf))
 
     def observe_cap(self, node: int, kind: str, nbytes: int, seconds: float, now: float | None = None) -> None:
         """One passive sample of a node cap: all of the node's traffic that way moved nbytes over `seconds`
@@ -232,7 +256,7 @@ class NetworkView:
             e["rate"] = rate  # from now on the link is known (its estimate follows its samples)
             e["measured"] = True
         t = time.time() if now is None else now
-        if not self._port_bound(src, dst, recent[-1][0], t) and not self._ports_moving(src, dst, t):
+        if not _port_bound(self, src, dst, recent[-1][0], t) and not self.ports_moved.moving(src, dst, t):
             free = e["free"] = (*e.get("free", ())[-(KEEP - 1):], (recent[-1][0], seconds, probed, t))
             if e.get("capacity") is not None and _moved([x[:2] for x in free], e["capacity"]):
                 e["free_since"] = free[-2][3]  # the older ones describe the past (kept: a port's move may undo it)
@@ -242,31 +266,6 @@ class NetworkView:
             e["passive_t"] = e["t"]
         e["n"] += 1
         self.samples += 1
-
-    def _port_bound(self, src: int, dst: int, mbps: float, now: float) -> bool:
-        """Did a declared node cap, rather than the link, set this sample's rate? It did where the link's
-        busy neighbours through the same port (a sample within CONCURRENT_S) and this sample add up to
-        PORT_BOUND of the port's declared cap: the link delivered its share of the port, and may run
-        faster alone (a ring link read 25 Mbit/s as one of two tree links through a 50 Mbit/s port)."""
-        for node, kind in ((src, "up"), (dst, "down")):
-            c = self.caps.get((node, kind))
-            if c is None:
-                continue
-            edges = self.g.out_edges(node, data=True) if kind == "up" else self.g.in_edges(node, data=True)
-            total = mbps + sum(d["rate"] for u, v, d in edges
-                               if (u, v) != (src, dst) and d["measured"] and d["t"] >= now - CONCURRENT_S)
-            if total >= PORT_BOUND * c["nominal"]:
-                return True
-        return False
-
-    def port_moved_at(self, src: int, dst: int) -> float:
-        """When a port this link crosses (its source's uplink, its destination's downlink) last moved."""
-        return max(self.ports_moved.get((src, "up"), -math.inf), self.ports_moved.get((dst, "down"), -math.inf))
-
-    def _ports_moving(self, src: int, dst: int, now: float) -> bool:
-        """Did a port of this link move within QUARANTINE_S? A sample then may have run under either port
-        (the source declares its uplink in its own reports, up to a report later than the receiver's)."""
-        return now - self.port_moved_at(src, dst) < QUARANTINE_S
 
     def capacity(self, a: int, b: int) -> float:
         """What the link itself carries, as far as the view knows: the estimate from its samples that no
@@ -301,7 +300,7 @@ class NetworkView:
             return False
         edges = {(u, v): dict(self.g.edges[u, v]) for u, v in ((a, b), (b, a)) if self.g.has_edge(u, v)}
         self.g.remove_edges_from(edges)
-        if not self._living_connected():
+        if not _connected(self.g, self.down):
             self._restore(edges)
             return False
         self.suspended[(a, b)] = edges
@@ -322,16 +321,12 @@ class NetworkView:
         self.g.remove_edges_from(self.down[n])
         trusted = []
         for link in sorted(self.suspended):
-            if self._living_connected():
+            if _connected(self.g, self.down):
                 break
             if not set(link) & set(self.down):
                 self.unsuspend(*link)
                 trusted.append(link)
         return trusted
-
-    def _living_connected(self) -> bool:
-        g = self.g.subgraph(m for m in self.g if m not in self.down).to_undirected(as_view=True)
-        return len(g) == 0 or nx.is_connected(g)
 
     def node_up(self, n: int) -> None:
         self._restore(self.down.pop(n, {}))
@@ -405,6 +400,30 @@ def describe(e: dict) -> dict:
         spread = (_weighted_quantile(recent, 0.75) - _weighted_quantile(recent, 0.25)) / mid if mid > 0 else None
     return {"how": e.get("how", "passive") if e["measured"] else "nominal", "t": e["t"], "samples": e["n"],
             "spread": None if spread is None else round(spread, 4)}
+
+
+def _port_bound(view: NetworkView, src: int, dst: int, mbps: float, now: float) -> bool:
+    """Did a declared node cap, rather than the link, set this sample's rate? It did where the link's
+    busy neighbours through the same port (a sample within CONCURRENT_S) and this sample add up to
+    PORT_BOUND of the port's declared cap: the link delivered its share of the port, and may run
+    faster alone (a ring link read 25 Mbit/s as one of two tree links through a 50 Mbit/s port)."""
+    for node, kind in ((src, "up"), (dst, "down")):
+        c = view.caps.get((node, kind))
+        if c is None:
+            continue
+        edges = view.g.out_edges(node, data=True) if kind == "up" else view.g.in_edges(node, data=True)
+        total = mbps + sum(d["rate"] for u, v, d in edges
+                           if (u, v) != (src, dst) and d["measured"] and d["t"] >= now - CONCURRENT_S)
+        if total >= PORT_BOUND * c["nominal"]:
+            return True
+    return False
+
+
+def _connected(g: nx.DiGraph, down: Iterable[int]) -> bool:
+    """Do the nodes not lost form one connected overlay (links either way)?"""
+    lost = set(down)
+    sub = g.subgraph(m for m in g if m not in lost).to_undirected(as_view=True)
+    return len(sub) == 0 or nx.is_connected(sub)
 
 
 def _free_rate(free: tuple[tuple[float, float, bool, float], ...], since: float) -> float | None:
