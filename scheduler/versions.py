@@ -108,9 +108,7 @@ class Versions:
         if js.replanning is not None and js.replanning.done():
             self._adopt_replan(js)  # and if the view moved again meanwhile, the next solve starts now
         if t.round > 0 and self._replan_wanted(js):
-            js.replans += 1
-            js.view_at_plan = self.view.snapshot()
-            js.last_plan_t = time.time()
+            self._begin_replan(js)
             if js.planner.offload:
                 self._replan_off_loop(js)
             else:
@@ -145,10 +143,14 @@ class Versions:
         round 0 and any change of members)."""
         if (js.mode == "rounds" and js.planner is not None and js.planner.offload and len(js.tasks) > 1
                 and next(reversed(js.tasks.values())).barrier and self._replan_wanted(js)):
-            js.replans += 1
-            js.view_at_plan = self.view.snapshot()
-            js.last_plan_t = time.time()
+            self._begin_replan(js)
             self._replan_off_loop(js)
+
+    def _begin_replan(self, js: JobState) -> None:
+        """A re-plan starts: counted, and the view and time it starts from kept (what the next is judged by)."""
+        js.replans += 1
+        js.view_at_plan = self.view.snapshot()
+        js.last_plan_t = time.time()
 
     def _replan_off_loop(self, js: JobState) -> None:
         """A planner whose solve takes long (tree packing's LP, auto) runs in the solver's niced process
@@ -217,9 +219,7 @@ class Versions:
         js.plan = self.publish(plan)
         self.tell(js)
         js.replanning = None  # an off-loop solve under way planned for the old members and links: dropped
-        js.replans += 1
-        js.view_at_plan = self.view.snapshot()
-        js.last_plan_t = time.time()
+        self._begin_replan(js)
         self.obs.note_event("membership", job=js.job, was=list(old), now=list(alive), version=js.plan.version,
                             avoid=js.avoid)
 

@@ -40,7 +40,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import networkx as nx
 
@@ -134,8 +135,7 @@ class NetworkView:
         """The summed rate estimate of the node's links out of it ("up") or into it ("down")."""
         if node not in self.g:
             return 0.0
-        edges = self.g.out_edges(node, data="rate") if kind == "up" else self.g.in_edges(node, data="rate")
-        return float(sum(rate for _, _, rate in edges))
+        return float(sum(rate for _, _, rate in _port_edges(self.g, node, kind, "rate")))
 
     # --- the machines the agents run on ----------------------------------------------------------------
     def set_cpu_host(self, node: int, host: str | None, cpus: int | None) -> None:
@@ -196,8 +196,7 @@ class NetworkView:
         self.ports_moved.note(node, kind, now)
         if node not in self.g:
             return
-        edges = self.g.out_edges(node, data=True) if kind == "up" else self.g.in_edges(node, data=True)
-        for *_, d in edges:
+        for *_, d in _port_edges(self.g, node, kind):
             if d["measured"]:
                 d["recent"], d["probed"] = (), ()
             # samples taken as the port moved may have run under the new one: not the link's own
@@ -246,7 +245,7 @@ class NetworkView:
         e["busy_s"] += seconds
         # a probe kept the link backlogged by design; a plan's chunks may have fed it at their upstream's
         # pace (a tree's inner link), which reads low: where both are among the latest, the probes decide
-        pool = [x for x, f in zip(recent, flags, strict=True) if f] if any(flags) else recent
+        pool = _deciding(recent, flags)
         e["how"] = "probed" if any(flags) else "passive"
         rate = _weighted_median(pool)
         if e["measured"]:
@@ -411,8 +410,7 @@ def _port_bound(view: NetworkView, src: int, dst: int, mbps: float, now: float) 
         c = view.caps.get((node, kind))
         if c is None:
             continue
-        edges = view.g.out_edges(node, data=True) if kind == "up" else view.g.in_edges(node, data=True)
-        total = mbps + sum(d["rate"] for u, v, d in edges
+        total = mbps + sum(d["rate"] for u, v, d in _port_edges(view.g, node, kind)
                            if (u, v) != (src, dst) and d["measured"] and d["t"] >= now - CONCURRENT_S)
         if total >= PORT_BOUND * c["nominal"]:
             return True
@@ -433,7 +431,18 @@ def _free_rate(free: tuple[tuple[float, float, bool, float], ...], since: float)
     free = tuple(x for x in free if x[3] >= since)
     if not free:
         return None
-    return _weighted_median([x[:2] for x in free if x[2]] if any(x[2] for x in free) else [x[:2] for x in free])
+    return _weighted_median(_deciding([x[:2] for x in free], [x[2] for x in free]))
+
+
+def _deciding(samples: Sequence[tuple[float, float]], probed: Sequence[bool]) -> Sequence[tuple[float, float]]:
+    """The samples an estimate rests on: the probed ones where there are any (a probe keeps its link
+    backlogged; a plan's chunks may feed it at their upstream's pace), else all."""
+    return [x for x, f in zip(samples, probed, strict=True) if f] if any(probed) else samples
+
+
+def _port_edges(g: nx.DiGraph, node: int, kind: str, data: bool | str = True) -> Any:
+    """The links through a node's port: out of it ("up"), into it ("down")."""
+    return g.out_edges(node, data=data) if kind == "up" else g.in_edges(node, data=data)
 
 
 def _weighted_median(samples: Iterable[tuple[float, float]]) -> float:
