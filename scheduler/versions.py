@@ -36,6 +36,11 @@ log = logging.getLogger("wansync.scheduler")
 # Solves in the niced solver process (offload) yield to the agents by priority, so they may take more.
 REPLAN_CPU_SHARE = 0.1
 OFFLOAD_CPU_SHARE = 0.5
+# a trace moves every node's ports at once, and their declarations reach the view over one report period
+# (0.25 s; a sender declares its uplink up to a report after its receivers' samples): a re-plan waits until
+# no port moved for this long, or it plans on a WAN half moved (auto's flipping trace: a decision begun on
+# the first node's move kept mst, predicted 0.89 s a round with one port binding and 1.82 s with all six)
+PORT_SETTLE_S = 0.3
 TASK_OPTIONS = ("weights", "max_attempts", "sharing")  # a formed task's options that are not the planner's
 def _retrieved(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
@@ -129,7 +134,10 @@ class Versions:
         which waits for no CPU share (on auto's flipping trace a decision of 1.5 s held the next one for 3)."""
         if js.replanning is not None or js.planner is None or not js.planner.adaptive:
             return False
-        port_moved = self.view.ports_moved.latest() > js.last_plan_t
+        latest = self.view.ports_moved.latest()
+        if time.time() - latest < PORT_SETTLE_S:  # the other ports' moves are still on their way
+            return False
+        port_moved = latest > js.last_plan_t
         return ((port_moved or replan_due(time.time() - js.last_plan_t, self.update_time, js.replan_s,
                                           OFFLOAD_CPU_SHARE if js.planner.offload else REPLAN_CPU_SHARE))
                 and (self.view.changed_since(js.view_at_plan, self.update_rate)
@@ -160,6 +168,17 @@ class Versions:
         fut = self.solver.submit(js.planner, self.view.copy(), js.spec, js.memory)
         js.replanning = asyncio.wrap_future(fut)
         js.replanning.add_done_callback(_retrieved)  # a job that ends first never adopts it: not an error
+        js.replanning.add_done_callback(lambda done: self._overtaken(js, done))
+
+    def _overtaken(self, js: JobState, done: asyncio.Future) -> None:
+        """A solve that a port's move overtook planned on a WAN that is gone: dropped, and the next one
+        starts now, not when the next round asks for its version (under binding ports a round takes up
+        to 1.8 s, and the round after it would run the stale plan)."""
+        if js.replanning is not done or js.finished.is_set() or self.view.ports_moved.latest() <= js.last_plan_t:
+            return
+        js.replanning = None
+        self.obs.note_event("replan_dropped", job=js.job, why="a node's port moved while it was planned")
+        self.replan_early(js)
 
     def close(self) -> None:
         self.solver.close()

@@ -53,7 +53,9 @@ AGREE = 0.10  # ... at least half of whose busy time lies within this of their m
 KEEP = 7  # latest samples per link the estimate is the (duration-weighted) median of
 MOVED = 2 * AGREE  # two agreeing newest samples this far from the estimate: the rate changed (_moved)
 PORT_BOUND = 1 - AGREE  # a sample whose port's busy links add up to this share of its declared cap: a share
-CONCURRENT_S = 1.0  # ... busy: a sample within this long (agents report every 0.25 s)
+CONCURRENT_S = 2.0  # ... busy: a sample within this long (agents report every 0.25 s, but a tree link is
+# busy in one phase of a round: under binding ports an mst round takes 1.8 s, and a probe sharing its uplink
+# with the other phase's link, whose last sample was 1.2 s old, read 25 Mbit/s as the link's own)
 QUARANTINE_S = 0.75  # samples this close to a port's move may have run under either port (PortMoves.moving)
 CAP_QUANTILE = 0.75  # a cap's estimate: this quantile of its latest samples (aggregates only reach it binding)
 
@@ -271,9 +273,12 @@ class NetworkView:
         declared node cap bound (`_port_bound`), else its estimate (`rate`: what it delivers). What a
         prediction of another plan needs: the simulator applies the ports itself, and a share of a port
         under one plan is not the link's rate under another (auto's flipping trace: ring links known
-        only at their share of binding ports kept the ring from ever being chosen while they bound)."""
+        only at their share of binding ports kept the ring from ever being chosen while they bound).
+        Never below what the link delivers now: a link carries no more than it can, so an estimate
+        under its rate rests on samples that are history (on the flipping trace, one sample of 59
+        Mbit/s taken 9 s earlier outlived 200 Mbit/s ones that came while a port moved or bound)."""
         e = self.g.edges[a, b]
-        return e["capacity"] if e["measured"] and e.get("capacity") is not None else e["rate"]
+        return max(e["capacity"], e["rate"]) if e["measured"] and e.get("capacity") is not None else e["rate"]
 
     def passive_since(self, t: float) -> set[tuple[int, int]]:
         """Links a plan's own chunks kept busy since time t (a passive sample arrived): in use now."""
@@ -402,14 +407,19 @@ def describe(e: dict) -> dict:
 
 
 def _port_bound(view: NetworkView, src: int, dst: int, mbps: float, now: float) -> bool:
-    """Did a declared node cap, rather than the link, set this sample's rate? It did where the link's
-    busy neighbours through the same port (a sample within CONCURRENT_S) and this sample add up to
-    PORT_BOUND of the port's declared cap: the link delivered its share of the port, and may run
-    faster alone (a ring link read 25 Mbit/s as one of two tree links through a 50 Mbit/s port)."""
+    """Did a declared node cap, rather than the link, set this sample's rate? It did where the port's own
+    latest sample (what all its links moved together, agents/capprobes.py) within CONCURRENT_S reached
+    PORT_BOUND of its declared cap, or where the link's busy neighbours through the port (a sample
+    within CONCURRENT_S) and this sample add up to that: the link delivered its share of the port, and
+    may run faster alone (a ring link read 25 Mbit/s as one of two tree links through a 50 Mbit/s
+    port). The port's own sample catches what its neighbours' samples miss when they come a report
+    later than this one (a probe read 16 Mbit/s as the link's own beside shardps's first round)."""
     for node, kind in ((src, "up"), (dst, "down")):
         c = view.caps.get((node, kind))
         if c is None:
             continue
+        if c["recent"] and c["t"] >= now - CONCURRENT_S and c["recent"][-1][0] >= PORT_BOUND * c["nominal"]:
+            return True  # the port itself ran full: its own latest sample (all its links together) says so
         total = mbps + sum(d["rate"] for u, v, d in _port_edges(view.g, node, kind)
                            if (u, v) != (src, dst) and d["measured"] and d["t"] >= now - CONCURRENT_S)
         if total >= PORT_BOUND * c["nominal"]:

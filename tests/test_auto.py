@@ -45,6 +45,15 @@ def ringish(n: int = 5) -> Topology:
     return mesh(n, lambda a, b: 200.0 if (b - a) % n in (1, n - 1) else 10.0)
 
 
+def capped(topo: Topology, mbps: float) -> Topology:
+    """topo with every node's ports at mbps (a big switch's)."""
+    from emulation.topology import from_dict
+    rates = [[topo.links[a, b].rate_mbps if (a, b) in topo.links else 0 for b in range(topo.nodes)]
+             for a in range(topo.nodes)]
+    return from_dict({"nodes": topo.nodes, "matrix": rates, "defaults": {"delay_ms": 0},
+                      "caps": [{"node": k, "uplink_mbps": mbps, "downlink_mbps": mbps} for k in range(topo.nodes)]})
+
+
 def job(n: int, **options) -> Job:
     return Job(PARAMS, CHUNK, tuple(range(n)), options)
 
@@ -231,10 +240,12 @@ def test_the_budget_counts_wall_time_too_and_a_simulation_gets_what_is_left_of_i
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("topo", [hub(), ringish(), uniform(5, rate_mbps=100.0, delay_s=0.0), internet2(seed=1)],
-                         ids=["hub", "ringish", "uniform", "internet2"])
+@pytest.mark.parametrize("topo", [hub(), ringish(), uniform(5, rate_mbps=100.0, delay_s=0.0), internet2(seed=1),
+                                  capped(ringish(6), 50.0)],
+                         ids=["hub", "ringish", "uniform", "internet2", "ringish-ports-binding"])
 def test_the_lower_bound_never_exceeds_a_simulated_round(topo):
-    """auto skips a candidate whose bound is above the best prediction: the bound must be one."""
+    """auto skips a candidate whose bound is above the best prediction: the bound must be one. Its
+    links' bytes at their rates and, where nodes declare ports, the bytes through each port at its rate."""
     view = oracle_view(topo)
     adj: dict[int, list[int]] = {}
     for a, b in view.links():
@@ -261,6 +272,10 @@ def test_the_lower_bound_never_exceeds_a_simulated_round(topo):
                 for hop in zip(path, path[1:], strict=False):
                     loads[hop] = loads.get(hop, 0) + nbytes
         mine = max(b * 8 / (view.rate(*ln) * 1e6) for ln, b in loads.items())
+        for node, mbps in topo.uplink_mbps.items():
+            mine = max(mine, sum(b for (a, _), b in loads.items() if a == node) * 8 / (mbps * 1e6))
+        for node, mbps in topo.downlink_mbps.items():
+            mine = max(mine, sum(b for (_, d), b in loads.items() if d == node) * 8 / (mbps * 1e6))
         assert lb == pytest.approx(mine)
         assert lb <= simulate(plan, view_network(view), costs=MEASURED).round_s * (1 + 1e-9)
     assert n_bounded >= 5
@@ -471,6 +486,51 @@ def test_rounds_on_links_that_moved_since_the_decision_teach_auto_no_ratio():
         assert star["ratio"] == (pytest.approx(0.25) if learns else 1.0), view
 
 
+@pytest.mark.unit
+def test_rounds_teach_a_ratio_when_a_decision_comes_every_round():
+    """The view moves a little every round, so a decision may come every round; each keeps the scheme.
+    Its rounds still add up since it was chosen: two rounds 1.5x slower than predicted teach 1.5."""
+    planner = auto.make(lambda: [planners.resolve("star"), planners.resolve("ring")])
+    view = oracle_view(hub())
+    memory: dict = {}
+    plan = planner(view, job(5), memory)
+    first = decision(memory)
+    star_s = next(c["round_s"] for c in first["candidates"] if c["scheme"] == "star")
+    ratios = []
+    for _ in range(3):
+        measured(memory, plan.scheme, star_s * 1.5)
+        planner(view, job(5), memory)
+        [star] = [c for c in decision(memory)["candidates"] if c["scheme"] == "star"]
+        ratios.append(star["ratio"])
+    assert ratios[0] == 1.0 and ratios[-1] == pytest.approx(1.5)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change", ["share", "port"])
+def test_a_share_that_moved_still_teaches_a_ratio_and_a_port_that_moved_does_not(change):
+    """What a prediction rests on is each link's capacity and the declared ports, not what the links
+    deliver: a link's share that moved (a probe, a round's other phase) leaves the WAN predicted on as
+    it was, and the rounds teach their ratio; a port that moved makes them rounds of another WAN."""
+    planner = auto.make(lambda: [planners.resolve("star"), planners.resolve("ring")])
+    view = oracle_view(capped(hub(), 10_000.0))
+    for ln in view.links():  # known from samples no port bound
+        view.g.edges[ln]["capacity"] = view.rate(*ln)
+    memory: dict = {}
+    plan = planner(view, job(5), memory)
+    first = decision(memory)
+    assert first["chosen"] == "star"
+    star_s = next(c["round_s"] for c in first["candidates"] if c["scheme"] == "star")
+    for _ in range(auto.STALE_ROUNDS):
+        measured(memory, plan.scheme, star_s * 1.5)
+    if change == "share":
+        view.g.edges[1, 0]["rate"] /= 4
+    else:
+        view.declare_cap(0, "down", 50.0)
+    planner(view, job(5), memory)
+    [star] = [c for c in decision(memory)["candidates"] if c["scheme"] == "star"]
+    assert star["ratio"] == (pytest.approx(1.5) if change == "share" else 1.0)
+
+
 @pytest.mark.loopback
 async def test_the_scheduler_feeds_measured_rounds_to_the_planner_and_re_plans_when_it_says_stale():
     """A planner (registered here) that calls itself stale once it has seen three measured rounds: the
@@ -553,7 +613,7 @@ def test_a_declared_port_that_moved_starts_a_re_plan_at_once_without_waiting_for
     asks for its version; a report that says a port moved starts it at once: the WAN changed (on the
     flipping trace a switch waited 3 s for the share and a 2-s round for its solve to begin)."""
     from scheduler.tasks import JobState
-    from scheduler.versions import Versions
+    from scheduler.versions import PORT_SETTLE_S, Versions
 
     view = oracle_view(ringish())
     for n in range(5):
@@ -561,7 +621,7 @@ def test_a_declared_port_that_moved_starts_a_re_plan_at_once_without_waiting_for
     ring_plan = planners.resolve("ring").plan(view, job(5))
     spec = planners.PlannerSpec("slow", lambda v, j, m: ring_plan, adaptive=True, offload=True)
     js = JobState(1, "slow", 10, job(5), ring_plan, 0, planner=spec, view_at_plan=view.snapshot(),
-                  last_plan_t=time.time(), replan_s=1.5)
+                  last_plan_t=time.time() - 1.0, replan_s=1.5)
     js.bsp_task(0), js.bsp_task(1)
     versions = Versions(view, registry=None, obs=None, update_rate=0.1, update_time=0.0)  # type: ignore[arg-type]
     started = []
@@ -569,12 +629,56 @@ def test_a_declared_port_that_moved_starts_a_re_plan_at_once_without_waiting_for
     view.g.edges[0, 1]["rate"] *= 2  # an estimate moved: due only after 2 x 1.5 s
     versions.replan_early(js)
     assert started == []
-    view.declare_cap(3, "up", 50.0)  # a port moved: at once
+    view.declare_cap(3, "up", 50.0)  # a port moved: at once, once the other ports' moves are in
+    versions.replan_early(js)
+    assert started == []  # ... which take up to a report period to arrive
+    view.ports_moved.note(3, "up", time.time() - PORT_SETTLE_S)
     versions.replan_early(js)
     assert started == [js] and js.replans == 1
     versions.replan_early(js)  # ... once: the view is as the re-plan took it
     assert started == [js]
     js.mode = "tasks"  # formed tasks plan their own: nothing to start early
-    view.declare_cap(3, "up", 10_000.0)
+    view.declare_cap(3, "up", 10_000.0, now=time.time() - PORT_SETTLE_S)
     versions.replan_early(js)
     assert started == [js]
+
+
+@pytest.mark.unit
+def test_a_solve_that_a_port_move_overtook_is_dropped_and_the_next_starts_at_once():
+    """A solve begun before a port moved planned on a WAN that is gone: when it ends it is not adopted
+    (nothing left pending for the next round) and a new one starts, on the view with the move; a solve
+    that no move overtook stays, to be adopted by the next round."""
+    from scheduler.tasks import JobState
+    from scheduler.versions import PORT_SETTLE_S, Versions
+
+    class Timeline:
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        def note_event(self, kind: str, **data: object) -> None:
+            self.events.append(kind)
+
+    view = oracle_view(ringish())
+    for n in range(5):
+        view.set_cap(n, "up", 10_000.0)
+    ring_plan = planners.resolve("ring").plan(view, job(5))
+    spec = planners.PlannerSpec("slow", lambda v, j, m: ring_plan, adaptive=True, offload=True)
+    js = JobState(1, "slow", 10, job(5), ring_plan, 0, planner=spec, view_at_plan=view.snapshot(),
+                  last_plan_t=time.time() - 5.0, replan_s=0.0)
+    js.bsp_task(0), js.bsp_task(1)
+    timeline = Timeline()
+    versions = Versions(view, registry=None, obs=timeline, update_rate=0.1, update_time=0.0)  # type: ignore[arg-type]
+    started = []
+    versions._replan_off_loop = started.append  # type: ignore[method-assign]
+    loop = asyncio.new_event_loop()
+    try:
+        kept = js.replanning = loop.create_future()
+        kept.set_result((ring_plan, {}, 0.1))
+        versions._overtaken(js, kept)  # no port moved since it began
+        assert js.replanning is kept and started == [] and timeline.events == []
+        view.declare_cap(2, "up", 50.0, now=time.time() - PORT_SETTLE_S)  # moved after it began
+        versions._overtaken(js, kept)
+        assert started == [js] and js.replanning is None and timeline.events == ["replan_dropped"]
+        assert js.last_plan_t > view.ports_moved.latest()  # the new solve began after the move
+    finally:
+        loop.close()

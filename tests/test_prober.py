@@ -570,6 +570,48 @@ def test_a_link_sampled_as_a_share_of_a_binding_port_keeps_what_it_carried_alone
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("port_mbps", [49.0, 20.0], ids=["port-full", "port-with-room"])
+def test_a_port_that_ran_full_makes_its_links_samples_shares(port_mbps):
+    """The port's own samples (all its links together) say whether it bound, where the neighbours'
+    samples are not in yet (their receivers report later): a link read at 16 Mbit/s beside a full
+    50 Mbit/s uplink delivered a share and keeps what it carried alone; beside one with room, 16 is
+    its own rate."""
+    view = NetworkView(uniform(3).links)
+    for kind in ("up", "down"):
+        view.set_cap(0, kind, 50.0)
+    for t in range(3):
+        view.observe(0, 1, int(40 * MBIT * 0.25), 0.25, now=float(t))
+    assert view.capacity(0, 1) == pytest.approx(40.0)
+    for t in (10.0, 10.3, 10.6):
+        view.observe_cap(0, "up", int(port_mbps * MBIT * 0.25), 0.25, now=t - 0.1)
+        view.observe(0, 1, int(16 * MBIT * 0.25), 0.25, now=t)
+    assert view.rate(0, 1) == pytest.approx(16.0)
+    assert view.capacity(0, 1) == pytest.approx(40.0 if port_mbps == 49.0 else 16.0)
+
+
+@pytest.mark.unit
+def test_what_a_link_carries_is_never_below_what_it_delivers():
+    """An estimate from samples no port bound can be history: one low sample (a plan that fed the link
+    slowly), then newer ones that came while a port moved (quarantined) are no evidence of the link
+    alone, yet it delivered 200 Mbit/s through them. Its capacity is at least that: a link carries no
+    more than it can (the flipping trace: one 59 Mbit/s sample taken 9 s before kept mst out)."""
+    view = NetworkView(uniform(3).links)
+    for node in range(3):
+        for kind in ("up", "down"):
+            view.set_cap(node, kind, 10_000.0)
+    view.observe(0, 1, int(59 * MBIT * 0.1), 0.1, now=1.0)
+    view.observe(0, 1, int(59 * MBIT * 0.1), 0.1, now=1.2)
+    assert view.capacity(0, 1) == pytest.approx(59.0)
+    for node in range(3):  # a trace resets the ports: what comes now may have run under either
+        view.declare_cap(node, "up", 50.0, now=10.0)
+        view.declare_cap(node, "up", 10_000.0, now=10.1)
+    for t in (10.2, 10.4, 10.6):
+        view.observe(0, 1, int(200 * MBIT * 0.1), 0.1, now=t)
+    assert view.rate(0, 1) == pytest.approx(200.0)
+    assert view.capacity(0, 1) == pytest.approx(200.0)
+
+
+@pytest.mark.unit
 def test_no_probe_goes_through_a_capped_port_that_a_plans_busy_links_fill():
     """Under node caps a probe on an idle link takes its bytes from the plan's share of the ports it
     crosses: a link out of a node whose capped uplink the busy links fill, or into one whose capped
