@@ -607,13 +607,12 @@ def test_auto_sees_node_caps_and_a_cap_that_moves_is_a_change_of_the_view():
     assert view.changed_since(before, 0.1)
 
 
-@pytest.mark.unit
-def test_a_declared_port_that_moved_starts_a_re_plan_at_once_without_waiting_for_a_round():
-    """A re-plan waits for twice the last off-loop solve (the solver's CPU share) and starts when a round
-    asks for its version; a report that says a port moved starts it at once: the WAN changed (on the
-    flipping trace a switch waited 3 s for the share and a 2-s round for its solve to begin)."""
+def replanning_job(*, planned_ago_s: float, replan_s: float, obs: object = None) -> tuple:
+    """A BSP job past its first round whose adaptive planner solves off the loop, on a 5-node ring-ish
+    view with loose declared uplinks, and its Versions; solves it starts are recorded, not run:
+    (view, job state, versions, started)."""
     from scheduler.tasks import JobState
-    from scheduler.versions import PORT_SETTLE_S, Versions
+    from scheduler.versions import Versions
 
     view = oracle_view(ringish())
     for n in range(5):
@@ -621,11 +620,22 @@ def test_a_declared_port_that_moved_starts_a_re_plan_at_once_without_waiting_for
     ring_plan = planners.resolve("ring").plan(view, job(5))
     spec = planners.PlannerSpec("slow", lambda v, j, m: ring_plan, adaptive=True, offload=True)
     js = JobState(1, "slow", 10, job(5), ring_plan, 0, planner=spec, view_at_plan=view.snapshot(),
-                  last_plan_t=time.time() - 1.0, replan_s=1.5)
+                  last_plan_t=time.time() - planned_ago_s, replan_s=replan_s)
     js.bsp_task(0), js.bsp_task(1)
-    versions = Versions(view, registry=None, obs=None, update_rate=0.1, update_time=0.0)  # type: ignore[arg-type]
-    started = []
+    versions = Versions(view, registry=None, obs=obs, update_rate=0.1, update_time=0.0)  # type: ignore[arg-type]
+    started: list = []
     versions._replan_off_loop = started.append  # type: ignore[method-assign]
+    return view, js, versions, started
+
+
+@pytest.mark.unit
+def test_a_declared_port_that_moved_starts_a_re_plan_at_once_without_waiting_for_a_round():
+    """A re-plan waits for twice the last off-loop solve (the solver's CPU share) and starts when a round
+    asks for its version; a report that says a port moved starts it at once: the WAN changed (on the
+    flipping trace a switch waited 3 s for the share and a 2-s round for its solve to begin)."""
+    from scheduler.versions import PORT_SETTLE_S
+
+    view, js, versions, started = replanning_job(planned_ago_s=1.0, replan_s=1.5)
     view.g.edges[0, 1]["rate"] *= 2  # an estimate moved: due only after 2 x 1.5 s
     versions.replan_early(js)
     assert started == []
@@ -648,8 +658,7 @@ def test_a_solve_that_a_port_move_overtook_is_dropped_and_the_next_starts_at_onc
     """A solve begun before a port moved planned on a WAN that is gone: when it ends it is not adopted
     (nothing left pending for the next round) and a new one starts, on the view with the move; a solve
     that no move overtook stays, to be adopted by the next round."""
-    from scheduler.tasks import JobState
-    from scheduler.versions import PORT_SETTLE_S, Versions
+    from scheduler.versions import PORT_SETTLE_S
 
     class Timeline:
         def __init__(self) -> None:
@@ -658,18 +667,9 @@ def test_a_solve_that_a_port_move_overtook_is_dropped_and_the_next_starts_at_onc
         def note_event(self, kind: str, **data: object) -> None:
             self.events.append(kind)
 
-    view = oracle_view(ringish())
-    for n in range(5):
-        view.set_cap(n, "up", 10_000.0)
-    ring_plan = planners.resolve("ring").plan(view, job(5))
-    spec = planners.PlannerSpec("slow", lambda v, j, m: ring_plan, adaptive=True, offload=True)
-    js = JobState(1, "slow", 10, job(5), ring_plan, 0, planner=spec, view_at_plan=view.snapshot(),
-                  last_plan_t=time.time() - 5.0, replan_s=0.0)
-    js.bsp_task(0), js.bsp_task(1)
     timeline = Timeline()
-    versions = Versions(view, registry=None, obs=timeline, update_rate=0.1, update_time=0.0)  # type: ignore[arg-type]
-    started = []
-    versions._replan_off_loop = started.append  # type: ignore[method-assign]
+    view, js, versions, started = replanning_job(planned_ago_s=5.0, replan_s=0.0, obs=timeline)
+    ring_plan = js.plan
     loop = asyncio.new_event_loop()
     try:
         kept = js.replanning = loop.create_future()
