@@ -33,6 +33,10 @@ from .onview import link_loads, view_network
 # error against live rounds is ~1-4 % on the fidelity checks and up to ~10 % on fluctuating WANs
 MARGIN = 0.1
 PAYBACK_ROUNDS = 3  # a switch pays for itself within this many rounds, or it is not made
+# predictions this close are one (the simulator's median error is ~1 %): among them, the plan over the
+# fewest links, which leaves the simulator least to get wrong (flows sharing ports, per-chunk costs): under
+# binding ports shardps over 30 links tied ring over 6 at 1.367 s, and ran 1.60-s rounds to ring's 1.37
+TIE = 0.005
 # seconds, of CPU and of wall time alike, for planning and simulating the candidates of one decision; the
 # rest are skipped. Wall time too: the solver is niced behind the agents, and a decision that waits for a
 # core still delays the switch (2 CPU-s alone let decisions take 2.5-3.3 s on a loaded 2-core machine)
@@ -56,6 +60,7 @@ class Candidate:
     skipped: str | None = None
     ratio: float = 1.0  # its live rounds over its predictions, as measured while it ran (1: never run)
     expected_s: float | None = None  # round_s x ratio: what decides
+    links: int = 0  # directed links its plan moves bytes over (a tie goes to the fewest: decide)
 
     @property
     def key(self) -> float | None:
@@ -98,14 +103,15 @@ def lower_bound_s(plan: Plan, view: NetworkView, route: Callable[[int, int], tup
 Bottleneck = tuple[int, int] | tuple[int, str]  # a link (src, dst), or a node's port (node, "up" | "down")
 
 
-def bound_link(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[int, ...]]
-               ) -> tuple[float, Bottleneck | None] | None:
+def bound_link(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[int, ...]],
+               loads: Mapping[tuple[int, int], float] | None = None) -> tuple[float, Bottleneck | None] | None:
     """lower_bound_s and the link or port that sets it (None for a plan that moves no bytes). The ports
     count: under binding ports tree packing's bound on its links alone was a fifth of its round, so
-    every decision simulated it (a whole budget's share) to find it slowest."""
+    every decision simulated it (a whole budget's share) to find it slowest. `loads`: the plan's
+    link_loads without auxiliary routes, where the caller has them."""
     if any(g.aux for g in plan.groups):
         return None
-    loads = link_loads(plan, route, aux=False)
+    loads = link_loads(plan, route, aux=False) if loads is None else loads
     times: list[tuple[float, Bottleneck | None]] = [
         (b * 8 / (max(view.capacity(*ln), 1e-9) * 1e6), ln) for ln, b in loads.items()]
     through: dict[tuple[int, str], float] = {}
@@ -178,7 +184,8 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
             plan = spec.plan(view, Job(job.params, job.chunk_params, job.participants,
                                        {**job.options, **spec.options}), memory.setdefault(spec.name, {}))
             plan.validate(view.links())
-            found = bound_link(plan, view, route)
+            loads = link_loads(plan, route, aux=False)
+            found = bound_link(plan, view, route, loads)
             bound[spec.name], by[spec.name] = found if found is not None else (None, None)
         except Exception as exc:  # any planner's failure is this candidate's, not the job's
             out[spec.name] = Candidate(spec.name, plan_s=time.thread_time() - t0,
@@ -190,7 +197,7 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
                                        skipped=f"its solve took {took:.2f} CPU-s, over the budget of {budget_s:g}")
             continue
         plans[spec.name] = plan
-        out[spec.name] = Candidate(spec.name, plan_s=took)
+        out[spec.name] = Candidate(spec.name, plan_s=took, links=len(loads))
     net = view_network(view) if net is None else net
     best = math.inf
     # cheapest to simulate first (a plan's groups are its trees: a many-tree plan's simulation is what
@@ -245,17 +252,23 @@ def sim_budget_s(budget_s: float, cpu_s: float, wall_s: float, in_force: bool) -
 
 def decide(cands: Sequence[Candidate], current: str | None, *, margin: float = MARGIN,
            switch_cost_s: float = 0.0, payback_rounds: int = PAYBACK_ROUNDS) -> tuple[str, str]:
-    """The scheme to run and why. Without one in force: the fastest predicted. Otherwise the one in
+    """The scheme to run and why. Without one in force: the fastest predicted (of those within TIE of
+    it, the one in force, else the plan over the fewest links). Otherwise the one in
     force stays unless another is predicted faster by more than `margin` of its round and the gain over
     `payback_rounds` rounds exceeds `switch_cost_s`, or it could not be planned."""
     ok = sorted((c for c in cands if c.key is not None), key=lambda c: (c.key, c.scheme))
     if not ok:
         raise NoCandidate("auto: no scheme could be planned and predicted: "
                           + "; ".join(f"{c.scheme}: {c.skipped}" for c in cands))
-    best = ok[0]
+    top = ok[0].key
+    assert top is not None
+    tied = [c for c in ok if c.key is not None and c.key <= top * (1 + TIE)]
+    best = next((c for c in tied if c.scheme == current), None) or min(tied, key=lambda c: (c.links, c.key, c.scheme))
     assert best.key is not None
+    tie = "" if best is ok[0] else (f"; ties {ok[0].scheme} within {TIE:.1%}, over fewer links "
+                                    f"({best.links} against {ok[0].links})")
     if current is None:
-        return best.scheme, f"fastest expected ({best.key:.3f} s a round)"
+        return best.scheme, f"fastest expected ({best.key:.3f} s a round){tie}"
     cur = next((c for c in cands if c.scheme == current), None)
     if cur is None or cur.key is None:
         return best.scheme, f"{current} has no prediction now ({cur.skipped if cur else 'not a candidate'})"
@@ -267,7 +280,7 @@ def decide(cands: Sequence[Candidate], current: str | None, *, margin: float = M
     if gain * payback_rounds <= switch_cost_s:
         return current, (f"{best.scheme} expected {gain:.3f} s a round faster: less than the switch's cost "
                          f"({switch_cost_s:.3f} s) over {payback_rounds} rounds")
-    return best.scheme, f"expected {gain / cur.key:.0%} faster than {current} ({best.key:.3f} s a round)"
+    return best.scheme, f"expected {gain / cur.key:.0%} faster than {current} ({best.key:.3f} s a round){tie}"
 
 
 def switch_cost_s(costs: WanCosts = MEASURED) -> float:
