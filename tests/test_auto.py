@@ -115,6 +115,29 @@ def test_where_packing_is_fastest_auto_runs_packing():
 
 
 @pytest.mark.unit
+def test_the_scheme_in_force_out_of_time_stays_unless_another_beats_its_lower_bound():
+    """The scheme in force whose simulation ran out of time still runs: it stays unless another is
+    expected faster than its lower bound by the margin. One whose planner failed, or with no bound (an
+    auxiliary-route plan), gives way to the fastest predicted, as before."""
+    late = Candidate("packing", skipped="no prediction in time", bound_s=0.5, runnable=True)
+    assert decide([late, Candidate("mst", 0.77)], "packing")[0] == "packing"
+    assert "lower bound 0.500 s" in decide([late, Candidate("mst", 0.77)], "packing")[1]
+    assert decide([late, Candidate("mst", 0.46)], "packing")[0] == "packing"  # within the margin of it
+    assert decide([late, Candidate("mst", 0.40)], "packing")[0] == "mst"
+    failed = Candidate("packing", skipped="planner failed", bound_s=0.5)
+    assert decide([failed, Candidate("mst", 0.77)], "packing")[0] == "mst"
+    unbounded = Candidate("netstorm", skipped="no prediction in time", runnable=True)
+    assert decide([unbounded, Candidate("mst", 0.77)], "netstorm")[0] == "mst"
+    # evaluate marks it so: tree packing in force on internet2, with no budget for its simulation
+    view = oracle_view(internet2(seed=1))
+    cands, plans = auto.evaluate(view, job(9), [planners.resolve("packing"), planners.resolve("ring")], {},
+                                 budget_s=0.0, in_force="packing")
+    [packing] = [c for c in cands if c.scheme == "packing"]
+    assert packing.round_s is None and packing.runnable and "packing" in plans
+    assert packing.bound_s == pytest.approx(lower_bound_s(plans["packing"], view, auto.router(view)))
+
+
+@pytest.mark.unit
 def test_predictions_that_tie_go_to_the_plan_over_the_fewest_links():
     """Predictions within TIE are one: the plan over the fewest links runs (ring over 6 against shardps
     over 30, 1.36724 against 1.36721 s under binding ports), unless the one in force is among them; a

@@ -61,6 +61,8 @@ class Candidate:
     ratio: float = 1.0  # its live rounds over its predictions, as measured while it ran (1: never run)
     expected_s: float | None = None  # round_s x ratio: what decides
     links: int = 0  # directed links its plan moves bytes over (a tie goes to the fewest: decide)
+    bound_s: float | None = None  # no round of its plan is shorter (lower_bound_s x ratio), where known
+    runnable: bool = False  # it has no prediction, but its plan stands (the scheme in force, out of time)
 
     @property
     def key(self) -> float | None:
@@ -226,8 +228,9 @@ def evaluate(view: NetworkView, job: Job, specs: Sequence[Any], memory: dict[str
         try:
             round_s = simulate(plans[name], net, costs=costs, cpu_budget_s=left).round_s
         except SimulationOverBudget as exc:
-            out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction in time: simulation {exc}")
-            if name != in_force:  # the scheme in force stays runnable: it is kept when nothing else is predicted
+            out[name] = replace(c, sim_s=time.thread_time() - t1, skipped=f"no prediction in time: simulation {exc}",
+                                ratio=r, bound_s=None if lb is None else lb * r, runnable=name == in_force)
+            if name != in_force:  # the scheme in force stays runnable: decide keeps it unless another is surely faster
                 del plans[name]
             continue
         except (SimulationStalled, ValueError, KeyError, NotImplementedError) as exc:
@@ -255,7 +258,10 @@ def decide(cands: Sequence[Candidate], current: str | None, *, margin: float = M
     """The scheme to run and why. Without one in force: the fastest predicted (of those within TIE of
     it, the one in force, else the plan over the fewest links). Otherwise the one in
     force stays unless another is predicted faster by more than `margin` of its round and the gain over
-    `payback_rounds` rounds exceeds `switch_cost_s`, or it could not be planned."""
+    `payback_rounds` rounds exceeds `switch_cost_s`, or it could not be planned. Where its simulation
+    ran out of time (`runnable`) and its plan has a lower bound, it stays unless another is expected
+    faster than that bound by the margin: on the random trace, tree packing in force without a
+    prediction gave way to mst or BLINK, which the next decision found 49 % slower, and switched back."""
     ok = sorted((c for c in cands if c.key is not None), key=lambda c: (c.key, c.scheme))
     if not ok:
         raise NoCandidate("auto: no scheme could be planned and predicted: "
@@ -270,6 +276,10 @@ def decide(cands: Sequence[Candidate], current: str | None, *, margin: float = M
     if current is None:
         return best.scheme, f"fastest expected ({best.key:.3f} s a round){tie}"
     cur = next((c for c in cands if c.scheme == current), None)
+    if (cur is not None and cur.key is None and cur.runnable and cur.bound_s is not None
+            and best.key > (1 - margin) * cur.bound_s):
+        return current, (f"{current} has no prediction now ({cur.skipped}), and {best.scheme}'s {best.key:.3f} s "
+                         f"is not faster than its lower bound {cur.bound_s:.3f} s by the margin")
     if cur is None or cur.key is None:
         return best.scheme, f"{current} has no prediction now ({cur.skipped if cur else 'not a candidate'})"
     if best.scheme == current:
