@@ -113,6 +113,9 @@ class LinkShaper:
         # then queues behind them in the kernel, and that time was booked by the previous backlog
         self._kernel_tail = -math.inf
         self._was_idle = True  # the sender had nothing to send since the previous release
+        # rate changes (a trace) while a backlog is open: (when, on the wire clock, the rate before it).
+        # The books hold a backlog against the rate each part of it had, not against the last one
+        self._rate_steps: list[tuple[float, float]] = []
 
     @property
     def rate_mbps(self) -> float:
@@ -123,7 +126,29 @@ class LinkShaper:
         The books then judge what the sender handed the kernel while it had data against that rate:
         a starved agent leaves the kernel's queue empty. An outage (0) keeps the last rate."""
         if rate_Bps > 0:
+            if self.bucket.unlimited and self.kernel_rate is not None and rate_Bps != self.kernel_rate:
+                self._rate_step(self.kernel_rate)
             self.kernel_rate = rate_Bps
+
+    def _rate_step(self, before: float) -> None:
+        """The books' rate moves now: a backlog open across it keeps `before` for its part up to here
+        (the bytes released from now on reach the wire one delay later)."""
+        if self._backlog:
+            self._rate_steps.append((self._clock() + self.delay_s, before))
+
+    def _mean_rate(self, since: float, until: float, rate: float) -> float:
+        """The books' rate averaged over [since, until]: `rate` after the last step, each step's
+        `before` up to it (an open backlog's steps, _rate_step)."""
+        steps, self._rate_steps = self._rate_steps, []
+        if not steps or until <= since:
+            return rate
+        area, t0 = 0.0, since
+        for t, before in steps:
+            t = min(max(t, since), until)
+            area += (t - t0) * before
+            t0 = t
+        area += (until - t0) * rate
+        return area / (until - since)
 
     def sender_idle(self, idle: bool) -> None:
         """The link's sender has nothing to send (True) or has again (False): kernel books count
@@ -186,6 +211,8 @@ class LinkShaper:
             raise ValueError(f"rate_mbps must be >= 0, got {rate_mbps}")
         self._outage = rate_mbps == 0
         if not self._outage:
+            if not self.bucket.unlimited and rate_mbps * MBIT != self.bucket.rate:
+                self._rate_step(self.bucket.rate)
             self.bucket.set_rate(rate_mbps * MBIT)
         self._wake()
 
@@ -307,6 +334,7 @@ class LinkShaper:
         if self.bucket.unlimited:
             if self.kernel_rate is None:  # delay-only and no kernel rate known: no rate to keep books against
                 self._pending = 0
+                self._rate_steps = []
                 return
             rate = self.kernel_rate
         if vfree is not None:  # kernel books
@@ -318,6 +346,7 @@ class LinkShaper:
         span = max(0.0, until - since) + last_nbytes / rate
         if vfree is not None:  # kernel books: what was written is through at the configured rate by then
             span = max(span, vfree + self.delay_s - since)
+        rate = self._mean_rate(since, since + span, rate)
         held = min(held, span)
         idle = min(idle, span - held)
         self.busy_s += span
