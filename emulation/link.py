@@ -127,14 +127,14 @@ class LinkShaper:
         a starved agent leaves the kernel's queue empty. An outage (0) keeps the last rate."""
         if rate_Bps > 0:
             if self.bucket.unlimited and self.kernel_rate is not None and rate_Bps != self.kernel_rate:
-                self._rate_step(self.kernel_rate)
+                self._rate_step(self.kernel_rate, 0.0)  # the kernel sends what it holds at the new rate
             self.kernel_rate = rate_Bps
 
-    def _rate_step(self, before: float) -> None:
-        """The books' rate moves now: a backlog open across it keeps `before` for its part up to here
-        (the bytes released from now on reach the wire one delay later)."""
+    def _rate_step(self, before: float, lag: float) -> None:
+        """The books' rate moves now: a backlog open across it keeps `before` for its part up to `lag`
+        from now, on the wire's time (the bucket's pieces reach the wire one delay after their release)."""
         if self._backlog:
-            self._rate_steps.append((self._clock() + self.delay_s, before))
+            self._rate_steps.append((self._clock() + lag, before))
 
     def _mean_rate(self, since: float, until: float, rate: float) -> float:
         """The books' rate averaged over [since, until]: `rate` after the last step, each step's
@@ -212,7 +212,7 @@ class LinkShaper:
         self._outage = rate_mbps == 0
         if not self._outage:
             if not self.bucket.unlimited and rate_mbps * MBIT != self.bucket.rate:
-                self._rate_step(self.bucket.rate)
+                self._rate_step(self.bucket.rate, self.delay_s)
             self.bucket.set_rate(rate_mbps * MBIT)
         self._wake()
 

@@ -4,6 +4,7 @@ that must come out unjudged (never valid), and the CLI's --chunk / --secret-file
 
 import asyncio
 import json
+import math
 import os
 import socket
 import subprocess
@@ -271,6 +272,33 @@ def test_link_books_hold_each_part_of_a_backlog_to_the_rate_it_had():
     down = backlog_across_step(155.0, 20.0, Clock(), speeds=(0.8 * 155 * MBIT, None))
     assert down["achieved_ratio"] < GUARD_MIN_RATIO
     assert backlog_across_step(155.0, 20.0, Clock())["achieved_ratio"] >= 0.995
+
+
+def kernel_backlog_across_step(before_mbps, after_mbps, clock, *, speeds=(1.0, 1.0), pieces=400):
+    """The tc backend's books (the kernel shapes the rate, the shaper keeps none): one backlog whose
+    kernel rate a trace moves halfway; the sender hands the kernel each piece as it drains the one
+    before, or at speeds[i] x its rate (a starved sender). The link's books after the backlog closed."""
+    sh = LinkShaper(LinkSpec(math.inf), clock=clock)
+    sh.set_kernel_rate(before_mbps * MBIT)
+    n, first, last = 16_384, None, clock.now
+    for phase, speed in enumerate(speeds):
+        if phase:
+            sh.set_kernel_rate(after_mbps * MBIT)
+        for _ in range(pieces):
+            first = clock.now + sh.release_in(n) if first is None else first
+            sh.wrote(n)
+            last = clock.now
+            clock.now += n / ((after_mbps if phase else before_mbps) * MBIT * speed)
+    sh.wire_busy(first, last, n)
+    return sh.guard()
+
+
+@pytest.mark.unit
+def test_kernel_books_hold_each_part_of_a_backlog_to_the_rate_it_had():
+    assert kernel_backlog_across_step(20.0, 155.0, Clock())["achieved_ratio"] >= 0.995
+    assert kernel_backlog_across_step(20.0, 155.0, Clock(), speeds=(1.0, 0.8))["achieved_ratio"] < GUARD_MIN_RATIO
+    assert kernel_backlog_across_step(155.0, 20.0, Clock(), speeds=(0.8, 1.0))["achieved_ratio"] < GUARD_MIN_RATIO
+    assert kernel_backlog_across_step(155.0, 20.0, Clock())["achieved_ratio"] >= 0.995
 
 
 @pytest.mark.unit
