@@ -134,6 +134,28 @@ def test_a_link_with_a_passive_sample_just_now_is_busy_though_a_misread_link_hid
 
 
 @pytest.mark.unit
+def test_a_plan_link_that_stays_unknown_is_probed_once_its_passive_samples_fail_to_come():
+    """A plan on nominal rates that moves one chunk a round over a link never gives it a passive sample
+    (a busy period's first chunk does not count): busy and unknown for ever, the link kept its nominal
+    rate and the plan with it. Unknown BLIND_S after it became busy, it is probed like an idle link;
+    a known one stays busy, and so does a link that just became part of a plan."""
+    view = NetworkView(uniform(4).links)
+    for k in [(1, 0), (0, 1), (0, 2), (0, 3), (3, 0)]:
+        view.g.edges[k].update(rate=100.0, measured=True, t=0.0)  # (2, 0) alone stays unknown
+    plan = star_plan(4, 0)
+    p, orders = make_prober(view, [plan], at_once=100, budget=1.0, refresh_s=1e9)
+    assert {(2, 0), (3, 0)} <= p.busy_now(10.0)
+    assert (2, 0) in p.busy_now(10.0 + prober_mod.BLIND_S - 0.1)
+    later = 10.0 + prober_mod.BLIND_S + 0.1
+    assert (2, 0) not in p.busy_now(later) and (3, 0) in p.busy_now(later)
+    assert (2, 0) in p.candidates(later, {0, 1, 2, 3}, p.busy_now(later))
+    p2, _ = make_prober(view, [], at_once=100, budget=1.0)
+    p2.busy_now(later)  # no plan yet: nothing busy since then
+    p2.running = lambda: [plan]
+    assert (2, 0) in p2.busy_now(later + 1.0)  # busy from when the plan made it so
+
+
+@pytest.mark.unit
 def test_a_plan_link_whose_estimate_predates_a_move_of_its_port_is_probed():
     """A plan link loaded at the view's rate is busy, unless its estimate was taken before a port it
     crosses moved: then its load may be an artefact of the old port (the flipping trace: ring links read
