@@ -192,11 +192,10 @@ class Prober:
         """Links not to probe now: those a running plan keeps busy at the view's rates, unless their
         estimate predates a move of a port they cross (NetworkView.ports_moved) or they are still unknown
         BLIND_S after they became busy, and those that gave a passive sample within PASSIVE_BUSY_S. A
-        plan link the plan keeps backlogged gives samples; one
-        whose estimate was taken under the old port may look loaded only by it: on the auto bench's
-        flipping trace mst's ring links kept the 10 Mbit/s they read under binding ports for 400 s
-        after the ports loosened (chunks forwarded from slower links give no sample), and mst kept
-        routing over chords around them."""
+        plan link the plan keeps backlogged gives samples; one whose estimate was taken under the old
+        port may look loaded only by it: on the auto bench's flipping trace mst's ring links kept the
+        10 Mbit/s they read under binding ports for 400 s after the ports loosened (chunks forwarded
+        from slower links give no sample), and mst kept routing over chords around them."""
         plan_links = busy_links(self.running(), self.view, self.route())
         since = self.loaded_since = {k: self.loaded_since.get(k, now) for k in plan_links}
         loaded = {k for k in plan_links
