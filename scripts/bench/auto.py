@@ -10,7 +10,7 @@ Four parts, one table each (application backend, probing on, resnet50 x --scale)
   Figures: auto's median round over the best fixed scheme's in each pass, their median per WAN (the
   worst WAN's is the headline, with every WAN's [min, max] over passes), switches after the warm-up
   rounds (flaps), and whether the advised top scheme's live median (over passes) is within 3 % of the
-  live winner's.
+  live winner's. Each static job measures STATIC_ROUNDS rounds after 2 warm-up rounds.
 - flipping trace (designed here): a 6-node mesh, ring neighbours fast and chords slow, whose nodes'
   ports alternate every period between loose (tree packing's many trees win) and binding at 50
   Mbit/s (the ring or a sharded PS wins: packing's LP knows links, not ports); --quick: 4 periods, as
@@ -65,6 +65,7 @@ STATIC = [("internet2", None, 1), ("geo:aws10:x=0.02", None, 1), ("hetero:20-155
 QUICK_STATIC = [STATIC[0], STATIC[2]]  # --quick: the geo matrix's 10 nodes are the slowest to run
 QUICK_WITHIN = 1.5
 STATIC_REPS = 5  # passes of the compared schemes per static WAN (static())
+STATIC_ROUNDS = 6  # measured rounds of each static job (after 2 warm-up rounds)
 # rates the application backend keeps up with on a small machine (at 400 Mbit/s rounds ran CPU-bound, 5x
 # their prediction); the period holds several rounds of the binding segment
 FLIP_NODES, FLIP_FAST, FLIP_SLOW, FLIP_PERIOD_S = 6, 200.0, 10.0, 200.0  # period at full scale
@@ -176,7 +177,8 @@ def static(quick: bool) -> tuple[Table, dict[str, Any]]:
         pred = {c.scheme: c.round_s for c in ranked}
         fixed = within(ranked, QUICK_WITHIN) if quick else [c.scheme for c in ranked if c.round_s is not None]
         passes = [[*fixed, "auto"] if k % 2 == 0 else ["auto", *fixed] for k in range(STATIC_REPS)]
-        jobs = live(spec, spec, [sc for p in passes for sc in p], nodes=n, seed=seed, learn_first=True)
+        jobs = live(spec, spec, [sc for p in passes for sc in p], nodes=n, seed=seed, learn_first=True,
+                    rounds=STATIC_ROUNDS)
         by: dict[str, list[Live]] = {}
         pass_ratios = []
         for k in range(STATIC_REPS):
