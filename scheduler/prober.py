@@ -47,7 +47,7 @@ from core.classes import MBIT
 from core.plan import Plan
 from overlay.messages import MAX_PROBE_BYTES, Probe, ProbeDone
 
-from .planners.onview import link_loads
+from .planners.onview import link_loads, port_loads
 from .view import AGREE, MOVED, NetworkView
 
 log = logging.getLogger("wansync.scheduler")
@@ -230,11 +230,7 @@ class Prober:
     def busy_ports(self, busy: set[tuple[int, int]]) -> set[tuple[int, str]]:
         """Capped ports ((node, "up" | "down")) that the busy links fill: their view rates through the port
         add up to PORT_BUSY of its declared cap. Without caps, links are independent: none."""
-        load: dict[tuple[int, str], float] = {}
-        for a, b in busy:
-            mbps = self.view.rate_or_nominal(a, b)
-            load[(a, "up")] = load.get((a, "up"), 0.0) + mbps
-            load[(b, "down")] = load.get((b, "down"), 0.0) + mbps
+        load = port_loads({k: self.view.rate_or_nominal(*k) for k in busy})
         return {port for port, mbps in load.items()
                 if (cap := self.view.cap(*port)) is not None and mbps >= PORT_BUSY * cap}
 

@@ -27,7 +27,7 @@ from overlay.routing import Routes, adjacency
 from sim import MEASURED, SimNetwork, SimulationOverBudget, SimulationStalled, WanCosts, simulate
 
 from ..view import NetworkView
-from .onview import link_loads, view_network
+from .onview import link_loads, port_loads, view_network
 
 # a switch must be predicted at least this much faster than the scheme in force: the simulator's
 # error against live rounds is ~1-4 % on the fidelity checks and up to ~10 % on fluctuating WANs
@@ -116,11 +116,7 @@ def bound_link(plan: Plan, view: NetworkView, route: Callable[[int, int], tuple[
     loads = link_loads(plan, route, aux=False) if loads is None else loads
     times: list[tuple[float, Bottleneck | None]] = [
         (b * 8 / (max(view.capacity(*ln), 1e-9) * 1e6), ln) for ln, b in loads.items()]
-    through: dict[tuple[int, str], float] = {}
-    for (a, b), nbytes in loads.items():
-        through[(a, "up")] = through.get((a, "up"), 0.0) + nbytes
-        through[(b, "down")] = through.get((b, "down"), 0.0) + nbytes
-    for (node, kind), nbytes in through.items():
+    for (node, kind), nbytes in port_loads(loads).items():
         cap = view.cap(node, kind)
         if cap:
             times.append((nbytes * 8 / (cap * 1e6), (node, kind)))

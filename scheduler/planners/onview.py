@@ -5,7 +5,7 @@ lives where planners may import it."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from core.plan import Plan
 from overlay.routing import NoRoute
@@ -45,6 +45,16 @@ def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]], *, aux:
         for r in receivers:
             along(src, r, 4.0 * plan.params)
     return loads
+
+
+def port_loads(per_link: Mapping[tuple[int, int], float]) -> dict[tuple[int, str], float]:
+    """Each node port's sum of what its links carry: a link a->b crosses a's uplink (a, "up") and b's
+    downlink (b, "down"), where a big switch's declared cap binds all of them together."""
+    out: dict[tuple[int, str], float] = {}
+    for (a, b), x in per_link.items():
+        out[(a, "up")] = out.get((a, "up"), 0.0) + x
+        out[(b, "down")] = out.get((b, "down"), 0.0) + x
+    return out
 
 
 def view_network(view: NetworkView) -> SimNetwork:
