@@ -5,7 +5,8 @@ and serves what the scheduler says through a dispatch table, one handler per mes
 scheduler goes away (or declares this incarnation lost) it drops its jobs and registers again. Its
 parts: the emulated WAN as this node sees it (`wan`), passive link probes (`probes`), the round loop
 of its jobs (`rounds`), the chunk engine (`engine`) and the event-loop meter (`looplag`). Every
-REPORT_EVERY_S it sends a heartbeat, the link samples gathered so far and its byte counters.
+REPORT_EVERY_S it sends a heartbeat, the link samples gathered so far and its byte counters; caps
+its trace moved it declares at once.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ class Agent:
                                  rx_bytes=lambda src: self.overlay.meters_in[src].bytes)
         self.wan = NodeWan(node, topo, trace or Trace(), shaped=shaped, rate_shaping=rate_shaping,
                            now=self.clock.now)
+        self._declaring = False  # a REPORT declaring moved caps is on its way (_declare_soon)
+        self.wan.on_cap_change = self._declare_soon
         self.caps = CapProbes(node, self.clock.now, up=node in topo.uplink_mbps, down=node in topo.downlink_mbps,
                               rx_total=lambda: sum(m.bytes for m in self.overlay.meters_in.values()),
                               tx_mark=self.wan.tx_mark,
@@ -377,6 +380,24 @@ class Agent:
         """A chunk (or an active probe's) arrived: evidence of its link and of this node's downlink cap."""
         self.probes.sample(src, dst, nbytes, seconds, probe)
         self.caps.chunk(src, dst, nbytes, seconds)
+
+    def _declare_soon(self) -> None:
+        """A trace moved this node's caps: the REPORT that declares them goes now, once for the moves of
+        one trace step (its uplink and downlink move in one step of the loop), not up to REPORT_EVERY_S
+        later: a re-plan waits until every node's declaration of the step is in (scheduler/versions.py
+        PORT_SETTLE_S), so the last node's report set when the new plan could start."""
+        if self._declaring:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop yet: the next report declares it
+            return
+        self._declaring = True
+        loop.call_soon(self._declare_now)
+
+    def _declare_now(self) -> None:
+        self._declaring = False
+        self._flush_samples()
 
     def _flush_samples(self) -> None:
         """Passive link and cap samples gathered so far, in one REPORT."""

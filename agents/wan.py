@@ -51,6 +51,9 @@ class NodeWan:
         self.cap_now: dict[str, float] = {k: m[node] for k, m in (("up", topo.uplink_mbps),
                                                                   ("down", topo.downlink_mbps)) if node in m}
         self.cap_changed = False
+        # called when a cap moved: the agent declares it at once, not at its next report (a re-plan
+        # waits until every node's declaration of one trace step is in)
+        self.on_cap_change: Callable[[], None] | None = None
         self.overlay: Overlay | None = None
         self._cap_mark: dict[str, dict[str, float]] = {}  # the caps' books at the previous STATS
         self._trace_task: asyncio.Task | None = None
@@ -106,6 +109,8 @@ class NodeWan:
         if kind in self.cap_now and mbps > 0 and self.cap_now[kind] != mbps:
             self.cap_now[kind] = mbps
             self.cap_changed = True
+            if self.on_cap_change is not None:
+                self.on_cap_change()
 
     def set_link_rate(self, dst: int, mbps: float) -> None:
         """Our shaper paces the link; or, on the tc backend (the launcher applies the same trace to

@@ -154,6 +154,30 @@ async def test_node_caps_reach_the_view_declared_and_measured():
     assert not sched.errors
 
 
+async def test_a_node_declares_a_port_its_trace_moved_at_once_not_at_its_next_report(monkeypatch):
+    """A re-plan after a trace moved the ports waits until every node's declaration is in, so each node
+    declares a move when it happens: here no periodic report comes during the test (an hour apart, and the
+    scheduler told not to count the agents lost for the missing heartbeats), yet node 2's new uplink, 0.1 s
+    into the job, reaches the view, and node 1's untouched caps stay as registered."""
+    import agents.agent
+
+    monkeypatch.setattr(agents.agent, "REPORT_EVERY_S", 3600.0)
+    topo = caps_mesh([40.0, 40.0, 40.0], [40.0, 40.0, 40.0])
+    trace = Trace((RateEvent(0.1, 2, PORT, 8.0), RateEvent(0.1, PORT, 2, 12.0)))
+    sched, agents_, tasks = await start_cluster(topo, cluster="declare", shaped=True, trace=trace)
+    sched.heartbeat_timeout = 3600.0
+    try:
+        assert sched.view.cap(2, "up") == 40.0
+        js = sched.open_tasks("mcast", params=PARAMS, chunk_params=CHUNK)
+        await until(lambda: (sched.view.cap(2, "up"), sched.view.cap(2, "down")) == (8.0, 12.0),
+                    "node 2 to declare the ports its trace moved")
+        assert (sched.view.cap(1, "up"), sched.view.cap(1, "down")) == (40.0, 40.0)
+        await asyncio.wait_for(sched.close_job(js), 30)
+    finally:
+        await stop_cluster(sched, tasks)
+    assert not sched.errors
+
+
 @pytest.mark.parametrize("mode", ["l3", "l7"])
 async def test_through_the_switch_node_l3_injects_each_byte_once_and_l7_once_per_receiver(mode):
     """bigswitch:N:switch: node N is the switch, an agent that replicates (L3: the tree src -> N ->
