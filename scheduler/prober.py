@@ -19,7 +19,10 @@ shaper and kernel queues, discarded by the receiver) on links:
   the ports were shared, would otherwise keep their old share until refresh_s comes round for each);
 - never through a capped port that busy links fill (their rates at that port add up to PORT_BUSY of its
   declared cap): there a probe takes its bytes from the plan's share of the port, whatever link it is
-  on (a tree under 50 Mbit/s ports ran 4.8 s rounds with probing against 1.8 without);
+  on (a tree under 50 Mbit/s ports ran 4.8 s rounds with probing against 1.8 without). A plan link the
+  first rule lets be probed for its stale or missing estimate counts here all the same: it carries the
+  plan's bytes (on auto's flipping trace a 2-MB probe left a node through its uplink, just bound to 50
+  Mbit/s, beside the ring that auto had switched to, whose first rounds ran 1.45-1.57 s against 1.37);
 - at most one probe per node at a time (as sender or receiver: where node caps exist a second one
   would share the cap), at most `at_once` in the cluster, and no node probing for more than `budget`
   of the last WINDOW_S seconds (counting the probe about to start, at the view's rate of its link).
@@ -125,6 +128,7 @@ class Prober:
         self.estimates: dict[tuple[int, int], float] = {}  # each known link's estimate when last looked at
         self.node_moved: dict[int, float] = {}  # when an estimate of a link at this node last moved by NODE_MOVED
         self.loaded_since: dict[tuple[int, int], float] = {}  # running plans' busy links: since when (BLIND_S)
+        self.plan_links: set[tuple[int, int]] = set()  # ... as busy_now last found them, exempt ones too
         self.stats = ProbeStats()
         # (t, src, dst, bytes, versions of the plans in force then) of every probe ordered: what an audit of
         # "never a running plan's bottleneck" needs (scripts/bench/view.py)
@@ -196,7 +200,7 @@ class Prober:
         port may look loaded only by it: on the auto bench's flipping trace mst's ring links kept the
         10 Mbit/s they read under binding ports for 400 s after the ports loosened (chunks forwarded
         from slower links give no sample), and mst kept routing over chords around them."""
-        plan_links = busy_links(self.running(), self.view, self.route())
+        plan_links = self.plan_links = busy_links(self.running(), self.view, self.route())
         since = self.loaded_since = {k: self.loaded_since.get(k, now) for k in plan_links}
         loaded = {k for k in plan_links
                   if (now - since[k] < BLIND_S if not self.view.known(*k)
@@ -208,7 +212,9 @@ class Prober:
         disagreed with the estimate or whose node saw another link move since their last sample and
         probe, then the stalest beyond refresh_s."""
         self._note_moves(now)
-        ports = self.busy_ports(busy)
+        # a plan link exempt from `busy` (an estimate older than its port's move, or none) may be probed
+        # itself, but the plan's bytes cross its ports all the same
+        ports = self.busy_ports(busy | self.plan_links)
         ranked = []
         for a, b, e in self.view.g.edges(data=True):
             if a not in free or b not in free or (a, b) in busy or (a, "up") in ports or (b, "down") in ports:
@@ -228,9 +234,11 @@ class Prober:
         return [k for *_, k in sorted(ranked)]
 
     def busy_ports(self, busy: set[tuple[int, int]]) -> set[tuple[int, str]]:
-        """Capped ports ((node, "up" | "down")) that the busy links fill: their view rates through the port
-        add up to PORT_BUSY of its declared cap. Without caps, links are independent: none."""
-        load = port_loads({k: self.view.rate_or_nominal(*k) for k in busy})
+        """Capped ports ((node, "up" | "down")) that the busy links fill: what they carry alone
+        (NetworkView.capacity: not their share of a port that binds them now) adds up to PORT_BUSY of the
+        port's declared cap. Without caps, links are independent: none."""
+        load = port_loads({k: self.view.capacity(*k) if self.view.g.has_edge(*k) else self.view.nominal
+                           for k in busy})
         return {port for port, mbps in load.items()
                 if (cap := self.view.cap(*port)) is not None and mbps >= PORT_BUSY * cap}
 

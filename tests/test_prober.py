@@ -634,6 +634,25 @@ def test_what_a_link_carries_is_never_below_what_it_delivers():
 
 
 @pytest.mark.unit
+def test_a_plan_link_let_be_probed_for_its_old_estimate_still_fills_its_port():
+    """A plan link whose estimate predates a move of its port may be probed itself, but the plan's bytes
+    cross that port all the same: once the port binds, no probe leaves through it (on the flipping trace
+    a probe out of a node whose uplink had just bound slowed the first rounds of the ring auto switched to)."""
+    view = NetworkView(uniform(4).links)
+    for k in view.links():
+        view.g.edges[k].update(rate=100.0, measured=True, t=0.0)
+    for node in range(4):
+        view.set_cap(node, "up", 10_000.0)
+    p, _ = make_prober(view, [star_plan(4, 0)], at_once=100, budget=1.0, refresh_s=1.0)
+    everyone = {0, 1, 2, 3}
+    assert (2, 1) in p.candidates(5.0, everyone, p.busy_now(5.0))  # a loose uplink has room for a probe
+    view.declare_cap(2, "up", 50.0, now=10.0)  # node 2's uplink binds; the estimate of 2 -> 0 is older
+    busy = p.busy_now(10.5)
+    assert (2, 0) not in busy  # exempt for itself...
+    assert not [ln for ln in p.candidates(10.5, everyone, busy) if ln[0] == 2]  # ... but its port is full
+
+
+@pytest.mark.unit
 def test_no_probe_goes_through_a_capped_port_that_a_plans_busy_links_fill():
     """Under node caps a probe on an idle link takes its bytes from the plan's share of the ports it
     crosses: a link out of a node whose capped uplink the busy links fill, or into one whose capped
