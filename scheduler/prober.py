@@ -17,8 +17,9 @@ shaper and kernel queues, discarded by the receiver) on links:
   agreeing sample to move, scheduler/view.py `_moved`), or one at a node where another link's estimate
   just moved by NODE_MOVED or more (a node's port moves all its links: a tree's idle links, probed while
   the ports were shared, would otherwise keep their old share until refresh_s comes round for each);
-- never through a capped port that busy links fill (their rates at that port add up to PORT_BUSY of its
-  declared cap): there a probe takes its bytes from the plan's share of the port, whatever link it is
+- never through a capped port that busy links fill (what they carry alone, NetworkView.capacity, adds up
+  to PORT_BUSY of its declared cap at that port; their rates under a binding port are only their shares
+  of it): there a probe takes its bytes from the plan's share of the port, whatever link it is
   on (a tree under 50 Mbit/s ports ran 4.8 s rounds with probing against 1.8 without). A plan link the
   first rule lets be probed for its stale or missing estimate counts here all the same: it carries the
   plan's bytes (on auto's flipping trace a 2-MB probe left a node through its uplink, just bound to 50
