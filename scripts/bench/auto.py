@@ -308,7 +308,7 @@ def flipping(segments: int = 4) -> tuple[Table, dict[str, Any]]:
     return t, {"auto_vs_best_fixed_flip": round(a.span_s / best.span_s, 3), "auto_ideal_vs_best_fixed_flip":
                round(ceiling, 3), "flips": len(flip_at),
                "switches_flip": len(switches), "flaps_flip": flaps,
-               "flip_time_s": {j.scheme: round(j.span_s, 2) for j in jobs},
+               "flip_time_s": [[j.scheme, round(j.span_s, 2)] for j in jobs],  # a list: judge.py drops dicts
                "flip_switched_at_s": [round(d["at"] - a.t0, 2) for d in switches],
                "switch_latency_s": round(statistics.median(latency), 2) if latency else None,
                "plan_s": [d.get("wall_s", d["decide_s"]) for d in a.decisions],
