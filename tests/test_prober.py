@@ -653,6 +653,22 @@ def test_a_plan_link_let_be_probed_for_its_old_estimate_still_fills_its_port():
 
 
 @pytest.mark.unit
+def test_a_port_is_full_by_what_its_plan_links_carry_alone_not_by_their_shares_of_it():
+    """Under a binding port a plan link delivers a share of it (here 20 of a 50 Mbit/s uplink, under half
+    the cap) though it carries 200 alone: the plan fills the port, and no probe leaves through it."""
+    view = NetworkView(uniform(4).links)
+    for k in view.links():
+        view.g.edges[k].update(rate=100.0, measured=True, t=0.0)
+    view.g.edges[2, 0].update(rate=20.0, capacity=200.0)
+    for node in range(4):
+        view.set_cap(node, "up", 50.0)
+    p, _ = make_prober(view, [star_plan(4, 0)], at_once=100, budget=1.0, refresh_s=1.0)
+    busy = p.busy_now(10.0)
+    assert (2, 0) in busy and (2, "up") in p.busy_ports(busy)
+    assert not [ln for ln in p.candidates(10.0, {0, 1, 2, 3}, busy) if ln[0] == 2]
+
+
+@pytest.mark.unit
 def test_no_probe_goes_through_a_capped_port_that_a_plans_busy_links_fill():
     """Under node caps a probe on an idle link takes its bytes from the plan's share of the ports it
     crosses: a link out of a node whose capped uplink the busy links fill, or into one whose capped
