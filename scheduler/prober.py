@@ -129,7 +129,6 @@ class Prober:
         self.estimates: dict[tuple[int, int], float] = {}  # each known link's estimate when last looked at
         self.node_moved: dict[int, float] = {}  # when an estimate of a link at this node last moved by NODE_MOVED
         self.loaded_since: dict[tuple[int, int], float] = {}  # running plans' busy links: since when (BLIND_S)
-        self.plan_links: set[tuple[int, int]] = set()  # ... as busy_now last found them, exempt ones too
         self.stats = ProbeStats()
         # (t, src, dst, bytes, versions of the plans in force then) of every probe ordered: what an audit of
         # "never a running plan's bottleneck" needs (scripts/bench/view.py)
@@ -201,7 +200,7 @@ class Prober:
         port may look loaded only by it: on the auto bench's flipping trace mst's ring links kept the
         10 Mbit/s they read under binding ports for 400 s after the ports loosened (chunks forwarded
         from slower links give no sample), and mst kept routing over chords around them."""
-        plan_links = self.plan_links = busy_links(self.running(), self.view, self.route())
+        plan_links = busy_links(self.running(), self.view, self.route())
         since = self.loaded_since = {k: self.loaded_since.get(k, now) for k in plan_links}
         loaded = {k for k in plan_links
                   if (now - since[k] < BLIND_S if not self.view.known(*k)
@@ -214,8 +213,8 @@ class Prober:
         probe, then the stalest beyond refresh_s."""
         self._note_moves(now)
         # a plan link exempt from `busy` (an estimate older than its port's move, or none) may be probed
-        # itself, but the plan's bytes cross its ports all the same
-        ports = self.busy_ports(busy | self.plan_links)
+        # itself, but the plan's bytes cross its ports all the same (loaded_since: busy_now's plan links)
+        ports = self.busy_ports(busy | self.loaded_since.keys())
         ranked = []
         for a, b, e in self.view.g.edges(data=True):
             if a not in free or b not in free or (a, b) in busy or (a, "up") in ports or (b, "down") in ports:
