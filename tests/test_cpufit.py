@@ -62,7 +62,7 @@ def test_a_dense_mesh_on_one_small_machine_gets_chunks_its_cores_can_handle(sche
 
     topo = hetero(8, 6, 46, seed=3).scaled(0.05)
     spec = resolve(scheme)
-    job = Job(PARAMS, CHUNK, tuple(range(8)), dict(spec.options))
+    job = Job(PARAMS, CHUNK, tuple(range(8)), {**spec.options, "variants": 1})  # one LP vertex, cut two ways
     free = spec.plan(oracle_view(topo), job, {})
     fitted = spec.plan(on_one_machine(topo, 2), job, {})
     net = sim_network(topo, None)

@@ -359,7 +359,8 @@ def test_a_slow_solver_re_plans_less_often():
 @pytest.mark.parametrize("opts, message", [
     ({"fill": 0.0}, "fill"), ({"fill": 1.5}, "fill"), ({"min_chunk_params": 0}, "min_chunk_params"),
     ({"relays": [99]}, "not nodes the view knows"), ({"relays": 5}, "relays must be"),
-    ({"min_gain": -0.1}, "min_gain"),
+    ({"min_gain": -0.1}, "min_gain"), ({"variants": 0}, "variants"), ({"variants": 2.5}, "variants"),
+    ({"variants": True}, "variants"),
 ])
 def test_bad_options_are_refused_naming_them(opts, message):
     with pytest.raises((ValueError, PlanError), match=message):
@@ -450,3 +451,90 @@ def test_blinks_root_search_takes_the_widest_and_the_first_of_equals(monkeypatch
     assert search([90.0, 95.0, 93.0]) == (1, [0, 1, 2])  # none does: every root, the widest
     assert search([95.0, 95.0, 93.0]) == (0, [0, 1, 2])  # the first of equals
     assert search([100.0, 100.0]) == (0, [0])
+
+
+# --- variants: of the LP's near-equal optima, the one the simulator predicts fastest ------------------------
+def _noisy_internet2(seed: int) -> tuple[Topology, NetworkView]:
+    """internet2 at resnet50 x 0.05's scale, its rates as a view measures them (3 % noise), its agents
+    on one 2-CPU machine (cpufit cuts the chunks)."""
+    topo = internet2(seed=1).scaled(0.05)
+    rng = random.Random(seed)
+    view = oracle_view(topo.with_rates({k: v.rate_mbps * rng.gauss(1.0, 0.03) for k, v in topo.links.items()}))
+    view.share_machine(range(topo.nodes), 2)
+    return topo, view
+
+
+VARIANT_JOB = Job(1_280_000, 50_000, tuple(range(9)))
+
+
+@pytest.fixture
+def unhurried(monkeypatch):
+    """The variant search's time budget out of the way: a loaded core must not cut a test's search short."""
+    from scheduler.planners import packing as packing_mod
+
+    monkeypatch.setattr(packing_mod, "VARIANT_BUDGET_S", 600.0)
+
+
+@pytest.mark.unit
+def test_the_variant_that_runs_is_faster_than_the_first_solve_by_our_own_simulation(unhurried):
+    """On a noisy view where the first LP vertex pipelines badly, the plan run is another variant,
+    and simulated here on the WAN itself (not the view) it is faster than the first solve's plan."""
+    from emulation.simnet import sim_network
+    from sim import MEASURED, simulate
+
+    topo, view = _noisy_internet2(5)
+    net = sim_network(topo, None)
+    first = resolve("packing").plan(view, dataclasses.replace(VARIANT_JOB, options={"variants": 1}))
+    chosen = resolve("packing").plan(view, VARIANT_JOB)
+    assert "variant" not in first.info and chosen.info["variant"] != 0
+    predicted = chosen.info["variants_round_s"]
+    assert len(predicted) == 3 and predicted[chosen.info["variant"]] == min(p for p in predicted if p is not None)
+    assert simulate(chosen, net, costs=MEASURED).round_s < 0.97 * simulate(first, net, costs=MEASURED).round_s
+
+
+@pytest.mark.unit
+def test_a_variant_solved_on_jittered_rates_is_scaled_to_fit_the_real_ones(unhurried):
+    """Its trees never load a link past the view's rate, its T_LP is its own rate's, and the LP optimum
+    it reports is the real rates' (never the jittered ones')."""
+    _, view = _noisy_internet2(5)
+    plan = resolve("packing").plan(view, VARIANT_JOB)
+    load: dict[tuple[int, int], float] = {}
+    for g in plan.groups:
+        edges = [(c, p) for c, p in g.parent.items() if p is not None]
+        edges += [(p, k) for p, kids in g.children.items() for k in kids]
+        for e in edges:
+            load[e] = load.get(e, 0.0) + g.weight
+    assert all(w <= view.rate(*e) * (1 + 1e-6) for e, w in load.items())
+    first = pack({ln: view.rate(*ln) for ln in view.links()}, range(9))
+    assert plan.info["sum_chi_lp"] == pytest.approx(first.sum_chi_lp, rel=1e-6)
+    assert plan.info["sum_chi"] <= first.sum_chi_lp * (1 + 1e-6)
+    assert plan.info["t_lp_s"] == pytest.approx(VARIANT_JOB.params * 32 / (plan.info["sum_chi"] * 1e6))
+
+
+@pytest.mark.unit
+def test_the_variant_search_stops_at_its_budget(monkeypatch):
+    """Past VARIANT_BUDGET_S no further variant is solved: the first alone is compared, and runs."""
+    from scheduler.planners import packing as packing_mod
+
+    _, view = _noisy_internet2(5)
+    monkeypatch.setattr(packing_mod, "VARIANT_BUDGET_S", 0.0)
+    plan = resolve("packing").plan(view, VARIANT_JOB)
+    assert plan.info["variant"] == 0 and len(plan.info["variants_round_s"]) == 1
+
+
+@pytest.mark.unit
+def test_a_job_searches_once_and_only_on_measured_rates(unhurried):
+    """On nominal guesses no variant is compared; the first packing on measured rates is searched, and
+    a re-solve on rates that moved later is published as solved (its switch is worth most early)."""
+    topo, view = _noisy_internet2(5)
+    memory: dict = {}
+    guess = NetworkView(topo.links)
+    guess.share_machine(range(topo.nodes), 2)
+    assert "variants_round_s" not in resolve("packing").plan(guess, VARIANT_JOB, memory).info
+    first = resolve("packing").plan(view, VARIANT_JOB, memory)
+    assert len(first.info["variants_round_s"]) == 3
+    halved = oracle_view(topo.with_rates({k: v.rate_mbps / (2 if k[0] in (0, 1) else 1)
+                                          for k, v in topo.links.items()}))
+    halved.share_machine(range(topo.nodes), 2)
+    moved = resolve("packing").plan(halved, VARIANT_JOB, memory)
+    assert not moved.same_policy(first) and "variants_round_s" not in moved.info

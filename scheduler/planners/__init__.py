@@ -102,9 +102,9 @@ register(PlannerSpec("netstorm", netstorm.plan, {"awareness": True, "aux": True}
                      refresh_aux=netstorm.refresh_aux, candidate=True))
 # topology-adaptive tree packing (seed 001): the LP re-solved from the view as it moves, off the loop; its
 # chunks, and BLINK's, cut no finer than the agents' machines handle (cpufit.py)
-register(PlannerSpec("packing", fitted(packing.plan, "t_lp_s"), adaptive=True, offload=True, candidate=True))
-register(PlannerSpec("packing-no-overlap", fitted(packing.plan, "t_lp_s"), {"no_overlap": True}, adaptive=True,
-                     offload=True))
+_packing = fitted(packing.plan, "t_lp_s", chooses=True)  # it compares fitted variants (packing.py: VARIANTS)
+register(PlannerSpec("packing", _packing, adaptive=True, offload=True, candidate=True))
+register(PlannerSpec("packing-no-overlap", _packing, {"no_overlap": True}, adaptive=True, offload=True))
 # tree packing's baselines (digest 001 §5): sharded PS, BLINK-like (packed from one root), and for GPU
 # clusters NCCL's double binary tree and a PLink-like hierarchy
 register(PlannerSpec("shardps", _stateless(shardps.plan), candidate=True))

@@ -162,13 +162,18 @@ def fit_chunks(plan: Plan, hosts: Sequence[tuple[frozenset[int], int]], ideal_s:
                                info={**plan.info, "chunks": len(layout), "cpu_fit": info})
 
 
-def fitted(plan: Callable[..., Plan], ideal: str) -> Callable[..., Plan]:
+def fitted(plan: Callable[..., Plan], ideal: str, *, chooses: bool = False) -> Callable[..., Plan]:
     """A planner whose plans are fitted to the view's machines (`fit_chunks`), its ideal round read
     from the plan's own `info[ideal]` (packing: "t_lp_s"; BLINK, whose stages the data plane overlaps:
-    "s_over_lambda_s")."""
+    "s_over_lambda_s"). chooses: the planner compares plans it compiles (packing's variants), so it is
+    given the fit (`fit=`) to make before it compares them, and returns a fitted plan."""
 
     def plan_fitted(view: NetworkView, job: Job, memory: dict[str, Any] | None = None) -> Plan:
-        out = plan(view, job, memory)
-        return fit_chunks(out, view.cpu_hosts(), out.info.get(ideal) or 0.0)
+        hosts = view.cpu_hosts()
+
+        def fit(out: Plan) -> Plan:
+            return fit_chunks(out, hosts, out.info.get(ideal) or 0.0)
+
+        return plan(view, job, memory, fit=fit) if chooses else fit(plan(view, job, memory))
 
     return plan_fitted
