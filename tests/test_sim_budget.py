@@ -52,7 +52,7 @@ def test_auto_skips_a_candidate_whose_simulation_overruns_and_keeps_the_scheme_i
     topo = capped()
     view = oracle_view(topo)
     specs = [planners.resolve("star"), planners.resolve("packing")]
-    job = Job(PARAMS, CHUNK, tuple(range(N)), {})
+    job = Job(PARAMS, CHUNK, tuple(range(N)), {"variants": 1})  # packing's own search would spend the budget
     cands, plans = auto.evaluate(view, job, specs, {}, budget_s=0.5, prune=False)
     by = {c.scheme: c for c in cands}
     assert by["star"].round_s is not None  # simulated first (one tree), within the budget

@@ -152,7 +152,7 @@ class Channel:
             self.sock.sendall(wire.encode(msg))
         except OSError as exc:
             raise SyncError(self._last_word() or f"rank {self.rank}: its wansync agent is gone: the channel "
-                            f"to it ({self.path}) failed ({exc}); did the agent die, or the job end?") from None
+                            f"to it ({self.path}) failed ({exc}): the agent died, or the job ended") from None
 
     def _last_word(self) -> str:
         """The agent's `error` frame, if it left one before closing the channel (it dropped this script)."""
