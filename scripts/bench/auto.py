@@ -392,23 +392,16 @@ def gpu_advice() -> Table:
     return t
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the check's run (<= 9 min)")
-    ap.add_argument("--trace-seed", type=int, default=11)
-    args = ap.parse_args()
-    start = time.time()
-    out: dict[str, Any] = {}
-    t, s = static(args.quick)
-    console.print(t)
-    t, f = flipping(segments=4 if args.quick else 6)
-    console.print(t)
-    t, r = random_trace(args.trace_seed, rounds=20 if args.quick else 40)
-    console.print(t)
-    console.print(gpu_advice())
+# the check's goals, first in the JSON line (judge.py shortens the line it echoes: the rest may not show)
+GOAL_KEYS = ("auto_vs_best_fixed_max", "auto_vs_best_fixed_flip", "auto_vs_best_fixed_random", "flips",
+             "switches_flip", "flaps", "switch_latency_s", "advise_rank_agrees", "plan_s_max", "rounds_wrong",
+             "live_guard_valid")
+
+
+def headline(s: dict[str, Any], f: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
+    """The JSON line's figures from the static, flipping and random parts: the goals' keys first."""
     plan_s = s["plan_s"] + f["plan_s"] + r["plan_s"]
-    out.update({k: v for k, v in s.items() if k not in ("plan_s", "rounds_wrong", "live_guard_valid")})
-    out.update({k: v for k, v in f.items() if k not in ("plan_s", "rounds_wrong", "live_guard_valid")})
+    out: dict[str, Any] = {k: v for k, v in (s | f).items() if k not in ("plan_s", "rounds_wrong", "live_guard_valid")}
     out["auto_vs_best_fixed_random"] = r["auto_vs_best_fixed_random"]
     out["flaps"] = s["flaps_static"] + f["flaps_flip"]
     out["plan_s_max"] = round(max(plan_s), 3) if plan_s else None
@@ -417,8 +410,23 @@ def main() -> None:
                                  for part, x in (("static", s), ("flip", f), ("random", r))]
     out["rounds_wrong"] = s["rounds_wrong"] + f["rounds_wrong"] + r["rounds_wrong"]
     out["live_guard_valid"] = s["live_guard_valid"] and f["live_guard_valid"] and r["live_guard_valid"]
-    out["seconds"] = round(time.time() - start, 1)
-    print(json.dumps(out))
+    return {**{k: out[k] for k in GOAL_KEYS}, **{k: v for k, v in out.items() if k not in GOAL_KEYS}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the check's run (<= 9 min)")
+    ap.add_argument("--trace-seed", type=int, default=11)
+    args = ap.parse_args()
+    start = time.time()
+    t, s = static(args.quick)
+    console.print(t)
+    t, f = flipping(segments=4 if args.quick else 6)
+    console.print(t)
+    t, r = random_trace(args.trace_seed, rounds=20 if args.quick else 40)
+    console.print(t)
+    console.print(gpu_advice())
+    print(json.dumps({**headline(s, f, r), "seconds": round(time.time() - start, 1)}))
 
 
 if __name__ == "__main__":
