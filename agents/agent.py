@@ -271,19 +271,38 @@ class Agent:
     async def _serve_scheduler(self, ctl: ControlConn) -> str:
         """Messages from the scheduler until it says SHUTDOWN ("shutdown"), fences this incarnation
         ("fenced") or the connection ends ("lost")."""
-        while True:
-            msg = await ctl.recv()
-            if msg is None:
-                return "lost"
-            try:
-                handler = self._handlers.get(type(rec := decode(msg)))
-                end = handler(rec) if handler is not None else None
-            except (PlanError, ValueError, KeyError, TypeError) as exc:  # never half-alive: start over
-                log.error("node %d: the scheduler's %s could not be used (%s: %s); reconnecting", self.node,
-                          msg["t"], type(exc).__name__, exc)
-                return "lost"
-            if end is not None:
-                return end
+        ctl.immediate = self._immediate
+        try:
+            while True:
+                msg = await ctl.recv()
+                if msg is None:
+                    return "lost"
+                try:
+                    handler = self._handlers.get(type(rec := decode(msg)))
+                    end = handler(rec) if handler is not None else None
+                except (PlanError, ValueError, KeyError, TypeError) as exc:  # never half-alive: start over
+                    log.error("node %d: the scheduler's %s could not be used (%s: %s); reconnecting", self.node,
+                              msg["t"], type(exc).__name__, exc)
+                    return "lost"
+                if end is not None:
+                    return end
+        finally:
+            ctl.immediate = None
+
+    def _immediate(self, header: dict[str, Any]) -> bool:
+        """A TASK is handled as its frame is read, not a loop turn later (see TaskRunner.on_task): the
+        peers that had theirs first already send to this node. One that cannot be used is left to the
+        serve loop, which meets the same error and reconnects."""
+        if header.get("t") != "TASK":
+            return False
+        try:
+            rec = decode(header)
+            assert isinstance(rec, Task)
+            plan = self._task_plan(rec)
+        except (PlanError, ValueError, KeyError, TypeError):
+            return False
+        self.runner.on_task(rec, plan)
+        return True
 
     # --- what the scheduler says ---------------------------------------------------------------------
     def _on_peers(self, msg: Peers) -> None:
@@ -305,11 +324,15 @@ class Agent:
         self.rounds.start(msg)
 
     def _on_task(self, msg: Task) -> None:
-        # the plan is checked here, where a bad one ends the connection, not the task
+        self.runner.on_task(msg, self._task_plan(msg))
+
+    def _task_plan(self, msg: Task) -> Plan | None:
+        """A TASK's plan, checked here, where a bad one ends the connection, not the task (None: this
+        node holds that version)."""
         plan = Plan.from_wire(msg.plan).validate() if msg.plan is not None else None
         if plan is None and not msg.skip and msg.version not in self.plans:
             raise ValueError(f"task {msg.task} uses plan v{msg.version}, which this node does not hold")
-        self.runner.on_task(msg, plan)
+        return plan
 
     def _on_rates(self, msg: Rates) -> None:
         self.engine.set_rates(msg.job, msg.task, msg.attempt, msg.rates)

@@ -28,7 +28,7 @@ from overlay.messages import Record, Task, TaskDone
 from overlay.peers import Overlay
 
 from .engine import ChunkEngine
-from .taskpart import TaskAborted, outcome_future
+from .taskpart import TaskAborted, TaskPart, outcome_future
 from .workload import contribution, expected_period, mismatches
 
 log = logging.getLogger("wansync.agent")
@@ -59,6 +59,17 @@ class Prepared:
     t_ready: float
     t_compute: float
     into: np.ndarray | None = None  # where its task's result should land (TaskPart), first attempt only
+
+
+@dataclass(frozen=True)
+class _Begun:
+    """A part begun in the engine, and what its TASK_DONE will say of how it began."""
+
+    st: TaskPart
+    t_start: float
+    missing: str  # why the sum holds zeros for this member ("" if it does not)
+    t_wait: float | None
+    t_compute: float
 
 
 class TaskRunner:
@@ -171,7 +182,15 @@ class TaskRunner:
         old = self._running.pop(key, None)
         if old is not None:
             old.cancel()
-        t = asyncio.create_task(self._run(msg, self.plans[msg.version]), name=f"task {key}")
+        plan = self.plans[msg.version]
+        # this node's part begins here, in the TASK's own callback, unless its contribution must be
+        # awaited: the loop's next reads (peers that began first already send to us) then land in place
+        # instead of in buffers of their own, and the part does not wait two more loop turns for a task
+        # to start; on a loaded host each turn read megabytes (start skew 10-60 ms a round, 4 agents on 2 cores)
+        begun = self._begin(msg, plan, *ready) if (ready := self._ready_contribution(msg, plan)) is not None else None
+        if ready is not None and begun is None:
+            return  # the plan gives this node no part (logged)
+        t = asyncio.create_task(self._run(msg, plan, begun), name=f"task {key}")
         self._running[key] = t
         t.add_done_callback(lambda _t, key=key: self._running.pop(key, None) if self._running.get(key) is _t
                             else None)
@@ -202,26 +221,35 @@ class TaskRunner:
                 fut.cancel()
 
     # --- one task, this node's part -------------------------------------------------------------------
-    async def _run(self, msg: Task, plan: Plan) -> None:
-        job, key = msg.job, (msg.job, msg.task)
-        member = self.node in plan.participants
+    def _ready_contribution(self, msg: Task, plan: Plan) -> tuple[np.ndarray | None, str] | None:
+        """This node's contribution to the task and why it is missing ("" if it is not), where no
+        waiting is needed (a member with what the BSP loop prepared, or not a member); else None."""
+        if self.node not in plan.participants:
+            return None, ""
         mine = (msg.iters or {}).get(self.node, msg.round)  # the iteration this node's contribution comes from
-        prep = self.prepared.get((job, mine)) if member else None
-        t_wait = time.time() - prep.t_ready if prep is not None else None  # READY -> TASK: the barrier
-        t_compute = prep.t_compute if prep is not None else 0.0
-        contrib = None
-        missing = ""
-        if member and msg.resync and job in self.resyncers:  # the source's model, zeros from the others
-            contrib = (await self.resyncers[job](msg.round, msg.resync[0]) if self.node == msg.resync[0] else None)
-            if contrib is None:
-                contrib = np.zeros(plan.params, np.float32)
-        elif member and prep is None and job in self.verifiers:  # a real workload has nothing to stand in for it
+        prep = self.prepared.get((msg.job, mine))
+        if msg.resync and msg.job in self.resyncers:
+            return None
+        if prep is None and msg.job in self.verifiers:  # a real workload has nothing to stand in for it
             missing = f"node {self.node} has no contribution of iteration {mine} for task {msg.task}"
             log.error("%s", missing)
-            contrib = np.zeros(plan.params, np.float32)
-        elif member:
-            contrib = prep.contribution if prep is not None else await asyncio.to_thread(
-                contribution, mine, 0, self.node, plan.params)
+            return np.zeros(plan.params, np.float32), missing
+        return (prep.contribution, "") if prep is not None else None
+
+    async def _contribution(self, msg: Task, plan: Plan) -> np.ndarray:
+        """A member's contribution that must be awaited: the source's model for a resync (zeros from
+        the others), or the synthetic workload's, drawn off the loop."""
+        if msg.resync and msg.job in self.resyncers:
+            contrib = await self.resyncers[msg.job](msg.round, msg.resync[0]) if self.node == msg.resync[0] else None
+            return np.zeros(plan.params, np.float32) if contrib is None else contrib
+        mine = (msg.iters or {}).get(self.node, msg.round)
+        return await asyncio.to_thread(contribution, mine, 0, self.node, plan.params)
+
+    def _begin(self, msg: Task, plan: Plan, contrib: np.ndarray | None, missing: str) -> _Begun | None:
+        """Start this node's part in the engine; None where the plan gives it none (logged)."""
+        job, key = msg.job, (msg.job, msg.task)
+        mine = (msg.iters or {}).get(self.node, msg.round)
+        prep = self.prepared.get((job, mine)) if self.node in plan.participants else None
         t_start = self.clock.now()
         try:
             # a retry's result gets an array of its own: a frame of the aborted attempt may still be read
@@ -230,9 +258,22 @@ class TaskRunner:
             st = self.engine.begin_task(job, msg.task, msg.attempt, plan, contrib, into)
         except ValueError as exc:  # the plan gives this node no part: the scheduler's bug, said plainly
             log.error("node %d: task %d of job %d: %s", self.node, msg.task, job, exc)
-            return
+            return None
         for gone in self.dropped.get(key, ()):  # dropped before this node began its part
             self.engine.drop_receiver(st, gone)
+        return _Begun(st, t_start, missing,
+                      t_wait=time.time() - prep.t_ready if prep is not None else None,  # READY -> TASK: the barrier
+                      t_compute=prep.t_compute if prep is not None else 0.0)
+
+    async def _run(self, msg: Task, plan: Plan, begun: _Begun | None) -> None:
+        job, key = msg.job, (msg.job, msg.task)
+        member = self.node in plan.participants
+        mine = (msg.iters or {}).get(self.node, msg.round)  # the iteration this node's contribution comes from
+        if begun is None:  # its contribution had to be awaited
+            begun = self._begin(msg, plan, await self._contribution(msg, plan), "")
+            if begun is None:
+                return
+        st, t_start, missing, t_wait, t_compute = begun.st, begun.t_start, begun.missing, begun.t_wait, begun.t_compute
         error = missing
         try:
             result = await st.done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from ssl import SSLContext
 from typing import Any
 
@@ -40,6 +41,9 @@ class ControlConn:
         self.errors: list[ProtocolError] = []
         self.authenticated = False  # until then one invalid message closes the connection
         self._paused = False
+        # what the owner handles in the frame's own callback rather than a loop turn later, asked only
+        # while nothing waits in the inbox (order kept): the header -> True if it was handled
+        self.immediate: Callable[[dict[str, Any]], bool] | None = None
         proto.handler = self
 
     @classmethod
@@ -76,8 +80,7 @@ class ControlConn:
         msg = await self.inbox.get()
         if self._paused and self.inbox.qsize() <= INBOX_MAX // 2:
             self._paused = False
-            if self.proto.transport is not None and not self.proto.transport.is_closing():
-                self.proto.transport.resume_reading()
+            self.proto.release_reading("inbox")
         return msg
 
     def refuse(self, error: ProtocolError) -> None:
@@ -93,11 +96,12 @@ class ControlConn:
         raise ProtocolError("control messages carry no payload", peer=self.proto.peer)
 
     def on_frame(self, header: dict[str, Any], payload: memoryview | None) -> None:
+        if self.immediate is not None and self.inbox.empty() and self.immediate(header):
+            return
         self.inbox.put_nowait(header)
-        transport = self.proto.transport
-        if not self._paused and self.inbox.qsize() >= INBOX_MAX and transport is not None:
+        if not self._paused and self.inbox.qsize() >= INBOX_MAX and self.proto.transport is not None:
             self._paused = True
-            transport.pause_reading()
+            self.proto.hold_reading("inbox")
 
     def on_invalid(self, error: ProtocolError) -> None:
         self.errors[:] = [*self.errors[-15:], error]

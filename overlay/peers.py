@@ -495,7 +495,7 @@ def _receive_pacer(proto: FrameProtocol, limiter: ReceiveLimiter) -> Callable[[i
     def on_bytes(n: int) -> None:
         wait = limiter.delay_for(n, allow_large=True)
         if wait > 0 and proto.transport is not None and not proto.transport.is_closing():
-            proto.transport.pause_reading()
+            proto.hold_reading("cap")
             loop.call_later(wait, _resume, proto, limiter)
 
     return on_bytes
@@ -504,7 +504,7 @@ def _receive_pacer(proto: FrameProtocol, limiter: ReceiveLimiter) -> Callable[[i
 def _resume(proto: FrameProtocol, limiter: ReceiveLimiter) -> None:
     if proto.transport is not None and not proto.transport.is_closing():
         limiter.resumed(_data_waiting(proto.transport))  # the guard's books: did the cap hold data back?
-        proto.transport.resume_reading()
+        proto.release_reading("cap")
 
 
 def _data_waiting(transport: asyncio.BaseTransport) -> bool:

@@ -1,5 +1,6 @@
 """Frame codec: round trips in any split, and every malformed-frame case, on the real BufferedProtocol."""
 
+import asyncio
 import random
 import struct
 
@@ -142,3 +143,120 @@ def test_chunk_validation_names_the_field(change, field):
     with pytest.raises(ProtocolError) as e:
         validate(chunk(8) | change, peer="p")
     assert e.value.field == field
+
+
+# --- reading gives way: one connection at memory speed must not hold the loop ----------------------------------
+def holding(proto: FrameProtocol) -> bool:
+    return not proto.transport.reading
+
+
+async def test_reading_pauses_after_a_turns_bytes_and_resumes_on_the_next_turn():
+    rec = Recorder()
+    proto = make(rec)
+    proto.read_turn = 100_000
+    payload = bytes(40_000)
+    feed(proto, (encode(chunk(len(payload))) + payload) * 2, random.Random(3))
+    assert not holding(proto)  # 80 KB: under a turn's worth
+    feed(proto, encode(chunk(len(payload))) + payload, random.Random(4))
+    assert holding(proto)  # the loop goes round before this connection is read again
+    await asyncio.sleep(0)
+    assert not holding(proto)
+    assert len(rec.frames) == 3  # nothing read was dropped meanwhile
+
+
+async def test_reading_resumes_only_once_every_reason_to_hold_it_is_released():
+    """The downlink cap holds a connection for its debt; a turn that ends meanwhile must not resume it."""
+    proto = make(Recorder())
+    proto.read_turn = 10_000
+    proto.hold_reading("cap")
+    feed(proto, encode(chunk(20_000)) + bytes(20_000), random.Random(5))
+    await asyncio.sleep(0)  # the turn ends: its own hold is released, the cap's is not
+    assert holding(proto)
+    proto.hold_reading("inbox")
+    proto.release_reading("cap")
+    assert holding(proto)
+    proto.release_reading("inbox")
+    assert not holding(proto)
+    proto.release_reading("inbox")  # released twice: nothing to do
+    assert not holding(proto)
+
+
+@pytest.mark.loopback
+def test_a_connection_with_megabytes_waiting_lets_the_loop_go_round_every_turn():
+    """uvloop reads a readable socket up to 32 times per wake-up while each read fills its buffer: a
+    peer writing at memory speed held the loop in one connection for tens of ms, and the scheduler's
+    TASK on another socket waited behind it. Here a real uvloop loop finds megabytes of 16 KB frames
+    waiting in the kernel at once; the bytes read between two consecutive loop turns are counted."""
+    uvloop = pytest.importorskip("uvloop")
+    import fcntl
+    import socket
+    import termios
+    import threading
+
+    from overlay.codec import SCRATCH
+
+    frame, turn, count, queued = 16 * 1024, 128 * 1024, 200, 1 << 20
+    stream = b"".join(encode(chunk(frame, chunk=i)) + bytes(frame) for i in range(count))
+    rec = Recorder()
+    per_turn: list[int] = []
+
+    def waiting(proto: FrameProtocol) -> int:
+        fd = proto.transport.get_extra_info("socket").fileno()
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        protos: list[FrameProtocol] = []
+
+        class Held(FrameProtocol):
+            def connection_made(self, transport) -> None:  # noqa: ANN001
+                super().connection_made(transport)
+                transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                # the bytes pile up in the kernel first (uvloop starts reading after connection_made)
+                asyncio.get_running_loop().call_soon(self.hold_reading, "test")
+
+        def made() -> FrameProtocol:
+            p = Held(rec, peer="flood")
+            p.read_turn = turn
+            protos.append(p)
+            return p
+
+        server = await loop.create_server(made, "127.0.0.1", 0)
+        sock = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
+        writer = threading.Thread(target=sock.sendall, args=(stream,), daemon=True)
+        writer.start()
+        deadline = loop.time() + 60
+        while not protos or waiting(protos[0]) < queued:  # the event itself: a megabyte in the kernel
+            if loop.time() > deadline:
+                pytest.skip(f"the kernel queued only {waiting(protos[0]) if protos else 0} bytes for a paused reader")
+            await asyncio.sleep(0.01)
+        done = asyncio.Event()
+        last = 0
+
+        def probe() -> None:
+            nonlocal last
+            per_turn.append(protos[0].bytes_in - last)
+            last = protos[0].bytes_in
+            if len(rec.frames) < count:
+                loop.call_soon(probe)
+            else:
+                done.set()
+
+        last = protos[0].bytes_in  # what came before the hold took effect is not this turn's
+        protos[0].release_reading("test")
+        loop.call_soon(probe)
+        try:
+            await asyncio.wait_for(done.wait(), 120)
+        finally:
+            writer.join(30)
+            sock.close()
+            server.close()
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert len(rec.frames) == count and not rec.invalid
+    # a turn reads up to the limit and at most one read more (a read fills at most the 64 KiB scratch)
+    assert max(per_turn) <= turn + SCRATCH + 1024, max(per_turn)

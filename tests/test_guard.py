@@ -420,6 +420,14 @@ class _CappedSink(asyncio.Protocol):
         if self.stall is not None:
             self._starve()
 
+    def hold_reading(self, why: str) -> None:  # the pacer's side of overlay.codec.FrameProtocol
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+    def release_reading(self, why: str) -> None:
+        assert self.transport is not None
+        self.transport.resume_reading()
+
     def _starve(self) -> None:
         """A loop starved of CPU: it runs nothing for stall[0] s every stall[1] s."""
         if not self.done.done():

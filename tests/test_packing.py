@@ -280,7 +280,8 @@ def test_pairing_cuts_each_roots_range_into_pieces_of_both_sides():
 @pytest.mark.unit
 def test_the_plan_validates_gives_chunks_in_proportion_and_reports_the_lp():
     topo = internet2(seed=1)
-    plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(9))))
+    # one LP solve: which of several equal optima the simulator picks is the variants tests' business
+    plan = resolve("packing").plan(oracle_view(topo), Job(PARAMS, CHUNK, tuple(range(9)), {"variants": 1}))
     plan.with_version(1).validate(topo.links)
     info = plan.info
     assert info["sum_chi"] == pytest.approx(86.0) and info["lambda"] == pytest.approx(86.0)

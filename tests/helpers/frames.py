@@ -39,6 +39,13 @@ class Recorder:
 class FakeTransport:
     def __init__(self):
         self.aborted = False
+        self.reading = True
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True
 
     def abort(self):
         self.aborted = True

@@ -218,6 +218,9 @@ def main() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
+        # every rank is done with the group before any tears it down: a peer's Gloo pair closed under a
+        # rank still reading from it aborted that rank ("terminate called without an active exception")
+        dist.barrier()
         dist.destroy_process_group()
 
 
