@@ -258,7 +258,7 @@ def main() -> None:
                                                    for k, v in costs.items()))
     un: dict[str, Any] = {}
     if "unshaped" in parts:
-        un = unshaped(pairs=2 if args.quick else 3, rounds=4 if args.quick else 6)
+        un = unshaped(pairs=4 if args.quick else 6, rounds=4 if args.quick else 6)
         print(f"\nunshaped, {UNSHAPED_NODES} nodes, {UNSHAPED_PARAMS * 4 / 1e6:.0f} MB, delay 0: wansync ring "
               f"{spread(un['ring'])} s, Gloo all_reduce {spread(un['gloo'])} s, the least-Python ring (blocking "
               f"sockets, numpy adds, nothing else) {spread(un['floor'])} s (median [min, max] over rounds)")
