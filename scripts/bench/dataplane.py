@@ -196,6 +196,7 @@ def unshaped(pairs: int, rounds: int) -> dict[str, Any]:
     ring: list[float] = []
     gloo: list[float] = []
     floor: list[float] = []
+    paired: list[float] = []  # per pair: ring's median round over Gloo's (Gloo's moves between process groups)
     wrong = 0
     with tempfile.TemporaryDirectory() as d:
         path = fast_mesh(UNSHAPED_NODES, UNSHAPED_MBPS, Path(d) / "fast.toml")
@@ -204,13 +205,15 @@ def unshaped(pairs: int, rounds: int) -> dict[str, Any]:
                                 model=str(UNSHAPED_PARAMS)), views=False, keep_rounds=True)
             ring += r.round_times
             wrong += r.rounds_wrong
-            gloo += gloo_rounds(UNSHAPED_NODES, UNSHAPED_PARAMS, rounds)
+            g = gloo_rounds(UNSHAPED_NODES, UNSHAPED_PARAMS, rounds)
+            gloo += g
+            paired.append(statistics.median(r.round_times) / statistics.median(g))
             fl = floor_rounds(UNSHAPED_NODES, UNSHAPED_PARAMS, rounds)
             if fl is None:
                 wrong += 1
             else:
                 floor += fl
-    return {"ring": ring, "gloo": gloo, "floor": floor, "rounds_wrong": wrong}
+    return {"ring": ring, "gloo": gloo, "floor": floor, "paired": paired, "rounds_wrong": wrong}
 
 
 # --- the report ----------------------------------------------------------------------------------------------
@@ -261,7 +264,8 @@ def main() -> None:
         un = unshaped(pairs=4 if args.quick else 6, rounds=4 if args.quick else 6)
         print(f"\nunshaped, {UNSHAPED_NODES} nodes, {UNSHAPED_PARAMS * 4 / 1e6:.0f} MB, delay 0: wansync ring "
               f"{spread(un['ring'])} s, Gloo all_reduce {spread(un['gloo'])} s, the least-Python ring (blocking "
-              f"sockets, numpy adds, nothing else) {spread(un['floor'])} s (median [min, max] over rounds)")
+              f"sockets, numpy adds, nothing else) {spread(un['floor'])} s (median [min, max] over rounds); "
+              f"ring over Gloo pair by pair: {', '.join(f'{x:.2f}' for x in un['paired'])}")
     print(f"\ncapacity valid: app {valid['app']}, tc {valid['tc']}; CPU s per GB (app) {cpu_gb}")
     ratio = (statistics.median(un["ring"]) / statistics.median(un["gloo"])) if un else None
     floor_ratio = (statistics.median(un["floor"]) / statistics.median(un["gloo"])) if un and un["floor"] else None
@@ -277,6 +281,7 @@ def main() -> None:
         "cpu_s_per_gb_app_spread": [round(min(cpu_gb), 2), round(max(cpu_gb), 2)] if cpu_gb else None,
         "us_per_chunk_hop": round(costs["hop_handling_s"] * 1e6, 1) if costs else None,
         "unshaped_ring_vs_gloo": None if ratio is None else round(ratio, 3),
+        "unshaped_ring_vs_gloo_per_pair": [round(x, 3) for x in un["paired"]] if un else None,
         # the same ring in the least Python can do, over Gloo: how near to Gloo any Python data plane gets
         "python_floor_vs_gloo": None if floor_ratio is None else round(floor_ratio, 3),
         "rounds_wrong": sum(r.rounds_wrong for r in results) + un.get("rounds_wrong", 0),
