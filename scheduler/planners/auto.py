@@ -27,7 +27,7 @@ from overlay.routing import Routes, adjacency
 from sim import MEASURED, SimNetwork, SimulationOverBudget, SimulationStalled, WanCosts, simulate
 
 from ..view import NetworkView
-from .onview import link_loads, port_loads, view_network
+from .onview import MIN_SIM_S, link_loads, port_loads, view_network
 
 # a switch must be predicted at least this much faster than the scheme in force: the simulator's
 # error against live rounds is ~1-4 % on the fidelity checks and up to ~10 % on fluctuating WANs
@@ -41,7 +41,6 @@ TIE = 0.005
 # rest are skipped. Wall time too: the solver is niced behind the agents, and a decision that waits for a
 # core still delays the switch (2 CPU-s alone let decisions take 2.5-3.3 s on a loaded 2-core machine)
 BUDGET_S = 1.5
-MIN_SIM_S = 0.05  # the least CPU a candidate's simulation is given, whatever is left of the budget
 OPTIONS = ("auto_margin", "auto_budget_s")  # auto's own job options, not passed to the candidates
 
 

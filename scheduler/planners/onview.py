@@ -13,6 +13,10 @@ from sim import SimNetwork, make_network
 
 from ..view import NetworkView
 
+# the least CPU a planner's simulation of one candidate plan is given, whatever is left of its budget
+# (auto's candidates, packing's variants): one value for both, so the two searches budget alike
+MIN_SIM_S = 0.05
+
 
 def link_loads(plan: Plan, route: Callable[[int, int], tuple[int, ...]], *, aux: bool = True
                ) -> dict[tuple[int, int], float]:

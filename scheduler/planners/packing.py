@@ -45,7 +45,7 @@ from core.plan import ChunkGroup, Job, Plan, PlanError
 from sim import MEASURED, SimNetwork, SimulationOverBudget, SimulationStalled, simulate
 
 from ..view import NetworkView
-from .onview import view_network
+from .onview import MIN_SIM_S, view_network
 from .packing_lp import Packing, Tree, pack
 
 FLOAT32 = 4
@@ -64,7 +64,6 @@ MIN_GAIN = 0.05
 VARIANTS = 3
 VARIANT_JITTER = 0.02
 VARIANT_BUDGET_S = 0.6  # seconds the search may spend past the first solve; a simulation gets what is left
-MIN_SIM_S = 0.05
 
 
 def plan(view: NetworkView, job: Job, memory: dict[str, Any] | None = None, *,
