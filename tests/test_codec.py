@@ -8,6 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 from helpers.frames import FakeTransport, Recorder, chunk, feed
+from helpers.waiting import until
 
 from overlay.codec import MAX_HEADER, FrameProtocol, encode
 from overlay.messages import FramingError, ProtocolError, validate
@@ -225,11 +226,7 @@ def test_a_connection_with_megabytes_waiting_lets_the_loop_go_round_every_turn()
         sock = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
         writer = threading.Thread(target=sock.sendall, args=(stream,), daemon=True)
         writer.start()
-        deadline = loop.time() + 60
-        while not protos or waiting(protos[0]) < queued:  # the event itself: a megabyte in the kernel
-            if loop.time() > deadline:
-                pytest.skip(f"the kernel queued only {waiting(protos[0]) if protos else 0} bytes for a paused reader")
-            await asyncio.sleep(0.01)
+        await until(lambda: protos and waiting(protos[0]) >= queued, "a megabyte queued in the kernel", timeout=60)
         done = asyncio.Event()
         last = 0
 
